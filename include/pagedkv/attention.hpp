@@ -1,0 +1,61 @@
+#pragma once
+/// @file attention.hpp
+/// CPU attention through block tables: paged decode and chunked paged prefill.
+/// Query/output activations are fp32; K/V are read in place in the pool's dtype and converted
+/// to fp32; accumulation in fp32 with online softmax.
+
+#include <cstdint>
+#include <span>
+
+#include "pagedkv/batch_metadata.hpp"
+#include "pagedkv/kv_layer_view.hpp"
+
+namespace pagedkv {
+
+/// Attention geometry and masking.
+struct AttentionParams {
+  int32_t num_heads = 1;     ///< query heads; a multiple of num_kv_heads (GQA group = ratio)
+  int32_t num_kv_heads = 1;  ///< must equal the cache view's num_kv_heads
+  int32_t head_dim = 64;     ///< must equal the cache view's head_dim
+  float scale = 0.0f;        ///< softmax scale; 0 means 1/sqrt(head_dim)
+  /// Sliding window (tokens): a query at position p sees keys at positions k with
+  /// p - window_left < k <= p, i.e. the last window_left positions, itself included.
+  /// -1 = unbounded (full causal attention).
+  int32_t window_left = -1;
+  /// Attention sinks (StreamingLLM): keys at positions < sink_tokens are always visible, in
+  /// addition to the window. 0 = none. Only meaningful with window_left >= 0.
+  int32_t sink_tokens = 0;
+
+  /// 1/sqrt(head_dim) unless scale was set.
+  [[nodiscard]] float softmax_scale() const;
+};
+
+/// Validates params against a cache view.
+/// Errors: throws pagedkv::Error if a size is < 1, num_heads % num_kv_heads != 0, or num_kv_heads
+/// / head_dim differ from the view's (the message names both values).
+void check_attention_params(const AttentionParams& params, const KVLayerView& cache);
+
+/// Paged decode attention: one query token per sequence attends to its whole cached context
+/// (its own K/V must already be written). Sequences of different lengths in one batch.
+/// Shapes: q, out [num_seqs, num_heads, head_dim] fp32; tables: see BlockTableView.
+/// Units: context_lens in tokens; a padding row (context 0) outputs zeros.
+/// GQA: query head h reads kv head h / (num_heads / num_kv_heads).
+/// Errors: throws pagedkv::Error on a params/view mismatch, q/out size != num_seqs * num_heads *
+/// head_dim, a context longer than max_blocks_per_seq * block_size, or a block id outside
+/// [0, num_blocks) among the blocks in use.
+/// Source: PagedAttention (Kwon et al., SOSP 2023); online softmax (Milakov & Gimelshein 2018).
+void paged_decode_attention(const AttentionParams& params, const KVLayerView& cache,
+                            const BlockTableView& tables, std::span<const float> q,
+                            std::span<float> out);
+
+/// Chunked paged prefill: sequence i has n_i = query_start[i+1] - query_start[i] new query
+/// tokens, at positions context_lens[i] - n_i .. context_lens[i] - 1 (their K/V already written);
+/// query token at position p attends causally to positions 0..p (cached prefix + chunk).
+/// Shapes: query_start [num_seqs + 1] (query_start[0] = 0); q, out [query_start[num_seqs],
+/// num_heads, head_dim] fp32. Decode is the case n_i = 1.
+/// Errors: as paged_decode_attention, plus n_i < 0 or n_i > context_lens[i].
+void paged_prefill_attention(const AttentionParams& params, const KVLayerView& cache,
+                             const BlockTableView& tables, std::span<const int32_t> query_start,
+                             std::span<const float> q, std::span<float> out);
+
+}  // namespace pagedkv

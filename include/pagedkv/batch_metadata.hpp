@@ -1,0 +1,84 @@
+#pragma once
+/// @file batch_metadata.hpp
+/// Per-batch metadata handed to attention kernels, in the two standard formats, plus the slot
+/// mapping of the tokens being written. Host-only; plain vectors of int32/int64.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "pagedkv/types.hpp"
+
+namespace pagedkv {
+
+/// Non-owning view of a padded block table (vLLM style), what kernels read.
+/// Shapes: block_tables [num_seqs, max_blocks_per_seq] row-major, entries past a sequence's
+/// last block are -1; context_lens [num_seqs] in tokens (0 = padding row: output zeros).
+/// Logical block j of sequence i is physical block block_tables[i * max_blocks_per_seq + j];
+/// position p lives at slot block_tables[i * max_blocks_per_seq + p / bs] * bs + p % bs.
+struct BlockTableView {
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
+  const int32_t* context_lens = nullptr;  // [num_seqs]
+  int32_t num_seqs = 0;
+  int32_t max_blocks_per_seq = 0;
+};
+
+/// vLLM-style padded block table.
+/// Shapes: block_tables [num_seqs, max_blocks_per_seq] int32 (-1 padded), context_lens [num_seqs].
+/// max_blocks_per_seq = max over sequences of ceil(context_len / block_size) (at least 1 when
+/// num_seqs > 0, so the array is never zero-width).
+struct PaddedBlockTables {
+  int32_t num_seqs = 0;
+  int32_t max_blocks_per_seq = 0;
+  std::vector<int32_t> block_tables;  // [num_seqs * max_blocks_per_seq]
+  std::vector<int32_t> context_lens;  // [num_seqs], tokens
+
+  /// View for kernels; valid while this object lives and is not modified.
+  [[nodiscard]] BlockTableView view() const {
+    return {block_tables.data(), context_lens.data(), num_seqs, max_blocks_per_seq};
+  }
+};
+
+/// FlashInfer-style CSR page table.
+/// Shapes: indptr [num_seqs + 1] (indptr[0] = 0), indices [indptr[num_seqs]] = the physical
+/// blocks of sequence i in logical order at indices[indptr[i] .. indptr[i+1]), last_page_len
+/// [num_seqs] = tokens in the last block, in [1, block_size], or 0 for an empty sequence.
+struct CsrBlockTables {
+  std::vector<int32_t> indptr;
+  std::vector<int32_t> indices;
+  std::vector<int32_t> last_page_len;
+};
+
+/// Everything a kernel needs for one batch step.
+/// slot_mapping [num_new_tokens_total] int64: the slot of each token being written, sequences
+/// in batch order, tokens in position order; -1 for padding.
+/// query_start [num_seqs + 1]: query token offsets per sequence (prefix sum of new tokens),
+/// the `q_indptr` of prefill kernels.
+struct BatchMetadata {
+  int32_t block_size = 0;
+  PaddedBlockTables padded;
+  CsrBlockTables csr;
+  std::vector<int64_t> slot_mapping;
+  std::vector<int32_t> query_start;
+};
+
+/// Builds the padded format from per-sequence tables.
+/// Shapes: tables[i] = physical blocks of sequence i in logical order; context_lens[i] tokens.
+/// Errors: throws pagedkv::Error if sizes differ, a context length is negative, or a table has
+/// fewer than ceil(context_len / block_size) blocks (the message names the sequence index).
+[[nodiscard]] PaddedBlockTables build_padded_block_tables(
+    std::span<const std::span<const BlockId>> tables, std::span<const int32_t> context_lens,
+    int32_t block_size);
+
+/// Builds the CSR format; only the ceil(context_len / block_size) blocks in use are listed.
+/// Errors: as build_padded_block_tables.
+[[nodiscard]] CsrBlockTables build_csr_block_tables(
+    std::span<const std::span<const BlockId>> tables, std::span<const int32_t> context_lens,
+    int32_t block_size);
+
+/// Slot of position `pos` (tokens) given a sequence's block table: table[pos / bs] * bs + pos % bs,
+/// computed in int64. Errors: throws pagedkv::Error if pos is negative or past the table.
+[[nodiscard]] Slot slot_for_position(std::span<const BlockId> table, int64_t pos,
+                                     int32_t block_size);
+
+}  // namespace pagedkv

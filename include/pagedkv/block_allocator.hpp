@@ -1,0 +1,115 @@
+#pragma once
+/// @file block_allocator.hpp
+/// Fixed pool of block ids with reference counts: the metadata half of the page pool.
+/// Host-only; holds no K/V data (see HostKVCache for storage).
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "pagedkv/types.hpp"
+
+namespace pagedkv {
+
+/// Hands out block ids from a pool of `num_blocks`, with per-block reference counts for sharing.
+///
+/// Every block is in exactly one state:
+///  - free:      ref count 0, on the free list, holds nothing worth keeping;
+///  - used:      ref count >= 1 (held by that many block tables);
+///  - cached:    ref count 0 but marked cached (its contents are reusable by the prefix cache);
+///               kept in least-recently-released order and evicted only when no free block is
+///               left (vLLM v1's block pool: one queue is both free list and LRU order).
+/// Invariant: num_free() + num_used() + num_cached() == num_blocks().
+///
+/// All operations are O(1) (intrusive doubly linked lists over block ids), except allocate(n)
+/// which is O(n). Not internally synchronized.
+///
+/// Worked example: BlockAllocator a(3); a.allocate() -> 0, a.allocate() -> 1; a.release(0)
+/// -> true (0 is free again, at the tail); a.allocate() -> 2; a.allocate() -> 0;
+/// a.allocate() -> nullopt (exhausted, nothing changed).
+class BlockAllocator {
+ public:
+  /// Errors: throws pagedkv::Error if num_blocks < 1 or num_blocks > 2^30.
+  explicit BlockAllocator(int32_t num_blocks);
+
+  /// Takes one block (ref count 1). Uses a free block first; if none, evicts the least recently
+  /// released cached block (the eviction listener is told its id). Empty when neither exists;
+  /// nothing changes then.
+  [[nodiscard]] std::optional<BlockId> allocate();
+
+  /// Takes `n` blocks, all or nothing (empty and nothing changed when fewer than n are
+  /// available). Errors: throws pagedkv::Error if n < 0.
+  [[nodiscard]] std::optional<std::vector<BlockId>> allocate(int32_t n);
+
+  /// Adds one reference. A cached block with ref count 0 is taken back into use (prefix hit).
+  /// Errors: throws pagedkv::Error if id is out of range or the block is free.
+  void retain(BlockId id);
+
+  /// Drops one reference; returns true when the count reached 0 (the block became free, or
+  /// cached if marked cached). Errors: throws pagedkv::Error naming the id if it is out of range
+  /// or already has ref count 0 (double release / release of a free block).
+  bool release(BlockId id);
+
+  /// Marks whether a block's contents are cached (reusable). A cached block whose ref count
+  /// drops to 0 is kept (state cached) instead of freed. Unmarking a cached block with ref
+  /// count 0 frees it. Errors: throws pagedkv::Error if id is out of range or the block is free.
+  void set_cached(BlockId id, bool cached);
+
+  /// Frees every cached block with ref count 0 (each reported to the eviction listener);
+  /// returns how many were freed.
+  int32_t evict_all_cached();
+
+  /// Called with the id of a cached block when allocate() evicts it for reuse, before reuse.
+  void set_eviction_listener(std::function<void(BlockId)> listener) {
+    on_evict_ = std::move(listener);
+  }
+
+  /// Reorders the free list by a seeded shuffle, so tests get scattered (non-monotonic) ids.
+  void shuffle_free_list(uint64_t seed);
+
+  /// Ref count of a block (0 for free and cached blocks).
+  /// Errors: throws pagedkv::Error if id is out of range.
+  [[nodiscard]] int32_t ref_count(BlockId id) const;
+  /// True when the block is free (ref 0, not cached). Errors: id out of range throws.
+  [[nodiscard]] bool is_free(BlockId id) const;
+  /// True when the block is marked cached (any ref count). Errors: id out of range throws.
+  [[nodiscard]] bool is_cached(BlockId id) const;
+
+  [[nodiscard]] int32_t num_blocks() const { return static_cast<int32_t>(ref_.size()); }
+  /// Blocks on the free list.
+  [[nodiscard]] int32_t num_free() const { return free_.size; }
+  /// Cached blocks with ref count 0 (evictable).
+  [[nodiscard]] int32_t num_cached() const { return lru_.size; }
+  /// Blocks with ref count >= 1.
+  [[nodiscard]] int32_t num_used() const { return num_blocks() - num_free() - num_cached(); }
+  /// Blocks allocate() can still hand out: num_free() + num_cached().
+  [[nodiscard]] int32_t num_available() const { return num_free() + num_cached(); }
+
+  /// Ids of the free list from head (next to allocate) to tail. O(num_free). For tests and dumps.
+  [[nodiscard]] std::vector<BlockId> free_list() const;
+  /// Ids of cached ref-0 blocks, least recently released first. O(num_cached).
+  [[nodiscard]] std::vector<BlockId> cached_lru() const;
+
+ private:
+  struct List {
+    BlockId head = -1;
+    BlockId tail = -1;
+    int32_t size = 0;
+  };
+  void check_id(BlockId id, const char* op) const;
+  void push_back(List& list, BlockId id);
+  void unlink(List& list, BlockId id);
+  BlockId pop_front(List& list);
+  std::vector<BlockId> to_vector(const List& list) const;
+
+  std::vector<int32_t> ref_;
+  std::vector<BlockId> prev_;
+  std::vector<BlockId> next_;
+  std::vector<uint8_t> cached_;
+  List free_;
+  List lru_;
+  std::function<void(BlockId)> on_evict_;
+};
+
+}  // namespace pagedkv
