@@ -1,0 +1,89 @@
+// Tests for include/pagedkv/batch_metadata.hpp: both formats element by element on a
+// hand-computed example, slot arithmetic in int64, and the documented errors.
+#include "pagedkv/batch_metadata.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "pagedkv/error.hpp"
+
+namespace pagedkv {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+// Hand-worked example, block_size 4:
+//   seq 0: context 6  -> blocks {5, 2}        (2 blocks, last page holds 2 tokens)
+//   seq 1: context 0  -> padding row           (no blocks)
+//   seq 2: context 9  -> blocks {7, 0, 3}      (3 blocks, last page holds 1 token)
+//   seq 3: context 4  -> blocks {1, 6}          (only 1 in use: the spare block is not listed)
+struct Example {
+  std::vector<BlockId> t0{5, 2}, t1{}, t2{7, 0, 3}, t3{1, 6};
+  std::vector<std::span<const BlockId>> tables{t0, t1, t2, t3};
+  std::vector<int32_t> lens{6, 0, 9, 4};
+};
+
+TEST(BatchMetadata, PaddedFormatElementByElement) {
+  Example ex;
+  PaddedBlockTables p = build_padded_block_tables(ex.tables, ex.lens, 4);
+  EXPECT_EQ(p.num_seqs, 4);
+  EXPECT_EQ(p.max_blocks_per_seq, 3);
+  EXPECT_THAT(p.block_tables, ElementsAre(5, 2, -1,    //
+                                          -1, -1, -1,  //
+                                          7, 0, 3,     //
+                                          1, -1, -1));
+  EXPECT_THAT(p.context_lens, ElementsAre(6, 0, 9, 4));
+  BlockTableView v = p.view();
+  EXPECT_EQ(v.num_seqs, 4);
+  EXPECT_EQ(v.max_blocks_per_seq, 3);
+  EXPECT_EQ(v.block_tables[2 * 3 + 2], 3);
+}
+
+TEST(BatchMetadata, CsrFormatElementByElement) {
+  Example ex;
+  CsrBlockTables c = build_csr_block_tables(ex.tables, ex.lens, 4);
+  EXPECT_THAT(c.indptr, ElementsAre(0, 2, 2, 5, 6));
+  EXPECT_THAT(c.indices, ElementsAre(5, 2, 7, 0, 3, 1));
+  EXPECT_THAT(c.last_page_len, ElementsAre(2, 0, 1, 4));
+}
+
+TEST(BatchMetadata, EmptyBatch) {
+  PaddedBlockTables p = build_padded_block_tables({}, {}, 16);
+  EXPECT_EQ(p.num_seqs, 0);
+  EXPECT_EQ(p.max_blocks_per_seq, 0);
+  CsrBlockTables c = build_csr_block_tables({}, {}, 16);
+  EXPECT_THAT(c.indptr, ElementsAre(0));
+}
+
+TEST(BatchMetadata, SlotForPositionIsBlockTimesSizePlusOffset) {
+  std::vector<BlockId> table{7, 0, 3};
+  EXPECT_EQ(slot_for_position(table, 0, 4), 28);
+  EXPECT_EQ(slot_for_position(table, 3, 4), 31);
+  EXPECT_EQ(slot_for_position(table, 4, 4), 0);
+  EXPECT_EQ(slot_for_position(table, 9, 4), 13);
+  // int64: block 2^30 - 1 with block_size 128 is past 2^31.
+  std::vector<BlockId> big{(1 << 30) - 1};
+  EXPECT_EQ(slot_for_position(big, 127, 128), int64_t{(1 << 30) - 1} * 128 + 127);
+}
+
+TEST(BatchMetadata, ErrorsNameTheValue) {
+  Example ex;
+  std::vector<int32_t> short_lens{6, 0, 9};
+  EXPECT_THAT([&] { (void)build_padded_block_tables(ex.tables, short_lens, 4); },
+              ThrowsMessage<Error>(HasSubstr("4 block tables but 3 context lengths")));
+  std::vector<int32_t> too_long{6, 0, 13, 4};
+  EXPECT_THAT([&] { (void)build_csr_block_tables(ex.tables, too_long, 4); },
+              ThrowsMessage<Error>(HasSubstr("sequence 2 has context length 13 (needs 4 blocks)")));
+  std::vector<int32_t> negative{6, -1, 9, 4};
+  EXPECT_THAT([&] { (void)build_padded_block_tables(ex.tables, negative, 4); },
+              ThrowsMessage<Error>(HasSubstr("negative context length -1")));
+  EXPECT_THAT([&] { (void)build_padded_block_tables(ex.tables, ex.lens, 0); },
+              ThrowsMessage<Error>(HasSubstr("block_size must be >= 1, got 0")));
+  EXPECT_THAT([&] { (void)slot_for_position(ex.t0, 8, 4); },
+              ThrowsMessage<Error>(HasSubstr("position 8 outside a table of 2 blocks")));
+}
+
+}  // namespace
+}  // namespace pagedkv

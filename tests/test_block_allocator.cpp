@@ -1,0 +1,190 @@
+// Tests for include/pagedkv/block_allocator.hpp: exact ids on hand-worked sequences, reference
+// counts, the cached/LRU state, conservation after every step, and every documented error.
+#include "pagedkv/block_allocator.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <random>
+#include <set>
+
+#include "pagedkv/error.hpp"
+
+namespace pagedkv {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+void expect_conserved(const BlockAllocator& a) {
+  EXPECT_EQ(a.num_free() + a.num_used() + a.num_cached(), a.num_blocks());
+  EXPECT_EQ(static_cast<int32_t>(a.free_list().size()), a.num_free());
+  EXPECT_EQ(static_cast<int32_t>(a.cached_lru().size()), a.num_cached());
+}
+
+#define EXPECT_ERROR(stmt, needle) \
+  EXPECT_THAT([&] { stmt; }, ::testing::ThrowsMessage<Error>(HasSubstr(needle)))
+
+TEST(BlockAllocator, HandWorkedSequenceGivesExactIds) {
+  BlockAllocator a(3);
+  EXPECT_EQ(a.allocate(), 0);
+  EXPECT_EQ(a.allocate(), 1);
+  expect_conserved(a);
+  EXPECT_TRUE(a.release(0));  // 0 goes to the tail of the free list
+  EXPECT_THAT(a.free_list(), ElementsAre(2, 0));
+  EXPECT_EQ(a.allocate(), 2);
+  EXPECT_EQ(a.allocate(), 0);
+  EXPECT_EQ(a.allocate(), std::nullopt);
+  EXPECT_EQ(a.num_used(), 3);
+  EXPECT_EQ(a.num_free(), 0);
+  expect_conserved(a);
+}
+
+TEST(BlockAllocator, ExhaustionChangesNothing) {
+  BlockAllocator a(4);
+  auto first = a.allocate(3);
+  ASSERT_TRUE(first);
+  EXPECT_THAT(*first, ElementsAre(0, 1, 2));
+  const auto free_before = a.free_list();
+  EXPECT_EQ(a.allocate(2), std::nullopt);  // only one left: all or nothing
+  EXPECT_EQ(a.free_list(), free_before);
+  EXPECT_EQ(a.num_free(), 1);
+  auto zero = a.allocate(0);
+  ASSERT_TRUE(zero);
+  EXPECT_TRUE(zero->empty());
+  expect_conserved(a);
+}
+
+TEST(BlockAllocator, ReferenceCountsShareAndFreeOnLastRelease) {
+  BlockAllocator a(2);
+  const BlockId b = *a.allocate();
+  a.retain(b);
+  a.retain(b);
+  EXPECT_EQ(a.ref_count(b), 3);
+  EXPECT_FALSE(a.release(b));
+  EXPECT_FALSE(a.release(b));
+  EXPECT_EQ(a.num_used(), 1);
+  EXPECT_TRUE(a.release(b));
+  EXPECT_TRUE(a.is_free(b));
+  EXPECT_EQ(a.num_free(), 2);
+  expect_conserved(a);
+}
+
+TEST(BlockAllocator, CachedBlocksAreEvictedLruOnlyWhenNoFreeBlockIsLeft) {
+  BlockAllocator a(3);
+  std::vector<BlockId> evicted;
+  a.set_eviction_listener([&](BlockId id) { evicted.push_back(id); });
+  auto ids = *a.allocate(2);  // {0, 1}
+  a.set_cached(ids[0], true);
+  a.set_cached(ids[1], true);
+  a.release(ids[1]);  // released first: least recently used
+  a.release(ids[0]);
+  EXPECT_EQ(a.num_cached(), 2);
+  EXPECT_THAT(a.cached_lru(), ElementsAre(1, 0));
+  expect_conserved(a);
+  EXPECT_EQ(a.allocate(), 2);  // the free block goes first
+  EXPECT_TRUE(evicted.empty());
+  EXPECT_EQ(a.allocate(), 1);  // then the LRU cached block
+  EXPECT_THAT(evicted, ElementsAre(1));
+  EXPECT_FALSE(a.is_cached(1));
+  // A prefix hit revives the remaining cached block instead of evicting it.
+  a.retain(0);
+  EXPECT_EQ(a.ref_count(0), 1);
+  EXPECT_EQ(a.num_cached(), 0);
+  EXPECT_EQ(a.allocate(), std::nullopt);
+  expect_conserved(a);
+}
+
+TEST(BlockAllocator, ThrowingEvictionListenerLeavesStateUnchanged) {
+  BlockAllocator a(1);
+  ASSERT_EQ(a.allocate(), 0);
+  a.set_cached(0, true);
+  a.release(0);
+  a.set_eviction_listener([](BlockId) { throw Error("listener refused"); });
+  EXPECT_THROW((void)a.allocate(), Error);
+  EXPECT_EQ(a.num_cached(), 1);
+  EXPECT_TRUE(a.is_cached(0));
+  expect_conserved(a);
+}
+
+TEST(BlockAllocator, EvictAllCachedAndUncache) {
+  BlockAllocator a(3);
+  auto ids = *a.allocate(3);
+  for (BlockId id : ids) a.set_cached(id, true);
+  a.release(0);
+  a.release(1);
+  a.set_cached(1, false);  // uncaching a ref-0 block frees it
+  EXPECT_TRUE(a.is_free(1));
+  EXPECT_EQ(a.evict_all_cached(), 1);
+  EXPECT_EQ(a.num_free(), 2);
+  EXPECT_EQ(a.num_used(), 1);
+  expect_conserved(a);
+}
+
+TEST(BlockAllocator, ShuffledFreeListStillHandsOutEachIdOnce) {
+  BlockAllocator a(64);
+  a.shuffle_free_list(7);
+  std::set<BlockId> seen;
+  std::vector<BlockId> order;
+  while (auto id = a.allocate()) {
+    EXPECT_TRUE(seen.insert(*id).second) << "id " << *id << " handed out twice";
+    order.push_back(*id);
+  }
+  EXPECT_EQ(seen.size(), 64u);
+  EXPECT_FALSE(std::is_sorted(order.begin(), order.end()));
+  expect_conserved(a);
+}
+
+TEST(BlockAllocator, RandomOperationsKeepInvariants) {
+  BlockAllocator a(16);
+  std::mt19937 rng(3);
+  std::vector<int32_t> refs(16, 0);  // the model: expected ref count per block
+  for (int step = 0; step < 5000; ++step) {
+    const int op = rng() % 3;
+    if (op == 0) {
+      auto id = a.allocate();
+      const bool any_free = std::count(refs.begin(), refs.end(), 0) > 0;
+      ASSERT_EQ(id.has_value(), any_free);
+      if (id) {
+        ASSERT_EQ(refs[*id], 0) << "handed out a used block " << *id;
+        refs[*id] = 1;
+      }
+    } else {
+      std::vector<BlockId> used;
+      for (BlockId b = 0; b < 16; ++b)
+        if (refs[b] > 0) used.push_back(b);
+      if (used.empty()) continue;
+      const BlockId b = used[rng() % used.size()];
+      if (op == 1) {
+        a.retain(b);
+        ++refs[b];
+      } else {
+        EXPECT_EQ(a.release(b), refs[b] == 1);
+        --refs[b];
+      }
+    }
+    for (BlockId b = 0; b < 16; ++b) ASSERT_EQ(a.ref_count(b), refs[b]);
+    ASSERT_EQ(a.num_free() + a.num_used() + a.num_cached(), 16);
+  }
+}
+
+TEST(BlockAllocator, ErrorsNameTheValue) {
+  EXPECT_ERROR(BlockAllocator(0), "got 0");
+  EXPECT_ERROR(BlockAllocator(-5), "got -5");
+  BlockAllocator a(4);
+  EXPECT_ERROR(a.release(7), "block id 7 out of range");
+  EXPECT_ERROR(a.release(-1), "block id -1 out of range");
+  EXPECT_ERROR(a.release(2), "block 2 is not allocated");
+  const BlockId b = *a.allocate();
+  a.release(b);
+  EXPECT_ERROR(a.release(b), "block 0 is not allocated (double free?)");
+  EXPECT_ERROR(a.retain(3), "block 3 is free");
+  EXPECT_ERROR(a.set_cached(1, true), "block 1 is free");
+  EXPECT_ERROR((void)a.ref_count(4), "block id 4 out of range");
+  EXPECT_ERROR((void)a.allocate(-2), "got -2");
+  expect_conserved(a);
+  EXPECT_EQ(a.num_free(), 4);
+}
+
+}  // namespace
+}  // namespace pagedkv
