@@ -1,0 +1,132 @@
+// Public CPU attention entry points: every contract check lives here, then the kernel runs
+// unchecked (checks at the edge, kernels trust their inputs).
+
+#include "pagedkv/attention.hpp"
+
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "cpu/attention_plain.hpp"
+#include "detail/check.hpp"
+
+namespace pagedkv {
+
+float AttentionParams::softmax_scale() const {
+  return scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
+void check_attention_params(const AttentionParams& params, const KVLayerView& cache) {
+  PAGEDKV_CHECK(params.num_heads >= 1, "attention: num_heads must be >= 1, got {}",
+                params.num_heads);
+  PAGEDKV_CHECK(params.num_kv_heads >= 1, "attention: num_kv_heads must be >= 1, got {}",
+                params.num_kv_heads);
+  PAGEDKV_CHECK(params.head_dim >= 1, "attention: head_dim must be >= 1, got {}",
+                params.head_dim);
+  PAGEDKV_CHECK(params.num_heads % params.num_kv_heads == 0,
+                "attention: num_heads {} is not a multiple of num_kv_heads {}", params.num_heads,
+                params.num_kv_heads);
+  PAGEDKV_CHECK(params.num_kv_heads == cache.num_kv_heads,
+                "attention: params.num_kv_heads {} != cache num_kv_heads {}", params.num_kv_heads,
+                cache.num_kv_heads);
+  PAGEDKV_CHECK(params.head_dim == cache.head_dim,
+                "attention: params.head_dim {} != cache head_dim {}", params.head_dim,
+                cache.head_dim);
+  PAGEDKV_CHECK(params.window_left >= -1,
+                "attention: window_left must be -1 (unbounded) or >= 0, got {}",
+                params.window_left);
+  PAGEDKV_CHECK(params.sink_tokens >= 0, "attention: sink_tokens must be >= 0, got {}",
+                params.sink_tokens);
+  PAGEDKV_CHECK(std::isfinite(params.scale), "attention: scale must be finite, got {}",
+                params.scale);
+  PAGEDKV_CHECK(cache.block_size >= 1, "attention: cache block_size must be >= 1, got {}",
+                cache.block_size);
+  PAGEDKV_CHECK(cache.num_blocks >= 1, "attention: cache num_blocks must be >= 1, got {}",
+                cache.num_blocks);
+  PAGEDKV_CHECK(cache.k != nullptr && cache.v != nullptr,
+                "attention: cache view has a null K or V pool (k={}, v={})", cache.k, cache.v);
+}
+
+namespace {
+
+/// Checks the block table against the cache: lengths fit the table and every block id that
+/// covers a position in use is a real block. Entries past a sequence's last block (-1 padding)
+/// are never read and not checked.
+void check_tables(const char* fn, const KVLayerView& cache, const BlockTableView& tables) {
+  PAGEDKV_CHECK(tables.num_seqs >= 0, "{}: num_seqs must be >= 0, got {}", fn, tables.num_seqs);
+  PAGEDKV_CHECK(tables.max_blocks_per_seq >= 0, "{}: max_blocks_per_seq must be >= 0, got {}", fn,
+                tables.max_blocks_per_seq);
+  if (tables.num_seqs == 0) return;
+  PAGEDKV_CHECK(tables.context_lens != nullptr, "{}: context_lens is null for {} sequences", fn,
+                tables.num_seqs);
+  PAGEDKV_CHECK(tables.block_tables != nullptr || tables.max_blocks_per_seq == 0,
+                "{}: block_tables is null with max_blocks_per_seq {}", fn,
+                tables.max_blocks_per_seq);
+  const int64_t capacity = static_cast<int64_t>(tables.max_blocks_per_seq) * cache.block_size;
+  for (int32_t i = 0; i < tables.num_seqs; ++i) {
+    const int64_t ctx = tables.context_lens[i];
+    PAGEDKV_CHECK(ctx >= 0, "{}: context length {} of sequence {} is negative", fn, ctx, i);
+    PAGEDKV_CHECK(ctx <= capacity,
+                  "{}: context length {} of sequence {} exceeds max_blocks_per_seq {} x "
+                  "block_size {} = {}",
+                  fn, ctx, i, tables.max_blocks_per_seq, cache.block_size, capacity);
+    const int64_t used = blocks_for_tokens(ctx, cache.block_size);
+    const int32_t* row = tables.block_tables + static_cast<int64_t>(i) * tables.max_blocks_per_seq;
+    for (int64_t j = 0; j < used; ++j) {
+      PAGEDKV_CHECK(row[j] >= 0 && row[j] < cache.num_blocks,
+                    "{}: block id {} (sequence {}, logical block {}) out of range [0, {})", fn,
+                    row[j], i, j, cache.num_blocks);
+    }
+  }
+}
+
+void check_rows(const char* fn, const char* what, size_t size, int64_t rows,
+                const AttentionParams& params) {
+  const int64_t expected = rows * params.num_heads * params.head_dim;
+  PAGEDKV_CHECK(static_cast<int64_t>(size) == expected,
+                "{}: {} has {} elements, expected {} ({} rows x {} heads x {} dims)", fn, what,
+                size, expected, rows, params.num_heads, params.head_dim);
+}
+
+}  // namespace
+
+void paged_decode_attention(const AttentionParams& params, const KVLayerView& cache,
+                            const BlockTableView& tables, std::span<const float> q,
+                            std::span<float> out) {
+  constexpr const char* kFn = "paged_decode_attention";
+  check_attention_params(params, cache);
+  check_tables(kFn, cache, tables);
+  check_rows(kFn, "q", q.size(), tables.num_seqs, params);
+  check_rows(kFn, "out", out.size(), tables.num_seqs, params);
+  // Decode = prefill with one query per sequence. A padding row (context 0) also gets one
+  // query row; its position is -1, it sees no key, and the kernel writes zeros.
+  std::vector<int32_t> query_start(static_cast<size_t>(tables.num_seqs) + 1);
+  std::iota(query_start.begin(), query_start.end(), 0);
+  detail::plain_paged_prefill_attention(params, cache, tables, query_start, q, out);
+}
+
+void paged_prefill_attention(const AttentionParams& params, const KVLayerView& cache,
+                             const BlockTableView& tables, std::span<const int32_t> query_start,
+                             std::span<const float> q, std::span<float> out) {
+  constexpr const char* kFn = "paged_prefill_attention";
+  check_attention_params(params, cache);
+  check_tables(kFn, cache, tables);
+  PAGEDKV_CHECK(static_cast<int64_t>(query_start.size()) == int64_t{tables.num_seqs} + 1,
+                "{}: query_start has {} entries, expected num_seqs + 1 = {}", kFn,
+                query_start.size(), int64_t{tables.num_seqs} + 1);
+  PAGEDKV_CHECK(query_start[0] == 0, "{}: query_start[0] must be 0, got {}", kFn, query_start[0]);
+  for (int32_t i = 0; i < tables.num_seqs; ++i) {
+    const int64_t n = int64_t{query_start[i + 1]} - query_start[i];
+    PAGEDKV_CHECK(n >= 0, "{}: sequence {} has a negative query count {} (query_start {} -> {})",
+                  kFn, i, n, query_start[i], query_start[i + 1]);
+    PAGEDKV_CHECK(n <= tables.context_lens[i],
+                  "{}: sequence {} has {} query tokens but context length {}", kFn, i, n,
+                  tables.context_lens[i]);
+  }
+  const int64_t rows = query_start[tables.num_seqs];
+  check_rows(kFn, "q", q.size(), rows, params);
+  check_rows(kFn, "out", out.size(), rows, params);
+  detail::plain_paged_prefill_attention(params, cache, tables, query_start, q, out);
+}
+
+}  // namespace pagedkv
