@@ -3,7 +3,7 @@
 set(_prefix ${CMAKE_BINARY_DIR}/consumer-install)
 set(_build ${CMAKE_BINARY_DIR}/consumer-build)
 add_test(NAME package.install
-  COMMAND ${CMAKE_COMMAND} --install ${CMAKE_BINARY_DIR} --prefix ${_prefix} --component Unspecified)
+  COMMAND ${CMAKE_COMMAND} --install ${CMAKE_BINARY_DIR} --prefix ${_prefix})
 add_test(NAME package.configure_consumer
   COMMAND ${CMAKE_COMMAND} -S ${CMAKE_CURRENT_SOURCE_DIR}/consumer -B ${_build}
           -DCMAKE_PREFIX_PATH=${_prefix} -DCMAKE_BUILD_TYPE=Release)
