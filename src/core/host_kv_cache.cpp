@@ -9,9 +9,16 @@ namespace pagedkv {
 
 namespace {
 
-/// Cache-line alignment: every pool starts on a line and SIMD loads of a block never split one
-/// at the pool start.
-constexpr std::align_val_t kArenaAlignment{64};
+/// Cache-line alignment of the arena and of every pool in it, so that vector loads of a pool's
+/// first block never straddle a line.
+constexpr int64_t kAlignment = 64;
+constexpr std::align_val_t kArenaAlignment{kAlignment};
+
+/// Distance between consecutive pools in the arena: the pool size rounded up to kAlignment.
+/// The padding (< 64 bytes a pool) is not part of any pool and not counted in bytes().
+int64_t pool_stride(int64_t pool_bytes) {
+  return (pool_bytes + kAlignment - 1) / kAlignment * kAlignment;
+}
 
 }  // namespace
 
@@ -20,7 +27,7 @@ void HostKVCache::Free::operator()(std::byte* p) const { ::operator delete(p, kA
 HostKVCache::HostKVCache(const KVCacheConfig& config) : config_(config) {
   validate(config_);
   pool_bytes_ = pool_elements(config_) * dtype_size(config_.dtype);
-  const int64_t total = bytes();
+  const int64_t total = 2 * static_cast<int64_t>(config_.num_layers) * pool_stride(pool_bytes_);
   // Pools are zeroed so that reading an unwritten slot gives 0, not garbage (deterministic
   // tests; fp16/bf16 zero is also all-zero bits).
   auto* raw = static_cast<std::byte*>(::operator new(static_cast<size_t>(total), kArenaAlignment));
@@ -30,7 +37,8 @@ HostKVCache::HostKVCache(const KVCacheConfig& config) : config_(config) {
 
 std::byte* HostKVCache::pool(int32_t layer, bool value) const {
   // Arena order: layer 0 K, layer 0 V, layer 1 K, ... (one contiguous pool per layer and kind).
-  return arena_.get() + (2 * static_cast<int64_t>(layer) + (value ? 1 : 0)) * pool_bytes_;
+  return arena_.get() +
+         (2 * static_cast<int64_t>(layer) + (value ? 1 : 0)) * pool_stride(pool_bytes_);
 }
 
 void HostKVCache::check_block(BlockId block, const char* op) const {
