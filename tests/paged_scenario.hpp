@@ -38,9 +38,9 @@ struct PagedScenario {
   std::vector<SeqSpec> seqs;
   std::vector<std::vector<BlockId>> tables;  // per sequence, logical order
   int32_t max_blocks_per_seq = 0;
-  std::vector<int32_t> padded;        // [num_seqs, max_blocks_per_seq], -1 past the last block
-  std::vector<int32_t> context_lens;  // [num_seqs]
-  std::vector<int32_t> query_start;   // [num_seqs + 1]
+  std::vector<int32_t> padded;           // [num_seqs, max_blocks_per_seq], -1 past the last block
+  std::vector<int32_t> context_lens;     // [num_seqs]
+  std::vector<int32_t> query_start;      // [num_seqs + 1]
   std::vector<std::vector<float>> k, v;  // per sequence [context_len, num_kv_heads, head_dim]
   std::vector<float> q;                  // [query_start.back(), num_heads, head_dim]
 
@@ -75,8 +75,8 @@ struct PagedScenario {
       const std::vector<float> ks = rounded ? stored(s, false) : k[s];
       const std::vector<float> vs = rounded ? stored(s, true) : v[s];
       const int64_t first = query_start[s] * row;
-      reference_attention(params, std::span(q).subspan(first, n * row), ks, vs,
-                          seqs[s].context_len, std::span(out).subspan(first, n * row));
+      reference_attention(params, std::span(q).subspan(first, n * row), ks, vs, seqs[s].context_len,
+                          std::span(out).subspan(first, n * row));
     }
     return out;
   }

@@ -1,8 +1,6 @@
 // Paged attention (plain CPU kernel behind the public functions) against the textbook
 // reference, over scattered block tables; masking; padding rows; every documented error.
 
-#include "pagedkv/attention.hpp"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +12,7 @@
 #include <vector>
 
 #include "paged_scenario.hpp"
+#include "pagedkv/attention.hpp"
 #include "pagedkv/dtype.hpp"
 #include "pagedkv/error.hpp"
 
@@ -104,7 +103,8 @@ class PagedVsReference : public ::testing::TestWithParam<AttnCase> {};
 
 TEST_P(PagedVsReference, MatchesReference) {
   const AttnCase& c = GetParam();
-  const PagedScenario s = scenario_for(c, /*seed=*/static_cast<uint32_t>(c.context * 131 + c.group));
+  const PagedScenario s =
+      scenario_for(c, /*seed=*/static_cast<uint32_t>(c.context * 131 + c.group));
   const std::vector<float> out = run_paged(c, s);
   // Same rounded K/V as the kernel saw: only fp32 arithmetic differs, for every dtype.
   const std::vector<float> ref_rounded = s.reference(/*rounded=*/true);
@@ -156,10 +156,10 @@ std::vector<AttnCase> grid(bool prefill) {
     c.prefill = prefill;
     cases.push_back(c);
   };
-  extra(DType::kF32, KVLayout::kHND, 128, 16, 4, 4, 300);   // Llama-style d128
-  extra(DType::kF16, KVLayout::kHND, 128, 16, 8, 1, 77);    // MHA
-  extra(DType::kBF16, KVLayout::kHND, 80, 7, 1, 8, 150);    // MQA, odd head_dim
-  extra(DType::kF32, KVLayout::kHND, 8, 32, 3, 3, 65);      // tiny head_dim, 3 kv heads
+  extra(DType::kF32, KVLayout::kHND, 128, 16, 4, 4, 300);  // Llama-style d128
+  extra(DType::kF16, KVLayout::kHND, 128, 16, 8, 1, 77);   // MHA
+  extra(DType::kBF16, KVLayout::kHND, 80, 7, 1, 8, 150);   // MQA, odd head_dim
+  extra(DType::kF32, KVLayout::kHND, 8, 32, 3, 3, 65);     // tiny head_dim, 3 kv heads
   extra(DType::kF32, KVLayout::kNHD, 64, 16, 2, 2, 33);
   extra(DType::kF16, KVLayout::kNHD, 64, 7, 4, 5, kLongContext);
   extra(DType::kBF16, KVLayout::kNHD, 128, 32, 2, 8, 100);
@@ -175,9 +175,8 @@ INSTANTIATE_TEST_SUITE_P(Prefill, PagedVsReference, ::testing::ValuesIn(grid(tru
 /// Sliding window and attention sinks, decode and prefill, against the reference mask.
 std::vector<AttnCase> window_cases() {
   std::vector<AttnCase> cases;
-  const std::pair<int32_t, int32_t> masks[] = {{0, 0}, {0, 3}, {1, 0}, {5, 0},  {7, 0},
-                                               {16, 0}, {5, 2}, {1, 4}, {30, 3}, {2000, 0},
-                                               {4, 100}};
+  const std::pair<int32_t, int32_t> masks[] = {{0, 0}, {0, 3}, {1, 0},  {5, 0},    {7, 0},  {16, 0},
+                                               {5, 2}, {1, 4}, {30, 3}, {2000, 0}, {4, 100}};
   for (bool prefill : {false, true}) {
     for (auto [window, sinks] : masks) {
       AttnCase c;

@@ -1,8 +1,6 @@
 // dtype names, sizes and the fp16/bf16 <-> fp32 conversions (exact values and exhaustive
 // round trips over every 16-bit pattern).
 
-#include "pagedkv/dtype.hpp"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -10,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "pagedkv/dtype.hpp"
 #include "pagedkv/error.hpp"
 
 namespace pagedkv {
@@ -49,8 +48,8 @@ TEST(DType, F16ExactValues) {
   EXPECT_EQ(f32_to_f16(1.0f), 0x3C00);
   EXPECT_EQ(f32_to_f16(-2.0f), 0xC000);
   EXPECT_EQ(f32_to_f16(0.5f), 0x3800);
-  EXPECT_EQ(f32_to_f16(65504.0f), 0x7BFF);             // largest finite
-  EXPECT_EQ(f32_to_f16(65520.0f), 0x7C00);             // halfway to 65536: rounds to inf
+  EXPECT_EQ(f32_to_f16(65504.0f), 0x7BFF);               // largest finite
+  EXPECT_EQ(f32_to_f16(65520.0f), 0x7C00);               // halfway to 65536: rounds to inf
   EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
   EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -14)), 0x0400);  // smallest normal
   EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -26)), 0x0000);  // below half the smallest subnormal

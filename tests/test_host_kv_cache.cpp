@@ -1,8 +1,6 @@
 // HostKVCache: memory size, layout addresses, write/read per dtype and layout, padding slots,
 // copy_blocks, fill_blocks, block_bytes, and every documented error.
 
-#include "pagedkv/host_kv_cache.hpp"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +12,7 @@
 #include <vector>
 
 #include "pagedkv/error.hpp"
+#include "pagedkv/host_kv_cache.hpp"
 
 namespace pagedkv {
 namespace {
@@ -247,7 +246,8 @@ TEST_P(HostKVCacheTest, ErrorsNameTheValueAndChangeNothing) {
               ThrowsMessage<Error>(HasSubstr("slot -3 out of range")));
   EXPECT_THAT([&] { (void)cache.read(0, 0, 2, false); },
               ThrowsMessage<Error>(HasSubstr("kv head 2 out of range [0, 2)")));
-  EXPECT_THAT([&] { (void)cache.read(5, 0, 0, false); }, ThrowsMessage<Error>(HasSubstr("layer 5")));
+  EXPECT_THAT([&] { (void)cache.read(5, 0, 0, false); },
+              ThrowsMessage<Error>(HasSubstr("layer 5")));
   EXPECT_THAT([&] { (void)cache.layer(3); }, ThrowsMessage<Error>(HasSubstr("layer 3")));
 
   // copy_blocks checks every pair before copying any: the valid first pair is not applied.
@@ -261,7 +261,8 @@ TEST_P(HostKVCacheTest, ErrorsNameTheValueAndChangeNothing) {
   EXPECT_THAT([&] { cache.copy_blocks(bad_src); }, ThrowsMessage<Error>(HasSubstr("block id -1")));
 
   const std::vector<BlockId> fill = {2, 9};
-  EXPECT_THAT([&] { cache.fill_blocks(fill, 1.0f); }, ThrowsMessage<Error>(HasSubstr("block id 9")));
+  EXPECT_THAT([&] { cache.fill_blocks(fill, 1.0f); },
+              ThrowsMessage<Error>(HasSubstr("block id 9")));
   EXPECT_EQ(cache.read(0, 8, 0, false), std::vector<float>(5, 0.0f));
   EXPECT_THAT([&] { (void)cache.block_bytes(6); }, ThrowsMessage<Error>(HasSubstr("block id 6")));
   const std::vector<std::byte> wrong(7);
@@ -271,15 +272,14 @@ TEST_P(HostKVCacheTest, ErrorsNameTheValueAndChangeNothing) {
               ThrowsMessage<Error>(HasSubstr("block id 8")));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllStorage, HostKVCacheTest,
-    ::testing::Values(StorageCase{DType::kF32, KVLayout::kHND},
-                      StorageCase{DType::kF16, KVLayout::kHND},
-                      StorageCase{DType::kBF16, KVLayout::kHND},
-                      StorageCase{DType::kF32, KVLayout::kNHD},
-                      StorageCase{DType::kF16, KVLayout::kNHD},
-                      StorageCase{DType::kBF16, KVLayout::kNHD}),
-    storage_name);
+INSTANTIATE_TEST_SUITE_P(AllStorage, HostKVCacheTest,
+                         ::testing::Values(StorageCase{DType::kF32, KVLayout::kHND},
+                                           StorageCase{DType::kF16, KVLayout::kHND},
+                                           StorageCase{DType::kBF16, KVLayout::kHND},
+                                           StorageCase{DType::kF32, KVLayout::kNHD},
+                                           StorageCase{DType::kF16, KVLayout::kNHD},
+                                           StorageCase{DType::kBF16, KVLayout::kNHD}),
+                         storage_name);
 
 TEST(HostKVCache, InvalidConfigThrowsNamingTheField) {
   KVCacheConfig c;  // num_blocks defaults to 0

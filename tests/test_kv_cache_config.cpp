@@ -1,8 +1,6 @@
 // KVCacheConfig validation, the memory formula on hand values, layout strides, and int64
 // offsets on a pool of more than 2^32 elements (computed, not allocated).
 
-#include "pagedkv/kv_cache_config.hpp"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -10,6 +8,7 @@
 #include <limits>
 
 #include "pagedkv/error.hpp"
+#include "pagedkv/kv_cache_config.hpp"
 #include "pagedkv/kv_layer_view.hpp"
 
 namespace pagedkv {
@@ -127,8 +126,8 @@ KVLayerView big_view(KVLayout layout) {
   v.block_size = c.block_size;
   v.num_kv_heads = c.num_kv_heads;
   v.head_dim = c.head_dim;
-  layout_strides(layout, c.block_size, c.num_kv_heads, c.head_dim, &v.block_stride,
-                 &v.head_stride, &v.token_stride);
+  layout_strides(layout, c.block_size, c.num_kv_heads, c.head_dim, &v.block_stride, &v.head_stride,
+                 &v.token_stride);
   return v;
 }
 

@@ -1,8 +1,6 @@
 // The ground truth checked against itself: hand-worked examples for reference_attention and
 // reference_attention_subset, and the ContiguousKVCache bookkeeping.
 
-#include "pagedkv/reference.hpp"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -11,6 +9,7 @@
 #include <vector>
 
 #include "pagedkv/error.hpp"
+#include "pagedkv/reference.hpp"
 
 namespace pagedkv {
 namespace {
@@ -102,15 +101,15 @@ float mean_of_visible(int32_t window_left, int32_t sink_tokens) {
 }
 
 TEST(ReferenceAttention, HandWorkedWindowAndSinks) {
-  EXPECT_NEAR(mean_of_visible(-1, 0), 2.5f, kTol);       // keys 0..3
-  EXPECT_NEAR(mean_of_visible(2, 0), 3.5f, kTol);        // keys 2, 3
-  EXPECT_NEAR(mean_of_visible(2, 1), 8.0f / 3, kTol);    // keys 0, 2, 3
-  EXPECT_NEAR(mean_of_visible(1, 0), 4.0f, kTol);        // key 3 only
-  EXPECT_EQ(mean_of_visible(0, 0), 0.0f);                // nothing visible -> zeros
-  EXPECT_NEAR(mean_of_visible(0, 2), 1.5f, kTol);        // sinks 0, 1 only
-  EXPECT_NEAR(mean_of_visible(10, 0), 2.5f, kTol);       // window wider than the context
-  EXPECT_NEAR(mean_of_visible(-1, 2), 2.5f, kTol);       // sinks without a window: no effect
-  EXPECT_NEAR(mean_of_visible(2, 3), 2.5f, kTol);        // sinks 0..2 + window 2..3 = all
+  EXPECT_NEAR(mean_of_visible(-1, 0), 2.5f, kTol);     // keys 0..3
+  EXPECT_NEAR(mean_of_visible(2, 0), 3.5f, kTol);      // keys 2, 3
+  EXPECT_NEAR(mean_of_visible(2, 1), 8.0f / 3, kTol);  // keys 0, 2, 3
+  EXPECT_NEAR(mean_of_visible(1, 0), 4.0f, kTol);      // key 3 only
+  EXPECT_EQ(mean_of_visible(0, 0), 0.0f);              // nothing visible -> zeros
+  EXPECT_NEAR(mean_of_visible(0, 2), 1.5f, kTol);      // sinks 0, 1 only
+  EXPECT_NEAR(mean_of_visible(10, 0), 2.5f, kTol);     // window wider than the context
+  EXPECT_NEAR(mean_of_visible(-1, 2), 2.5f, kTol);     // sinks without a window: no effect
+  EXPECT_NEAR(mean_of_visible(2, 3), 2.5f, kTol);      // sinks 0..2 + window 2..3 = all
 }
 
 TEST(ReferenceAttention, HandWorkedWindowPrefill) {

@@ -6,9 +6,12 @@ namespace pagedkv {
 
 std::string_view dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "fp32";
-    case DType::kF16: return "fp16";
-    case DType::kBF16: return "bf16";
+    case DType::kF32:
+      return "fp32";
+    case DType::kF16:
+      return "fp16";
+    case DType::kBF16:
+      return "bf16";
   }
   detail::fail("unknown DType value {}", static_cast<int>(dtype));
 }

@@ -62,8 +62,8 @@ KVLayerView HostKVCache::layer(int32_t layer) const {
   return view;
 }
 
-void HostKVCache::write(int32_t layer, std::span<const Slot> slot_mapping,
-                        std::span<const float> k, std::span<const float> v) {
+void HostKVCache::write(int32_t layer, std::span<const Slot> slot_mapping, std::span<const float> k,
+                        std::span<const float> v) {
   PAGEDKV_CHECK(layer >= 0 && layer < config_.num_layers,
                 "HostKVCache::write: layer {} out of range [0, {})", layer, config_.num_layers);
   const int64_t num_tokens = static_cast<int64_t>(slot_mapping.size());

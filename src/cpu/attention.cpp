@@ -21,8 +21,7 @@ void check_attention_params(const AttentionParams& params, const KVLayerView& ca
                 params.num_heads);
   PAGEDKV_CHECK(params.num_kv_heads >= 1, "attention: num_kv_heads must be >= 1, got {}",
                 params.num_kv_heads);
-  PAGEDKV_CHECK(params.head_dim >= 1, "attention: head_dim must be >= 1, got {}",
-                params.head_dim);
+  PAGEDKV_CHECK(params.head_dim >= 1, "attention: head_dim must be >= 1, got {}", params.head_dim);
   PAGEDKV_CHECK(params.num_heads % params.num_kv_heads == 0,
                 "attention: num_heads {} is not a multiple of num_kv_heads {}", params.num_heads,
                 params.num_kv_heads);

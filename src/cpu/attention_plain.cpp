@@ -15,8 +15,8 @@ namespace {
 /// (2018): keep a running max m, rescale the running sum l and accumulator when m grows.
 template <DType kDType>
 void attend_row(const KVLayerView& cache, const int32_t* table, int32_t kv_head, int64_t pos,
-                int32_t window_left, int32_t sink_tokens, float scale, const float* q,
-                float* acc, float* out) {
+                int32_t window_left, int32_t sink_tokens, float scale, const float* q, float* acc,
+                float* out) {
   const int32_t head_dim = cache.head_dim;
   const int32_t bs = cache.block_size;
   float m = -std::numeric_limits<float>::infinity();
@@ -57,9 +57,8 @@ void attend_row(const KVLayerView& cache, const int32_t* table, int32_t kv_head,
 }
 
 template <DType kDType>
-void prefill(const AttentionParams& params, const KVLayerView& cache,
-             const BlockTableView& tables, std::span<const int32_t> query_start,
-             std::span<const float> q, std::span<float> out) {
+void prefill(const AttentionParams& params, const KVLayerView& cache, const BlockTableView& tables,
+             std::span<const int32_t> query_start, std::span<const float> q, std::span<float> out) {
   const int32_t num_heads = params.num_heads;
   const int32_t head_dim = params.head_dim;
   const int32_t group = params.num_heads / params.num_kv_heads;
@@ -89,9 +88,12 @@ void plain_paged_prefill_attention(const AttentionParams& params, const KVLayerV
                                    std::span<const int32_t> query_start, std::span<const float> q,
                                    std::span<float> out) {
   switch (cache.dtype) {
-    case DType::kF32: return prefill<DType::kF32>(params, cache, tables, query_start, q, out);
-    case DType::kF16: return prefill<DType::kF16>(params, cache, tables, query_start, q, out);
-    case DType::kBF16: return prefill<DType::kBF16>(params, cache, tables, query_start, q, out);
+    case DType::kF32:
+      return prefill<DType::kF32>(params, cache, tables, query_start, q, out);
+    case DType::kF16:
+      return prefill<DType::kF16>(params, cache, tables, query_start, q, out);
+    case DType::kBF16:
+      return prefill<DType::kBF16>(params, cache, tables, query_start, q, out);
   }
 }
 

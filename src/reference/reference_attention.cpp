@@ -1,6 +1,7 @@
 // Textbook attention, the ground truth of every kernel test. Written for clarity: the whole
 // score matrix of a head in double, an explicit mask, a max-subtracted softmax, then P . V.
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -54,8 +55,7 @@ bool visible(const AttentionParams& params, int64_t pos, int64_t key) {
 /// softmax(scores) . V for one query row of one head; scores of masked keys are -inf.
 /// All keys masked -> zeros (the kernels' convention for padding rows and empty windows).
 void softmax_times_v(const std::vector<double>& scores, std::span<const float> v,
-                     int64_t kv_row_stride, int64_t kv_head_offset, int32_t head_dim,
-                     float* out) {
+                     int64_t kv_row_stride, int64_t kv_head_offset, int32_t head_dim, float* out) {
   double max_score = -std::numeric_limits<double>::infinity();
   for (double s : scores) max_score = std::max(max_score, s);
   std::vector<double> o(static_cast<size_t>(head_dim), 0.0);
@@ -87,15 +87,15 @@ double dot(const float* a, const float* b, int32_t n) {
 }  // namespace
 
 void reference_attention(const AttentionParams& params, std::span<const float> q,
-                         std::span<const float> k, std::span<const float> v,
-                         int64_t num_kv_tokens, std::span<float> out) {
+                         std::span<const float> k, std::span<const float> v, int64_t num_kv_tokens,
+                         std::span<float> out) {
   constexpr const char* kFn = "reference_attention";
   check_geometry(kFn, params);
   check_kv(kFn, params, k, v, num_kv_tokens);
   const int64_t q_row = static_cast<int64_t>(params.num_heads) * params.head_dim;
   PAGEDKV_CHECK(static_cast<int64_t>(q.size()) % q_row == 0,
-                "{}: q has {} elements, not a multiple of num_heads x head_dim = {}", kFn,
-                q.size(), q_row);
+                "{}: q has {} elements, not a multiple of num_heads x head_dim = {}", kFn, q.size(),
+                q_row);
   PAGEDKV_CHECK(out.size() == q.size(), "{}: out has {} elements, q has {}", kFn, out.size(),
                 q.size());
   const int64_t n_q = static_cast<int64_t>(q.size()) / q_row;
@@ -112,7 +112,8 @@ void reference_attention(const AttentionParams& params, std::span<const float> q
     for (int64_t i = 0; i < n_q; ++i) {
       const int64_t pos = num_kv_tokens - n_q + i;
       const float* qi = q.data() + i * q_row + static_cast<int64_t>(h) * params.head_dim;
-      scores[i].assign(static_cast<size_t>(num_kv_tokens), -std::numeric_limits<double>::infinity());
+      scores[i].assign(static_cast<size_t>(num_kv_tokens),
+                       -std::numeric_limits<double>::infinity());
       for (int64_t j = 0; j < num_kv_tokens; ++j) {
         if (!visible(params, pos, j)) continue;
         scores[i][j] = scale * dot(qi, k.data() + j * kv_row + kv_head_offset, params.head_dim);
@@ -152,7 +153,8 @@ void reference_attention_subset(const AttentionParams& params, std::span<const f
     std::vector<double> scores(static_cast<size_t>(num_kv_tokens),
                                -std::numeric_limits<double>::infinity());
     for (int64_t j = 0; j < num_kv_tokens; ++j) {
-      if (keep[j]) scores[j] = scale * dot(qh, k.data() + j * kv_row + kv_head_offset, params.head_dim);
+      if (keep[j])
+        scores[j] = scale * dot(qh, k.data() + j * kv_row + kv_head_offset, params.head_dim);
     }
     softmax_times_v(scores, v, kv_row, kv_head_offset, params.head_dim,
                     out.data() + static_cast<int64_t>(h) * params.head_dim);
