@@ -58,4 +58,23 @@ void paged_prefill_attention(const AttentionParams& params, const KVLayerView& c
                              const BlockTableView& tables, std::span<const int32_t> query_start,
                              std::span<const float> q, std::span<float> out);
 
+/// Attention over explicit key lists (sparse kept sets, e.g. heavy hitters; see
+/// eviction_policy.hpp): query row i attends to exactly the keys at
+/// slots[indptr[i] .. indptr[i+1]), in any order, with no causal or window mask (the list IS the
+/// mask). Optionally reports each listed key's softmax probability, the per-position weight
+/// that H2O accumulates.
+/// Shapes: indptr [num_rows + 1] int32, indptr[0] = 0, non-decreasing; slots [indptr[num_rows]]
+/// int64, each in [0, num_blocks * block_size); q, out [num_rows, num_heads, head_dim] fp32;
+/// probs: empty, or [indptr[num_rows]] fp32 = the key's probability summed over the query heads
+/// (so a row with >= 1 key sums to num_heads). A row with no key outputs zeros.
+/// Errors: throws pagedkv::Error on a params/view mismatch, params.window_left != -1 or
+/// sink_tokens != 0 (a mask has no meaning for an explicit list), a bad indptr, a slot out of
+/// range, or q/out/probs of the wrong size.
+/// Source: H2O (Zhang et al., NeurIPS 2023) needs per-key attention weights; online softmax is
+/// not used here because the probabilities themselves are an output.
+void paged_attention_over_slots(const AttentionParams& params, const KVLayerView& cache,
+                                std::span<const int32_t> indptr, std::span<const Slot> slots,
+                                std::span<const float> q, std::span<float> out,
+                                std::span<float> probs = {});
+
 }  // namespace pagedkv

@@ -18,7 +18,10 @@ const KVCacheManagerConfig& validated(const KVCacheManagerConfig& config) {
 }  // namespace
 
 KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config)
-    : config_(validated(config)), allocator_(config.num_blocks) {}
+    : config_(validated(config)),
+      allocator_(config.num_blocks),
+      prefix_(config.num_blocks, config.block_size),
+      policy_(make_eviction_policy(config.eviction)) {}
 
 const KVCacheManager::Sequence& KVCacheManager::get(SeqId seq, const char* op) const {
   auto it = seqs_.find(seq);

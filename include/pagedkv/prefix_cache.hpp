@@ -1,0 +1,93 @@
+#pragma once
+/// @file prefix_cache.hpp
+/// Automatic prefix caching: content keys of full blocks (a hash chained over the prefix) and
+/// the index from key to the physical block holding that content. Host-only metadata; the
+/// KVCacheManager owns one and keeps it consistent with its BlockAllocator.
+///
+/// Source: vLLM automatic prefix caching (v1 block pool: chained block hashes over full blocks,
+/// unreferenced cached blocks evicted least-recently-used first); hash: xxHash XXH3-64.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "pagedkv/types.hpp"
+
+namespace pagedkv {
+
+/// Content key of one full block: XXH3-64 of (parent key, extra key, the block's token ids).
+using BlockHash = uint64_t;
+
+/// Parent key of the first block of every sequence.
+inline constexpr BlockHash kRootBlockHash = 0x9E3779B97F4A7C15ull;
+
+/// Key of a full block: XXH3_64bits over the little-endian bytes of
+/// [parent (u64), extra_key (u64), tokens[0], ..., tokens[n-1] (i32 each)], seed 0.
+/// Chaining over the parent makes the key depend on the whole prefix, so equal blocks after
+/// different prefixes get different keys. `extra_key` separates caches that must not share
+/// (adapter id, multimodal hash, per-tenant cache salt); 0 = none.
+/// Worked example: block_hash(kRootBlockHash, {1, 2, 3, 4}, 0) is the key of a first block
+/// holding tokens 1..4; the second block's key is block_hash(<that key>, {5, 6, 7, 8}, 0).
+[[nodiscard]] BlockHash block_hash(BlockHash parent, std::span<const TokenId> tokens,
+                                   uint64_t extra_key);
+
+/// Index of cached full blocks: key -> block, with each entry's token ids, extra key and the
+/// identity of its parent entry, so a key match is confirmed on content before sharing (a hash
+/// collision is a miss, never a wrong share).
+///
+/// Every registered entry gets a unique serial number (never reused; 0 means "no entry", the
+/// parent serial of first blocks). A child entry records its parent's serial, and lookup()
+/// confirms it, so a hit guarantees that the whole prefix, not only this block, is identical
+/// to what was stored. At most one block is registered per key; a second block with the same
+/// content stays unregistered (it is freed normally).
+///
+/// Not internally synchronized.
+class PrefixCache {
+ public:
+  /// One registered block.
+  struct Entry {
+    BlockHash hash = 0;
+    BlockHash parent_hash = 0;
+    uint64_t serial = 0;         ///< unique id of this entry, >= 1
+    uint64_t parent_serial = 0;  ///< serial of the parent entry, 0 for a first block
+    uint64_t extra_key = 0;
+    std::vector<TokenId> tokens;  ///< [block_size]
+  };
+
+  /// Errors: throws pagedkv::Error if num_blocks < 1 or block_size < 1.
+  PrefixCache(int32_t num_blocks, int32_t block_size);
+
+  /// The block registered for (hash) whose content equals (parent_serial, extra_key, tokens);
+  /// empty on a miss (no entry, or an entry whose content differs: a collision).
+  [[nodiscard]] std::optional<BlockId> lookup(BlockHash hash, uint64_t parent_serial,
+                                              uint64_t extra_key,
+                                              std::span<const TokenId> tokens) const;
+
+  /// Registers `block` as holding the content `entry` describes (entry.serial is assigned here
+  /// and returned). Errors: throws pagedkv::Error if the block id is out of range, the block is
+  /// already registered, the key is already taken, or tokens.size() != block_size.
+  uint64_t insert(BlockId block, Entry entry);
+
+  /// Unregisters `block`; returns its entry, or empty if it was not registered.
+  /// Errors: throws if the id is out of range.
+  std::optional<Entry> erase(BlockId block);
+
+  /// Entry of a registered block, or nullptr. Errors: throws if the id is out of range.
+  [[nodiscard]] const Entry* entry(BlockId block) const;
+  /// Block registered under `hash`, or empty.
+  [[nodiscard]] std::optional<BlockId> find(BlockHash hash) const;
+
+  /// Registered blocks.
+  [[nodiscard]] int32_t size() const { return static_cast<int32_t>(by_hash_.size()); }
+  [[nodiscard]] int32_t block_size() const { return block_size_; }
+
+ private:
+  int32_t block_size_;
+  uint64_t next_serial_ = 1;
+  std::vector<std::optional<Entry>> by_block_;  // [num_blocks]
+  std::unordered_map<BlockHash, BlockId> by_hash_;
+};
+
+}  // namespace pagedkv
