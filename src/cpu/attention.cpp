@@ -1,5 +1,6 @@
 // Public CPU attention entry points: every contract check lives here, then the kernel runs
-// unchecked (checks at the edge, kernels trust their inputs).
+// unchecked (checks at the edge, kernels trust their inputs). The kernel is the fast one
+// (attention_fast.hpp); the plain one (attention_plain.hpp) is its test oracle.
 
 #include "pagedkv/attention.hpp"
 
@@ -7,7 +8,7 @@
 #include <numeric>
 #include <vector>
 
-#include "cpu/attention_plain.hpp"
+#include "cpu/attention_fast.hpp"
 #include "detail/check.hpp"
 
 namespace pagedkv {
@@ -101,7 +102,7 @@ void paged_decode_attention(const AttentionParams& params, const KVLayerView& ca
   // query row; its position is -1, it sees no key, and the kernel writes zeros.
   std::vector<int32_t> query_start(static_cast<size_t>(tables.num_seqs) + 1);
   std::iota(query_start.begin(), query_start.end(), 0);
-  detail::plain_paged_prefill_attention(params, cache, tables, query_start, q, out);
+  detail::fast_paged_prefill_attention(params, cache, tables, query_start, q, out);
 }
 
 void paged_prefill_attention(const AttentionParams& params, const KVLayerView& cache,
@@ -125,7 +126,7 @@ void paged_prefill_attention(const AttentionParams& params, const KVLayerView& c
   const int64_t rows = query_start[tables.num_seqs];
   check_rows(kFn, "q", q.size(), rows, params);
   check_rows(kFn, "out", out.size(), rows, params);
-  detail::plain_paged_prefill_attention(params, cache, tables, query_start, q, out);
+  detail::fast_paged_prefill_attention(params, cache, tables, query_start, q, out);
 }
 
 }  // namespace pagedkv

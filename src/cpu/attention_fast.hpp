@@ -1,0 +1,54 @@
+#pragma once
+// Private: the optimized CPU paged attention kernel (Highway SIMD with run-time dispatch, OpenMP
+// threads, key partitions merged by log-sum-exp). The public functions of attention.cpp call it
+// after their checks; the plain kernel (attention_plain.hpp) stays as its test oracle.
+
+#include <cstdint>
+#include <span>
+
+#include "pagedkv/attention.hpp"
+#include "pagedkv/batch_metadata.hpp"
+#include "pagedkv/kv_layer_view.hpp"
+
+namespace pagedkv::detail {
+
+/// Knobs of the fast kernel. The defaults are what the public functions use; tests and
+/// benchmarks set them to force a code path (one thread, many small partitions).
+struct FastAttentionConfig {
+  /// Threads to run on; 0 = omp_get_max_threads() (OMP_NUM_THREADS), 1 = the calling thread.
+  int32_t num_threads = 0;
+  /// Keys per context partition. 0 = automatic: a (sequence, kv head) whose context is longer
+  /// than the batch's fair share per thread is split so every thread gets work (vLLM's
+  /// PagedAttention v2 idea). > 0 forces that size (tests use small values to exercise the
+  /// log-sum-exp merge on short contexts).
+  int64_t partition_keys = 0;
+};
+
+/// Chunked paged prefill (decode is n_i = 1): same contract, preconditions and output as
+/// detail::plain_paged_prefill_attention, computed differently:
+/// - work items = (sequence, kv head, query tile[, key partition]); the rows of an item are the
+///   `group` query heads of that kv head for up to 32 / group query tokens, so every K/V byte
+///   read from memory serves all query heads of its kv head (GQA);
+/// - keys are visited in tiles of 32 positions gathered through the block table (a tile may span
+///   several blocks, so block_size does not limit the vector work); one pass over K and V with
+///   online softmax; fp16/bf16 converted to fp32 in registers; software prefetch one tile ahead
+///   hides the jump between scattered blocks;
+/// - a partitioned item keeps (running max, sum, unnormalized accumulator) per row and the
+///   partitions are merged: o = sum_p exp(m_p - M) acc_p / sum_p exp(m_p - M) l_p, M = max m_p.
+/// Results differ from the plain kernel only by float summation order (a few ulp).
+/// SIMD width: the widest vector that divides head_dim among {native, 4 lanes, 1 lane}; every
+/// head_dim works, multiples of 16 (AVX-512) or 8 (AVX2) take the full width.
+/// Source: PagedAttention (Kwon et al., SOSP 2023) and its v2 partitioned reduction; online
+/// softmax (Milakov & Gimelshein 2018); split-K merge as in FlashDecoding (Dao et al., 2023).
+void fast_paged_prefill_attention(const AttentionParams& params, const KVLayerView& cache,
+                                  const BlockTableView& tables,
+                                  std::span<const int32_t> query_start, std::span<const float> q,
+                                  std::span<float> out, const FastAttentionConfig& config = {});
+
+/// Name of the instruction set the dispatcher picks on this machine ("AVX3", "AVX2", ...).
+[[nodiscard]] const char* fast_attention_target();
+
+/// Threads the kernel uses with num_threads = 0 (omp_get_max_threads(), or 1 without OpenMP).
+[[nodiscard]] int32_t fast_attention_max_threads();
+
+}  // namespace pagedkv::detail

@@ -1,0 +1,562 @@
+// Fast CPU paged attention: Google Highway SIMD compiled for several instruction sets and
+// dispatched at run time (foreach_target.h re-includes this file once per target), OpenMP over
+// work items, log-sum-exp merge of key partitions. Contract: attention_fast.hpp.
+//
+// Decode is memory-bound: every K/V byte is read once from memory and used by all query heads
+// of its kv head; everything else (scores, softmax, accumulators) stays in L1.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "cpu/attention_fast.hpp"
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+// Target-independent definitions, shared by every per-target pass over this file.
+#ifndef PAGEDKV_CPU_ATTENTION_HWY_SHARED_
+#define PAGEDKV_CPU_ATTENTION_HWY_SHARED_
+namespace pagedkv::detail::fast {
+
+/// Keys per tile: scores of a tile fit two AVX-512 vectors; the K and V of a tile (at most
+/// 32 x 128 x 4 B = 16 KiB each) stay in L1 while every row of the item reuses them.
+constexpr int32_t kTile = 32;
+/// Rows (query heads x query tokens) per work item: bounds the L1 footprint of the fp32
+/// accumulators (32 x 128 x 4 B = 16 KiB) while letting prefill reuse each K/V tile 32 times.
+constexpr int32_t kMaxRows = 32;
+/// Smallest key partition: below it, partial results and their merge cost more than the
+/// parallelism gains.
+constexpr int64_t kMinPartitionKeys = 256;
+/// Work items per thread the automatic partitioning aims at, for load balance across
+/// sequences of different lengths.
+constexpr int64_t kItemsPerThread = 4;
+/// Below this many key-row visits a call runs on the calling thread: waking a thread team costs
+/// microseconds, as much as attending a few thousand keys.
+constexpr int64_t kMinParallelWork = 16384;
+
+/// Everything a work item reads, shared by all items of a call.
+struct KernelArgs {
+  KVLayerView cache;
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
+  int32_t max_blocks_per_seq = 0;
+  const float* q = nullptr;  // [rows, num_heads, head_dim]
+  float* out = nullptr;      // [rows, num_heads, head_dim]
+  float* partial = nullptr;  // split items: [parts][rows of the set][2 + head_dim] (m, l, acc)
+  int32_t num_heads = 0;
+  int32_t group = 0;  // query heads per kv head
+  int32_t head_dim = 0;
+  float scale = 0.0f;
+  int32_t window_left = -1;
+  int32_t sink_tokens = 0;
+};
+
+/// The rows of one work item: query tokens [first_pos, first_pos + num_q) of a sequence, all
+/// `group` query heads of one kv head. Their visible keys are a subset of the key set
+/// [0, sink_len) ++ [main_begin, main_end), addressed by a flat index j in [0, num_keys()).
+struct RowSet {
+  int32_t seq = 0;
+  int32_t kv_head = 0;
+  int32_t num_q = 0;
+  int64_t q_row = 0;      // query row of the first token
+  int64_t first_pos = 0;  // position of the first token (-1 for a decode padding row)
+  int64_t sink_len = 0;
+  int64_t main_begin = 0;
+  int64_t main_end = 0;
+  int32_t num_parts = 1;
+  int64_t part_keys = 0;        // flat keys per partition
+  int64_t partial_offset = -1;  // floats into KernelArgs::partial; -1 = write `out` directly
+
+  [[nodiscard]] int64_t num_keys() const { return sink_len + (main_end - main_begin); }
+  [[nodiscard]] int32_t num_rows(int32_t group) const { return num_q * group; }
+};
+
+/// First visible key of a query at `pos` (the sliding window's left edge; 0 without a window).
+inline int64_t window_lo(int64_t pos, int32_t window_left) {
+  return window_left < 0 ? 0 : std::max<int64_t>(0, pos - window_left + 1);
+}
+/// End of the always-visible sink range of a query whose window starts at `lo`.
+inline int64_t sink_end(int64_t lo, int32_t window_left, int32_t sink_tokens) {
+  return window_left < 0 ? 0 : std::min<int64_t>(sink_tokens, lo);
+}
+
+}  // namespace pagedkv::detail::fast
+#endif  // PAGEDKV_CPU_ATTENTION_HWY_SHARED_
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/attention_hwy.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+// foreach_target.h must come first: it re-includes this file per target.
+#include <hwy/cache_control.h>
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace pagedkv::detail::fast {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+/// Loads Lanes(df) K/V elements as fp32: fp16/bf16 are widened in registers (vcvtph2ps, or a
+/// 16-bit shift for bf16), so the cache is read at its storage size.
+template <typename T, class DF>
+HWY_INLINE hn::Vec<DF> LoadF32(DF df, const T* HWY_RESTRICT p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return hn::LoadU(df, p);
+  } else {
+    const hn::Rebind<T, DF> dh;
+    return hn::PromoteTo(df, hn::LoadU(dh, p));
+  }
+}
+
+/// Per-thread scratch that grows to the largest item seen and is then reused (no allocation
+/// per item after warm-up).
+inline float* ThreadScratch(size_t floats) {
+  thread_local std::vector<float> buffer;
+  if (buffer.size() < floats) buffer.resize(floats);
+  return buffer.data();
+}
+
+/// Fills the K/V row pointers of the tile of flat keys [j, j + n) of a row set, through the
+/// block table; consecutive keys step through a block without a division.
+template <typename T>
+HWY_INLINE void GatherTile(const KernelArgs& a, const RowSet& rs, const int32_t* table, int64_t j,
+                           int32_t n, const T** kp, const T** vp, int64_t* keys) {
+  const KVLayerView& c = a.cache;
+  const T* kbase = static_cast<const T*>(c.k);
+  const T* vbase = static_cast<const T*>(c.v);
+  const int64_t bs = c.block_size;
+  const int64_t head_off = static_cast<int64_t>(rs.kv_head) * c.head_stride;
+  int64_t key = j < rs.sink_len ? j : rs.main_begin + (j - rs.sink_len);
+  int64_t lb = key / bs;
+  int64_t o = key % bs;
+  int64_t block_off = static_cast<int64_t>(table[lb]) * c.block_stride + head_off;
+  for (int32_t i = 0; i < n; ++i, ++j) {
+    if (j == rs.sink_len && i > 0) {  // jump from the sinks to the window
+      key = rs.main_begin;
+      lb = key / bs;
+      o = key % bs;
+      block_off = static_cast<int64_t>(table[lb]) * c.block_stride + head_off;
+    } else if (o == bs) {  // next block; its table entry is read only when a key needs it
+      o = 0;
+      ++lb;
+      block_off = static_cast<int64_t>(table[lb]) * c.block_stride + head_off;
+    }
+    const int64_t off = block_off + o * c.token_stride;
+    kp[i] = kbase + off;
+    vp[i] = vbase + off;
+    keys[i] = key;
+    ++key;
+    ++o;
+  }
+}
+
+/// Requests the K and V rows of a tile into cache ahead of use: blocks are scattered, so the
+/// hardware stream prefetcher loses the stream at every block boundary.
+template <typename T>
+HWY_INLINE void PrefetchTile(const T* const* kp, const T* const* vp, int32_t n, int64_t row_bytes) {
+  for (int32_t i = 0; i < n; ++i) {
+    const char* k = reinterpret_cast<const char*>(kp[i]);
+    const char* v = reinterpret_cast<const char*>(vp[i]);
+    for (int64_t b = 0; b < row_bytes; b += 64) {
+      hwy::Prefetch(k + b);
+      hwy::Prefetch(v + b);
+    }
+  }
+}
+
+/// One partition of one row set. Rows r = t * group + g (query token t, head g of the kv head).
+template <typename T, class DF>
+void AttendImpl(DF df, const KernelArgs& a, const RowSet& rs, int32_t part) {
+  using V = hn::Vec<DF>;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t D = a.head_dim;
+  const int32_t G = a.group;
+  const int32_t R = rs.num_rows(G);
+  const int64_t ts = (kTile + L - 1) / L * L;  // score row stride, whole vectors
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+  float* qs = ThreadScratch(static_cast<size_t>(R * (2 * D + ts + 3)));  // [R, D] scaled q
+  float* acc = qs + R * D;                                               // [R, D]
+  float* sc = acc + R * D;                                               // [R, ts] scores / p
+  float* m = sc + R * ts;                                                // [R] running max
+  float* l = m + R;                                                      // [R] running sum
+  float* active = l + R;  // [R] 1 if the row saw a key in the current tile
+
+  // The G query heads of a kv head are adjacent in q: one contiguous [G, D] run per token.
+  const V vscale = hn::Set(df, a.scale);
+  for (int32_t t = 0; t < rs.num_q; ++t) {
+    const float* src =
+        a.q + ((rs.q_row + t) * a.num_heads + static_cast<int64_t>(rs.kv_head) * G) * D;
+    float* dst = qs + static_cast<int64_t>(t) * G * D;
+    for (int64_t i = 0; i < G * D; i += L) {
+      hn::StoreU(hn::Mul(hn::LoadU(df, src + i), vscale), df, dst + i);
+    }
+  }
+  std::fill(acc, acc + R * D, 0.0f);
+  std::fill(m, m + R, kNegInf);
+  std::fill(l, l + R, 0.0f);
+
+  const int32_t* table = a.block_tables + static_cast<int64_t>(rs.seq) * a.max_blocks_per_seq;
+  const int64_t key_begin = static_cast<int64_t>(part) * rs.part_keys;
+  const int64_t key_end = std::min(rs.num_keys(), key_begin + rs.part_keys);
+  const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T));
+  // Rows of one query token share their visible set, which is exactly the row set's key set;
+  // several tokens (prefill) need a per-row causal / window mask.
+  const bool masked = rs.num_q > 1;
+
+  const T* kp[2][kTile];
+  const T* vp[2][kTile];
+  int64_t keys[2][kTile];
+  int cur = 0;
+  if (key_begin < key_end) {
+    GatherTile(a, rs, table, key_begin,
+               static_cast<int32_t>(std::min<int64_t>(kTile, key_end - key_begin)), kp[0], vp[0],
+               keys[0]);
+  }
+  for (int64_t j = key_begin; j < key_end; j += kTile, cur ^= 1) {
+    const int32_t n = static_cast<int32_t>(std::min<int64_t>(kTile, key_end - j));
+    const T* const* kt = kp[cur];
+    const T* const* vt = vp[cur];
+    const int64_t* kk = keys[cur];
+    if (j + kTile < key_end) {
+      const int32_t nn = static_cast<int32_t>(std::min<int64_t>(kTile, key_end - j - kTile));
+      GatherTile(a, rs, table, j + kTile, nn, kp[cur ^ 1], vp[cur ^ 1], keys[cur ^ 1]);
+      PrefetchTile(kp[cur ^ 1], vp[cur ^ 1], nn, row_bytes);
+    }
+
+    // Scores s[r][i] = (scale q_r) . k_i; four keys at a time for four independent FMA chains.
+    for (int32_t r = 0; r < R; ++r) {
+      const float* qr = qs + r * D;
+      float* s = sc + r * ts;
+      int32_t i = 0;
+      for (; i + 4 <= n; i += 4) {
+        V a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+        for (int64_t d = 0; d < D; d += L) {
+          const V qv = hn::LoadU(df, qr + d);
+          a0 = hn::MulAdd(qv, LoadF32(df, kt[i] + d), a0);
+          a1 = hn::MulAdd(qv, LoadF32(df, kt[i + 1] + d), a1);
+          a2 = hn::MulAdd(qv, LoadF32(df, kt[i + 2] + d), a2);
+          a3 = hn::MulAdd(qv, LoadF32(df, kt[i + 3] + d), a3);
+        }
+        s[i] = hn::GetLane(hn::SumOfLanes(df, a0));
+        s[i + 1] = hn::GetLane(hn::SumOfLanes(df, a1));
+        s[i + 2] = hn::GetLane(hn::SumOfLanes(df, a2));
+        s[i + 3] = hn::GetLane(hn::SumOfLanes(df, a3));
+      }
+      for (; i < n; ++i) {
+        V a0 = hn::Zero(df);
+        for (int64_t d = 0; d < D; d += L) {
+          a0 = hn::MulAdd(hn::LoadU(df, qr + d), LoadF32(df, kt[i] + d), a0);
+        }
+        s[i] = hn::GetLane(hn::SumOfLanes(df, a0));
+      }
+      for (; i < ts; ++i) s[i] = kNegInf;  // padding lanes: exp gives 0
+    }
+
+    if (masked) {
+      for (int32_t r = 0; r < R; ++r) {
+        const int64_t pos = rs.first_pos + r / G;
+        const int64_t lo = window_lo(pos, a.window_left);
+        const int64_t se = sink_end(lo, a.window_left, a.sink_tokens);
+        if (kk[n - 1] <= pos && kk[0] >= lo) continue;  // keys ascend: whole tile visible
+        float* s = sc + r * ts;
+        for (int32_t i = 0; i < n; ++i) {
+          if (kk[i] > pos || (kk[i] < lo && kk[i] >= se)) s[i] = kNegInf;
+        }
+      }
+    }
+
+    // Online softmax: rescale the running state only when the row's max grows.
+    for (int32_t r = 0; r < R; ++r) {
+      float* s = sc + r * ts;
+      V vmax = hn::Set(df, kNegInf);
+      for (int64_t i = 0; i < ts; i += L) vmax = hn::Max(vmax, hn::LoadU(df, s + i));
+      const float mt = hn::GetLane(hn::MaxOfLanes(df, vmax));
+      active[r] = mt == kNegInf ? 0.0f : 1.0f;
+      if (mt == kNegInf) continue;  // no visible key in this tile
+      if (mt > m[r]) {
+        if (m[r] != kNegInf) {
+          const float corr = std::exp(m[r] - mt);
+          l[r] *= corr;
+          const V vc = hn::Set(df, corr);
+          float* ar = acc + r * D;
+          for (int64_t d = 0; d < D; d += L)
+            hn::StoreU(hn::Mul(hn::LoadU(df, ar + d), vc), df, ar + d);
+        }
+        m[r] = mt;
+      }
+      const V vm = hn::Set(df, m[r]);
+      V vsum = hn::Zero(df);
+      for (int64_t i = 0; i < ts; i += L) {
+        const V p = hn::Exp(df, hn::Sub(hn::LoadU(df, s + i), vm));
+        hn::StoreU(p, df, s + i);
+        vsum = hn::Add(vsum, p);
+      }
+      l[r] += hn::GetLane(hn::SumOfLanes(df, vsum));
+    }
+
+    // acc_r += sum_i p[r][i] v_i, four vectors of head_dim in registers across the tile.
+    for (int32_t r = 0; r < R; ++r) {
+      if (active[r] == 0.0f) continue;
+      const float* p = sc + r * ts;
+      float* ar = acc + r * D;
+      int64_t d = 0;
+      for (; d + 4 * L <= D; d += 4 * L) {
+        V a0 = hn::LoadU(df, ar + d);
+        V a1 = hn::LoadU(df, ar + d + L);
+        V a2 = hn::LoadU(df, ar + d + 2 * L);
+        V a3 = hn::LoadU(df, ar + d + 3 * L);
+        for (int32_t i = 0; i < n; ++i) {
+          const V pv = hn::Set(df, p[i]);
+          const T* v = vt[i] + d;
+          a0 = hn::MulAdd(pv, LoadF32(df, v), a0);
+          a1 = hn::MulAdd(pv, LoadF32(df, v + L), a1);
+          a2 = hn::MulAdd(pv, LoadF32(df, v + 2 * L), a2);
+          a3 = hn::MulAdd(pv, LoadF32(df, v + 3 * L), a3);
+        }
+        hn::StoreU(a0, df, ar + d);
+        hn::StoreU(a1, df, ar + d + L);
+        hn::StoreU(a2, df, ar + d + 2 * L);
+        hn::StoreU(a3, df, ar + d + 3 * L);
+      }
+      for (; d + 2 * L <= D; d += 2 * L) {
+        V a0 = hn::LoadU(df, ar + d);
+        V a1 = hn::LoadU(df, ar + d + L);
+        for (int32_t i = 0; i < n; ++i) {
+          const V pv = hn::Set(df, p[i]);
+          a0 = hn::MulAdd(pv, LoadF32(df, vt[i] + d), a0);
+          a1 = hn::MulAdd(pv, LoadF32(df, vt[i] + d + L), a1);
+        }
+        hn::StoreU(a0, df, ar + d);
+        hn::StoreU(a1, df, ar + d + L);
+      }
+      for (; d < D; d += L) {
+        V a0 = hn::LoadU(df, ar + d);
+        for (int32_t i = 0; i < n; ++i) {
+          a0 = hn::MulAdd(hn::Set(df, p[i]), LoadF32(df, vt[i] + d), a0);
+        }
+        hn::StoreU(a0, df, ar + d);
+      }
+    }
+  }
+
+  if (rs.partial_offset < 0) {
+    for (int32_t r = 0; r < R; ++r) {
+      const int64_t head = static_cast<int64_t>(rs.kv_head) * G + r % G;
+      float* o = a.out + ((rs.q_row + r / G) * a.num_heads + head) * D;
+      const float* ar = acc + r * D;
+      // A row that saw no key (padding row, empty window) outputs zeros, as the plain kernel.
+      const V vinv = hn::Set(df, l[r] == 0.0f ? 0.0f : 1.0f / l[r]);
+      for (int64_t d = 0; d < D; d += L)
+        hn::StoreU(hn::Mul(hn::LoadU(df, ar + d), vinv), df, o + d);
+    }
+  } else {
+    for (int32_t r = 0; r < R; ++r) {
+      float* dst = a.partial + rs.partial_offset + (static_cast<int64_t>(part) * R + r) * (D + 2);
+      dst[0] = m[r];
+      dst[1] = l[r];
+      std::copy(acc + r * D, acc + (r + 1) * D, dst + 2);
+    }
+  }
+}
+
+template <typename T>
+void AttendTyped(const KernelArgs& a, const RowSet& rs, int32_t part) {
+  // The widest vector that divides head_dim (listed once here; see attention_fast.hpp).
+  const hn::ScalableTag<float> df;
+  if (a.head_dim % static_cast<int32_t>(hn::Lanes(df)) == 0) return AttendImpl<T>(df, a, rs, part);
+  const hn::CappedTag<float, 4> d4;
+  if (a.head_dim % static_cast<int32_t>(hn::Lanes(d4)) == 0) return AttendImpl<T>(d4, a, rs, part);
+  const hn::CappedTag<float, 1> d1;
+  AttendImpl<T>(d1, a, rs, part);
+}
+
+void AttendPart(const KernelArgs& a, const RowSet& rs, int32_t part) {
+  switch (a.cache.dtype) {
+    case DType::kF32:
+      return AttendTyped<float>(a, rs, part);
+    case DType::kF16:
+      return AttendTyped<hwy::float16_t>(a, rs, part);
+    case DType::kBF16:
+      return AttendTyped<hwy::bfloat16_t>(a, rs, part);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace pagedkv::detail::fast
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace pagedkv::detail {
+namespace fast {
+HWY_EXPORT(AttendPart);
+
+/// Merges the partitions of one row: o = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) l_p.
+void merge_row(const float* parts, int32_t num_parts, int64_t stride, int32_t head_dim,
+               float* out) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int32_t p = 0; p < num_parts; ++p) mx = std::max(mx, parts[p * stride]);
+  std::fill(out, out + head_dim, 0.0f);
+  if (mx == -std::numeric_limits<float>::infinity()) return;  // no visible key at all
+  float sum = 0.0f;
+  for (int32_t p = 0; p < num_parts; ++p) {
+    const float* src = parts + p * stride;
+    if (src[1] == 0.0f) continue;
+    const float w = std::exp(src[0] - mx);
+    sum += w * src[1];
+    for (int32_t d = 0; d < head_dim; ++d) out[d] += w * src[2 + d];
+  }
+  const float inv = 1.0f / sum;
+  for (int32_t d = 0; d < head_dim; ++d) out[d] *= inv;
+}
+
+}  // namespace fast
+
+int32_t fast_attention_max_threads() {
+#if defined(_OPENMP)
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+const char* fast_attention_target() {
+  const int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
+  return hwy::TargetName(targets & -targets);  // lowest bit = best target
+}
+
+void fast_paged_prefill_attention(const AttentionParams& params, const KVLayerView& cache,
+                                  const BlockTableView& tables,
+                                  std::span<const int32_t> query_start, std::span<const float> q,
+                                  std::span<float> out, const FastAttentionConfig& config) {
+  using fast::RowSet;
+  fast::KernelArgs a;
+  a.cache = cache;
+  a.block_tables = tables.block_tables;
+  a.max_blocks_per_seq = tables.max_blocks_per_seq;
+  a.q = q.data();
+  a.out = out.data();
+  a.num_heads = params.num_heads;
+  a.group = params.num_heads / params.num_kv_heads;
+  a.head_dim = params.head_dim;
+  a.scale = params.softmax_scale();
+  a.window_left = params.window_left;
+  a.sink_tokens = params.sink_tokens;
+  const int32_t G = a.group;
+  const int32_t q_per_set = std::max(1, fast::kMaxRows / G);
+
+  // Row sets: (sequence, query tile, kv head), with the union of their rows' visible keys.
+  std::vector<RowSet> sets;
+  int64_t total_work = 0;
+  for (int32_t i = 0; i < tables.num_seqs; ++i) {
+    const int64_t n = query_start[i + 1] - query_start[i];
+    const int64_t ctx = tables.context_lens[i];
+    for (int64_t t0 = 0; t0 < n; t0 += q_per_set) {
+      RowSet rs;
+      rs.seq = i;
+      rs.num_q = static_cast<int32_t>(std::min<int64_t>(q_per_set, n - t0));
+      rs.q_row = query_start[i] + t0;
+      rs.first_pos = ctx - n + t0;
+      const int64_t last_pos = rs.first_pos + rs.num_q - 1;
+      const int64_t lo = fast::window_lo(rs.first_pos, a.window_left);
+      const int64_t se =
+          fast::sink_end(fast::window_lo(last_pos, a.window_left), a.window_left, a.sink_tokens);
+      if (se >= lo) {  // sinks and window touch: one range
+        rs.sink_len = 0;
+        rs.main_begin = 0;
+      } else {
+        rs.sink_len = se;
+        rs.main_begin = lo;
+      }
+      rs.main_end = std::max(rs.main_begin, last_pos + 1);
+      for (int32_t h = 0; h < params.num_kv_heads; ++h) {
+        rs.kv_head = h;
+        sets.push_back(rs);
+        total_work += rs.num_keys() * rs.num_rows(G);
+      }
+    }
+  }
+
+  const int32_t threads =
+      config.num_threads > 0 ? config.num_threads : fast_attention_max_threads();
+  // Target work per item: the batch's work spread over kItemsPerThread items per thread.
+  const int64_t item_work =
+      threads > 1 ? std::max<int64_t>(1, total_work / (threads * fast::kItemsPerThread))
+                  : std::numeric_limits<int64_t>::max();
+  int64_t partial_floats = 0;
+  struct Item {
+    int32_t set;
+    int32_t part;
+  };
+  std::vector<Item> items;
+  items.reserve(sets.size());
+  for (size_t s = 0; s < sets.size(); ++s) {
+    RowSet& rs = sets[s];
+    const int64_t keys = rs.num_keys();
+    const int32_t rows = rs.num_rows(G);
+    int64_t part_keys = keys;
+    if (config.partition_keys > 0) {
+      part_keys = config.partition_keys;
+    } else if (keys * rows > item_work) {
+      part_keys = std::max(fast::kMinPartitionKeys, item_work / rows);
+    }
+    part_keys = std::max<int64_t>(1, std::min(part_keys, keys));
+    // A row set with no visible key still gets one item: it writes the zero rows.
+    rs.num_parts = static_cast<int32_t>(std::max<int64_t>(1, (keys + part_keys - 1) / part_keys));
+    if (rs.num_parts > 1) {
+      // Balance the parts and keep them whole tiles.
+      part_keys = (keys + rs.num_parts - 1) / rs.num_parts;
+      part_keys = (part_keys + fast::kTile - 1) / fast::kTile * fast::kTile;
+      rs.num_parts = static_cast<int32_t>((keys + part_keys - 1) / part_keys);
+    }
+    rs.part_keys = std::max<int64_t>(1, part_keys);
+    if (rs.num_parts > 1) {
+      rs.partial_offset = partial_floats;
+      partial_floats += static_cast<int64_t>(rs.num_parts) * rows * (a.head_dim + 2);
+    }
+    for (int32_t p = 0; p < rs.num_parts; ++p) items.push_back({static_cast<int32_t>(s), p});
+  }
+
+  thread_local std::vector<float> partial;
+  if (partial_floats > 0) {
+    if (partial.size() < static_cast<size_t>(partial_floats)) {
+      partial.resize(static_cast<size_t>(partial_floats));
+    }
+    a.partial = partial.data();
+  }
+
+  const auto num_items = static_cast<int64_t>(items.size());
+  [[maybe_unused]] const bool parallel =
+      threads > 1 && num_items > 1 && total_work >= fast::kMinParallelWork;
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (parallel)
+#endif
+  for (int64_t w = 0; w < num_items; ++w) {
+    HWY_DYNAMIC_DISPATCH(fast::AttendPart)(a, sets[items[w].set], items[w].part);
+  }
+
+  if (partial_floats == 0) return;
+  const auto num_sets = static_cast<int64_t>(sets.size());
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(dynamic, 4) num_threads(threads) if (parallel)
+#endif
+  for (int64_t s = 0; s < num_sets; ++s) {
+    const RowSet& rs = sets[s];
+    if (rs.partial_offset < 0) continue;
+    const int32_t rows = rs.num_rows(G);
+    const int64_t stride = static_cast<int64_t>(rows) * (a.head_dim + 2);
+    for (int32_t r = 0; r < rows; ++r) {
+      const int64_t head = static_cast<int64_t>(rs.kv_head) * G + r % G;
+      fast::merge_row(a.partial + rs.partial_offset + static_cast<int64_t>(r) * (a.head_dim + 2),
+                      rs.num_parts, stride, a.head_dim,
+                      a.out + ((rs.q_row + r / G) * a.num_heads + head) * a.head_dim);
+    }
+  }
+}
+
+}  // namespace pagedkv::detail
+#endif  // HWY_ONCE
