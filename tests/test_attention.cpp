@@ -7,10 +7,12 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <numeric>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "cpu/attention_plain.hpp"
 #include "paged_scenario.hpp"
 #include "pagedkv/attention.hpp"
 #include "pagedkv/dtype.hpp"
@@ -82,10 +84,20 @@ PagedScenario scenario_for(const AttnCase& c, uint32_t seed) {
   return make_scenario(geometry, params, batch_for(c), seed);
 }
 
-std::vector<float> run_paged(const AttnCase& c, const PagedScenario& s) {
+/// The public functions (whatever kernel they dispatch to) or the plain kernel directly: the
+/// plain kernel is the oracle faster kernels are compared with, so it must match the
+/// reference on its own.
+enum class Path { kPublic, kPlain };
+
+std::vector<float> run_paged(const AttnCase& c, const PagedScenario& s, Path path = Path::kPublic) {
   // NaN-filled so that a row the kernel forgets to write fails the comparison.
   std::vector<float> out(s.q.size(), std::numeric_limits<float>::quiet_NaN());
-  if (c.prefill) {
+  if (path == Path::kPlain) {
+    std::vector<int32_t> decode_rows(s.seqs.size() + 1);
+    std::iota(decode_rows.begin(), decode_rows.end(), 0);
+    detail::plain_paged_prefill_attention(s.params, s.layer(), s.view(),
+                                          c.prefill ? s.query_start : decode_rows, s.q, out);
+  } else if (c.prefill) {
     paged_prefill_attention(s.params, s.layer(), s.view(), s.query_start, s.q, out);
   } else {
     paged_decode_attention(s.params, s.layer(), s.view(), s.q, out);
@@ -105,20 +117,25 @@ TEST_P(PagedVsReference, MatchesReference) {
   const AttnCase& c = GetParam();
   const PagedScenario s =
       scenario_for(c, /*seed=*/static_cast<uint32_t>(c.context * 131 + c.group));
-  const std::vector<float> out = run_paged(c, s);
   // Same rounded K/V as the kernel saw: only fp32 arithmetic differs, for every dtype.
   const std::vector<float> ref_rounded = s.reference(/*rounded=*/true);
-  const double abs_err = max_abs_diff(out, ref_rounded);
-  // Recorded in the XML report (--gtest_output=xml) to watch the margin to the bounds.
-  RecordProperty("max_abs_err_same_rounding", sci(abs_err));
-  EXPECT_LE(abs_err, kF32MaxAbs);
-  if (c.dtype == DType::kF32) return;
-  // Against the unrounded fp32 inputs: the storage rounding error, bounded relatively.
-  const std::vector<float> ref_exact = s.reference(/*rounded=*/false);
-  const double rel_err = rel_error(out, ref_exact);
-  RecordProperty("rel_err_vs_fp32_inputs", sci(rel_err));
-  EXPECT_LE(rel_err, kLowPrecisionRel);
-  EXPECT_LE(rel_error(out, ref_rounded), kLowPrecisionRel);
+  const std::vector<float> ref_exact =
+      c.dtype == DType::kF32 ? ref_rounded : s.reference(/*rounded=*/false);
+  for (Path path : {Path::kPublic, Path::kPlain}) {
+    const std::string tag = path == Path::kPublic ? "public" : "plain";
+    SCOPED_TRACE(tag);
+    const std::vector<float> out = run_paged(c, s, path);
+    const double abs_err = max_abs_diff(out, ref_rounded);
+    // Recorded in the XML report (--gtest_output=xml) to watch the margin to the bounds.
+    RecordProperty("max_abs_err_same_rounding_" + tag, sci(abs_err));
+    EXPECT_LE(abs_err, kF32MaxAbs);
+    if (c.dtype == DType::kF32) continue;
+    // Against the unrounded fp32 inputs: the storage rounding error, bounded relatively.
+    const double rel_err = rel_error(out, ref_exact);
+    RecordProperty("rel_err_vs_fp32_inputs_" + tag, sci(rel_err));
+    EXPECT_LE(rel_err, kLowPrecisionRel);
+    EXPECT_LE(rel_error(out, ref_rounded), kLowPrecisionRel);
+  }
 }
 
 /// The grid of issue 2: dtypes x block sizes {1, 7, 16, 32} x GQA groups {1, 2, 5, 8} x
@@ -203,8 +220,9 @@ TEST(PagedAttention, WindowZeroWithoutSinksOutputsZeros) {
   c.context = 10;
   c.window_left = 0;
   const PagedScenario s = scenario_for(c, 5);
-  const std::vector<float> out = run_paged(c, s);
-  for (float x : out) EXPECT_EQ(x, 0.0f);
+  for (Path path : {Path::kPublic, Path::kPlain}) {
+    for (float x : run_paged(c, s, path)) ASSERT_EQ(x, 0.0f);
+  }
 }
 
 TEST(PagedAttention, SingleVisibleKeyReturnsItsValueExactly) {
@@ -214,14 +232,16 @@ TEST(PagedAttention, SingleVisibleKeyReturnsItsValueExactly) {
   c.context = 20;
   c.window_left = 1;
   const PagedScenario s = scenario_for(c, 9);
-  const std::vector<float> out = run_paged(c, s);
   const int32_t d = c.head_dim;
   const int32_t heads = s.params.num_heads;
   const std::vector<float> v0 = s.stored(0, true);
-  for (int32_t h = 0; h < heads; ++h) {
-    for (int32_t i = 0; i < d; ++i) {
-      // Sequence 0, last position 19, kv head h (group 1).
-      EXPECT_EQ(out[h * d + i], v0[(19 * c.num_kv_heads + h) * d + i]);
+  for (Path path : {Path::kPublic, Path::kPlain}) {
+    const std::vector<float> out = run_paged(c, s, path);
+    for (int32_t h = 0; h < heads; ++h) {
+      for (int32_t i = 0; i < d; ++i) {
+        // Sequence 0, last position 19, kv head h (group 1).
+        ASSERT_EQ(out[h * d + i], v0[(19 * c.num_kv_heads + h) * d + i]);
+      }
     }
   }
 }
@@ -240,6 +260,9 @@ TEST(PagedAttention, DecodePaddingRowsAreZeroAndOthersUnaffected) {
       make_scenario(geometry, params, {{37, 1}, {0, 1}, {12, 1}, {0, 1}}, 17);
   std::vector<float> out(padded.q.size(), std::numeric_limits<float>::quiet_NaN());
   paged_decode_attention(params, padded.layer(), padded.view(), padded.q, out);
+  AttnCase decode;  // only .prefill matters to run_paged
+  EXPECT_LE(max_abs_diff(run_paged(decode, padded, Path::kPlain), padded.reference(true)),
+            kF32MaxAbs);
 
   const int64_t row = 4 * 64;
   for (int64_t r : {1, 3}) {
@@ -301,9 +324,11 @@ TEST(PagedAttention, LargeScoresStayFinite) {
   c.context = 100;
   PagedScenario s = scenario_for(c, 41);
   s.params.scale = 1000.0f;
-  const std::vector<float> out = run_paged(c, s);
-  for (float x : out) ASSERT_TRUE(std::isfinite(x));
-  EXPECT_LE(max_abs_diff(out, s.reference(true)), kF32MaxAbs);
+  for (Path path : {Path::kPublic, Path::kPlain}) {
+    const std::vector<float> out = run_paged(c, s, path);
+    for (float x : out) ASSERT_TRUE(std::isfinite(x));
+    EXPECT_LE(max_abs_diff(out, s.reference(true)), kF32MaxAbs);
+  }
 }
 
 // ---- errors ------------------------------------------------------------------------------------

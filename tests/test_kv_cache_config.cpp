@@ -109,6 +109,16 @@ TEST(KVLayerView, StridesWorkedExample) {
   EXPECT_EQ(token, 512);
 }
 
+TEST(KVLayerView, DocsWorkedAddressExample) {
+  // docs/storage-and-attention.md: slot 83 = block 5, token 3; K of head 2, dim 7.
+  KVLayerView v;
+  v.block_size = 16;
+  layout_strides(KVLayout::kHND, 16, 4, 128, &v.block_stride, &v.head_stride, &v.token_stride);
+  EXPECT_EQ(v.slot_offset(83, 2) + 7, 45447);  // 5*8192 + 2*2048 + 3*128 + 7
+  layout_strides(KVLayout::kNHD, 16, 4, 128, &v.block_stride, &v.head_stride, &v.token_stride);
+  EXPECT_EQ(v.slot_offset(83, 2) + 7, 42759);  // 5*8192 + 3*512 + 2*128 + 7
+}
+
 /// A pool of 100000 blocks x 32 tokens x 8 kv heads x 256 dims = 6,553,600,000 elements
 /// (> 2^32 = 4,294,967,296): the offset of its last element must be computed in int64.
 KVLayerView big_view(KVLayout layout) {
