@@ -1,0 +1,53 @@
+#include "sim/memory_growth.hpp"
+
+#include <algorithm>
+
+#include "detail/check.hpp"
+#include "pagedkv/kv_cache_config.hpp"
+
+namespace pagedkv::sim {
+
+namespace {
+int64_t bytes(const ModelPreset& p, int64_t tokens) {
+  return kv_bytes_for_tokens(p.num_layers, p.num_kv_heads, p.head_dim, p.dtype, tokens);
+}
+}  // namespace
+
+std::vector<int64_t> growth_lengths(int64_t max_context) {
+  std::vector<int64_t> out = {1};
+  for (int64_t t = 16; t < max_context; t *= 2) out.push_back(t);
+  if (max_context > 1) out.push_back(max_context);
+  return out;
+}
+
+int64_t paged_bytes_for_tokens(const ModelPreset& preset, int64_t tokens, int32_t block_size) {
+  return bytes(preset, blocks_for_tokens(tokens, block_size) * block_size);
+}
+
+std::vector<GrowthRow> growth_table(const ModelPreset& preset, int64_t batch, int32_t block_size,
+                                    std::span<const int64_t> lengths, int64_t budget_bytes) {
+  validate(preset);
+  PAGEDKV_CHECK(batch >= 1, "growth table: batch must be >= 1, got {}", batch);
+  PAGEDKV_CHECK(block_size >= 1, "growth table: block size must be >= 1, got {}", block_size);
+  PAGEDKV_CHECK(budget_bytes >= 0, "growth table: budget must be >= 0, got {}", budget_bytes);
+  std::vector<GrowthRow> rows;
+  rows.reserve(lengths.size());
+  for (int64_t t : lengths) {
+    PAGEDKV_CHECK(t >= 0, "growth table: context length must be >= 0, got {}", t);
+    GrowthRow r;
+    r.tokens = t;
+    r.formula_bytes = batch * bytes(preset, t);
+    r.window_bytes = batch * bytes(preset, cached_positions(preset, t));
+    r.paged_bytes = batch * paged_bytes_for_tokens(preset, t, block_size);
+    r.contiguous_max_bytes = batch * bytes(preset, preset.max_context);
+    if (budget_bytes > 0) {
+      const int64_t per_seq = paged_bytes_for_tokens(preset, t, block_size);
+      r.paged_fit = per_seq > 0 ? budget_bytes / per_seq : 0;
+      r.contiguous_fit = budget_bytes / bytes(preset, preset.max_context);
+    }
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+}  // namespace pagedkv::sim

@@ -1,0 +1,121 @@
+#include "sim/model_preset.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+
+#include <fmt/format.h>
+
+#include "detail/check.hpp"
+#include "pagedkv/kv_cache_config.hpp"
+
+namespace pagedkv::sim {
+
+namespace {
+
+// Numbers from each model's released config.json (Hugging Face) or paper, as cited in `source`.
+// head_dim = hidden_size / num_attention_heads in every case here.
+const std::array<ModelPreset, 7>& table() {
+  static const std::array<ModelPreset, 7> presets = {{
+      {"gpt2", "GPT-2 small (124M)", 12, 12, 12, 64, DType::kF32, 1024, 0,
+       "Radford et al. 2019; HF openai-community/gpt2 config.json: n_layer 12, n_head 12, "
+       "n_embd 768, n_positions 1024 (fp32 checkpoint)"},
+      {"llama-2-7b", "Llama-2-7B", 32, 32, 32, 128, DType::kF16, 4096, 0,
+       "Touvron et al. 2023 (Llama 2), Table 1; HF meta-llama/Llama-2-7b-hf config.json: "
+       "32 layers, 32 heads, no GQA, hidden 4096, max_position_embeddings 4096, float16"},
+      {"llama-3-8b", "Llama-3-8B", 32, 32, 8, 128, DType::kBF16, 8192, 0,
+       "Meta Llama 3 model card; HF meta-llama/Meta-Llama-3-8B config.json: 32 layers, "
+       "32 heads, 8 kv heads, hidden 4096, max_position_embeddings 8192, bfloat16"},
+      {"mistral-7b", "Mistral-7B v0.1", 32, 32, 8, 128, DType::kBF16, 8192, 4096,
+       "Jiang et al. 2023 (Mistral 7B), Table 1: 32 layers, 32 heads, 8 kv heads, head_dim "
+       "128, window_size 4096, context_len 8192; bfloat16 checkpoint"},
+      {"qwen2.5-7b", "Qwen2.5-7B", 28, 28, 4, 128, DType::kBF16, 32768, 0,
+       "Qwen2.5 Technical Report (2024), Table 1; HF Qwen/Qwen2.5-7B-Instruct config.json: "
+       "28 layers, 28 heads, 4 kv heads, hidden 3584, max_position_embeddings 32768 "
+       "(131072 with YaRN), bfloat16"},
+      {"builtin", "pagedkv built-in model", 4, 8, 4, 64, DType::kF32, 512, 0,
+       "src/model/checkpoint.hpp builtin_config(): dim 512, 4 layers, 8 heads, 4 kv heads, "
+       "seq_len 512; fp32 cache"},
+      {"stories260k", "stories260K (llama2.c)", 5, 8, 4, 8, DType::kF32, 512, 0,
+       "karpathy/tinyllamas stories260K checkpoint header: dim 64, 5 layers, 8 heads, "
+       "4 kv heads, seq_len 512 (shared/models/SOURCES.md); fp32 cache"},
+  }};
+  return presets;
+}
+
+std::string normalize(std::string_view name) {
+  std::string out;
+  out.reserve(name.size());
+  for (char c : name) {
+    out.push_back(c == '_' ? '-' : static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::span<const ModelPreset> model_presets() { return table(); }
+
+std::string preset_names() {
+  std::string names;
+  for (const ModelPreset& p : table()) {
+    if (!names.empty()) names += ", ";
+    names += p.name;
+  }
+  return names;
+}
+
+const ModelPreset& find_preset(std::string_view name) {
+  const std::string key = normalize(name);
+  for (const ModelPreset& p : table()) {
+    if (p.name == key) return p;
+  }
+  detail::fail("unknown model preset '{}' (known: {})", name, preset_names());
+}
+
+void validate(const ModelPreset& p) {
+  PAGEDKV_CHECK(p.num_layers >= 1, "model '{}': layers must be >= 1, got {}", p.name,
+                p.num_layers);
+  PAGEDKV_CHECK(p.num_kv_heads >= 1, "model '{}': kv heads must be >= 1, got {}", p.name,
+                p.num_kv_heads);
+  PAGEDKV_CHECK(p.head_dim >= 1, "model '{}': head_dim must be >= 1, got {}", p.name, p.head_dim);
+  PAGEDKV_CHECK(p.max_context >= 1, "model '{}': max context must be >= 1, got {}", p.name,
+                p.max_context);
+  PAGEDKV_CHECK(p.sliding_window >= 0, "model '{}': sliding window must be >= 0, got {}", p.name,
+                p.sliding_window);
+}
+
+ModelPreset apply_overrides(const ModelPreset& base, const ModelOverrides& o) {
+  ModelPreset p = base;
+  std::string changed;
+  auto note = [&](const char* what, auto value) {
+    changed += fmt::format("{}{} {}", changed.empty() ? "" : ", ", what, value);
+  };
+  if (o.num_layers) p.num_layers = *o.num_layers, note("layers", *o.num_layers);
+  if (o.num_kv_heads) p.num_kv_heads = *o.num_kv_heads, note("kv heads", *o.num_kv_heads);
+  if (o.head_dim) p.head_dim = *o.head_dim, note("head_dim", *o.head_dim);
+  if (o.dtype) p.dtype = *o.dtype, note("dtype", dtype_name(*o.dtype));
+  if (o.max_context) p.max_context = *o.max_context, note("max context", *o.max_context);
+  if (o.sliding_window) p.sliding_window = *o.sliding_window, note("window", *o.sliding_window);
+  if (!changed.empty()) {
+    // Architecture changes make a different model; a context or dtype change alone does not.
+    const bool arch = o.num_layers || o.num_kv_heads || o.head_dim;
+    if (arch) {
+      p.name = "custom";
+      p.display = fmt::format("custom (from {})", base.display);
+    }
+    p.source = fmt::format("{}; overridden: {}", base.source, changed);
+  }
+  validate(p);
+  return p;
+}
+
+int64_t kv_bytes_per_token(const ModelPreset& p) {
+  return kv_bytes_for_tokens(p.num_layers, p.num_kv_heads, p.head_dim, p.dtype, 1);
+}
+
+int64_t cached_positions(const ModelPreset& p, int64_t num_tokens) {
+  return p.sliding_window > 0 ? std::min(num_tokens, p.sliding_window) : num_tokens;
+}
+
+}  // namespace pagedkv::sim

@@ -1,0 +1,72 @@
+#pragma once
+/// @file model_preset.hpp
+/// KV-cache geometry of published model architectures, for memory arithmetic and trace replay.
+/// Only the numbers that size the KV cache are kept (layers, KV heads, head_dim, dtype, context);
+/// weights are never needed.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "pagedkv/dtype.hpp"
+
+namespace pagedkv::sim {
+
+/// The KV-relevant architecture of one model.
+/// Units: context and window in tokens; bytes from kv_bytes_per_token() in bytes.
+struct ModelPreset {
+  std::string name;          ///< CLI key, lowercase, e.g. "llama-3-8b"
+  std::string display;       ///< human name, e.g. "Llama-3-8B"
+  int32_t num_layers = 0;    ///< L
+  int32_t num_heads = 0;     ///< query heads (informational: KV size does not depend on it)
+  int32_t num_kv_heads = 0;  ///< H_kv (== num_heads for MHA, fewer for GQA)
+  int32_t head_dim = 0;      ///< D
+  DType dtype = DType::kF16;     ///< default KV storage dtype of the released checkpoint
+  int64_t max_context = 0;       ///< maximum positions per sequence, tokens
+  int64_t sliding_window = 0;    ///< attention window, tokens; 0 = full attention
+  std::string source;            ///< where the numbers come from
+};
+
+/// Every built-in preset, in a fixed order: gpt2, llama-2-7b, llama-3-8b, mistral-7b,
+/// qwen2.5-7b, builtin, stories260k.
+[[nodiscard]] std::span<const ModelPreset> model_presets();
+
+/// The preset called `name` (case-insensitive; "_" and "-" are interchangeable).
+/// Errors: throws pagedkv::Error naming `name` and listing the known presets.
+[[nodiscard]] const ModelPreset& find_preset(std::string_view name);
+
+/// Comma-separated preset names, for help texts and error messages.
+[[nodiscard]] std::string preset_names();
+
+/// Checks that every size is >= 1 (max_context >= 1, sliding_window >= 0).
+/// Errors: throws pagedkv::Error naming the field and value.
+void validate(const ModelPreset& preset);
+
+/// KV-cache bytes of one token position in every layer: 2 x L x H_kv x D x sizeof(dtype)
+/// (kv_bytes_for_tokens with T = 1; source: Kwon et al., SOSP 2023, sec. 2).
+/// Example: Llama-2-7B fp16: 2 x 32 x 32 x 128 x 2 = 524,288 bytes (0.5 MiB).
+[[nodiscard]] int64_t kv_bytes_per_token(const ModelPreset& preset);
+
+/// Positions a sequence of `num_tokens` tokens must keep cached: num_tokens with full
+/// attention, min(num_tokens, sliding_window) with a window (a rolling buffer; Mistral 7B,
+/// Jiang et al. 2023, sec. 2 "Rolling Buffer Cache"). Precondition: num_tokens >= 0.
+[[nodiscard]] int64_t cached_positions(const ModelPreset& preset, int64_t num_tokens);
+
+/// Explicit architecture numbers that replace a preset's (command-line --layers, --kv-heads,
+/// --head-dim, --dtype, --max-context, --sliding-window).
+struct ModelOverrides {
+  std::optional<int32_t> num_layers;
+  std::optional<int32_t> num_kv_heads;
+  std::optional<int32_t> head_dim;
+  std::optional<DType> dtype;
+  std::optional<int64_t> max_context;
+  std::optional<int64_t> sliding_window;
+};
+
+/// `base` with every set override applied; the name becomes "custom" and the source notes the
+/// overrides when any is set. Errors: throws pagedkv::Error if the result is invalid.
+[[nodiscard]] ModelPreset apply_overrides(const ModelPreset& base, const ModelOverrides& o);
+
+}  // namespace pagedkv::sim

@@ -1,0 +1,155 @@
+#pragma once
+/// @file replay.hpp
+/// Continuous-batching scheduler simulation over a request trace, on the real KVCacheManager
+/// (metadata only: no K/V data, no attention math), under a KV memory budget.
+///
+/// Time is counted in scheduler steps of a fixed simulated duration (ReplayConfig::step_ms); a
+/// request arriving at t ms becomes visible at step floor(t / step_ms). One step:
+///  1. arrivals join the tail of the waiting queue (trace order); a request with
+///     P + O > max_context is rejected (all strategies alike);
+///  2. running requests, oldest admission first, each take their next tokens from the step's
+///     token budget (chunked prefill, vLLM max_num_batched_tokens): the next prefill chunk
+///     min(remaining, budget), or one decode position. A decode that gets no memory preempts the
+///     newest running request (recompute: its memory is released and it rejoins the FRONT of
+///     the waiting queue, to prefill prompt + generated tokens again), repeatedly, possibly
+///     itself (vLLM's policy);
+///  3. waiting requests are admitted first-come-first-served while the budget, max_seqs and the
+///     memory strategy allow (head-of-line blocking: a request that does not fit stops
+///     admission; one that can never fit is rejected); admission assigns the request its whole
+///     prefill target, as KVCacheManager::add_sequence does, and runs its first chunk;
+///  4. memory is sampled (live positions, reserved positions, running count), then requests
+///     that have produced all their output tokens are released.
+/// Token accounting: prefill assigns the prompt's P positions, and each decode step adds one
+/// position and yields one output token, so a finished request holds exactly P + O positions.
+/// "Live" positions are those assigned to a token (prompt positions count from admission, even
+/// while their chunked prefill is still running). Idle stretches (nothing running or waiting)
+/// are skipped in O(1) but still count as time.
+///
+/// Memory strategies (all under the same budget):
+///  - contiguous-max: reserves max_context positions per request at admission (static-batching
+///    servers such as FasterTransformer pre-allocate the maximum length);
+///  - contiguous-exact: reserves exactly P + O positions (an oracle that knows the output length);
+///  - paged-<bs>: KVCacheManager with block_size bs and the configured watermark; admission
+///    (can_add_sequence / add_sequence), decode growth (append_slots) and recompute preemption
+///    (preempt) all through the manager's API;
+///  - prefix-<bs>: the same with prefix caching on: prompts carry synthesized token ids (see
+///    synthesize_tokens), decode appends record theirs (append_tokens), and cached blocks are
+///    evicted LRU by the manager when the pool runs short.
+/// Contiguous strategies are modelled as an ideal allocator (no external fragmentation), which
+/// favours them. No attention is computed and batch_metadata() is not built (the replay only
+/// needs the block accounting).
+///
+/// Memory use is O(active requests) besides the trace itself: percentiles come from fixed
+/// histograms and the time series from a fixed number of buckets that merge as time grows.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pagedkv/types.hpp"
+#include "sim/trace.hpp"
+
+namespace pagedkv::sim {
+
+enum class StrategyKind { kContiguousMax, kContiguousExact, kPaged, kPagedPrefix };
+
+/// One memory strategy of the comparison.
+struct Strategy {
+  StrategyKind kind = StrategyKind::kPaged;
+  int32_t block_size = 16;  ///< tokens per block (paged kinds only)
+  /// "contiguous-max", "contiguous-exact", "paged-16", "prefix-16".
+  [[nodiscard]] std::string name() const;
+};
+
+/// contiguous-max, contiguous-exact, paged-1, paged-8, paged-16, paged-32, paged-128, prefix-16.
+[[nodiscard]] std::vector<Strategy> default_strategies();
+
+/// Parses a name as Strategy::name() prints it ("paged-16", "prefix-32", ...).
+/// Errors: throws pagedkv::Error naming the text and the accepted forms.
+[[nodiscard]] Strategy parse_strategy(std::string_view text);
+
+/// Scheduler and memory parameters shared by every strategy of a run.
+struct ReplayConfig {
+  int64_t kv_memory_bytes = 0;     ///< KV budget, bytes (>= one token)
+  int64_t kv_bytes_per_token = 0;  ///< 2 x L x H_kv x D x sizeof(dtype), bytes (>= 1)
+  int64_t max_context = 0;         ///< positions per request; longer requests are rejected
+  double step_ms = 25.0;           ///< simulated duration of one scheduler step, ms (> 0)
+  int64_t max_batch_tokens = 8192;  ///< tokens (prefill + decode) per step (vLLM
+                                    ///< max_num_batched_tokens), >= 1
+  int32_t max_seqs = 256;          ///< running requests at most (vLLM max_num_seqs), >= 1
+  double watermark = 0.01;         ///< paged admission keeps this fraction of blocks free
+  int32_t series_points = 400;     ///< time-series resolution of the plots (buckets, >= 2)
+  int32_t vocab_size = 32000;      ///< synthesized token ids lie in [3, vocab_size)
+};
+
+/// Checks every field. Errors: throws pagedkv::Error naming the field and value.
+void validate(const ReplayConfig& config);
+
+/// One bucket of the time series: means over the steps it covers.
+struct SeriesPoint {
+  double time_s = 0;        ///< bucket centre, simulated seconds
+  double utilization = 0;   ///< mean live / reserved over steps with reservations; -1 if none
+  double concurrency = 0;   ///< mean running requests
+  double waiting = 0;       ///< mean queued requests
+  double reserved_fraction = 0;  ///< mean reserved bytes / budget
+};
+
+/// What one strategy did with the trace. Invariants: completed + rejected_too_long +
+/// rejected_too_large == requests; 0 <= util_p5 <= util_mean <= 1 (up to histogram resolution).
+struct ReplayResult {
+  std::string strategy;
+  int32_t block_size = 0;         ///< 0 for contiguous strategies
+  int64_t capacity_tokens = 0;    ///< positions the budget holds (whole blocks for paged)
+  int32_t num_blocks = 0;         ///< paged: pool size; 0 otherwise
+  int64_t requests = 0;           ///< in the trace
+  int64_t completed = 0;
+  int64_t rejected_too_long = 0;   ///< P + O > max_context
+  int64_t rejected_too_large = 0;  ///< can never fit in the budget under this strategy
+  double util_mean = 0;  ///< time-weighted mean of live / reserved bytes (steps with any)
+  double util_p5 = 0;    ///< 5th percentile of the same per-step ratio (resolution 1e-4)
+  double frag_mean = 0;  ///< time-weighted mean of (reserved - live) / reserved = 1 - util_mean
+  double waste_mean_bytes = 0;     ///< time-weighted mean of reserved - live bytes (all steps)
+  double reserved_mean_bytes = 0;  ///< time-weighted mean of reserved bytes (all steps)
+  int32_t peak_concurrency = 0;    ///< most requests running in one step
+  double mean_concurrency = 0;     ///< running requests, time-weighted over all steps
+  int64_t preemptions = 0;         ///< recompute preemptions
+  int64_t recomputed_tokens = 0;   ///< computed positions discarded by preemptions
+  int64_t steps = 0;               ///< simulated steps until the last request finished
+  int64_t processed_tokens = 0;    ///< prefill + decode positions written (recompute included)
+  int64_t generated_tokens = 0;    ///< output tokens
+  double tokens_per_step = 0;      ///< processed_tokens / steps
+  double generated_per_step = 0;   ///< generated_tokens / steps
+  double queue_mean_steps = 0;     ///< first admission step - arrival step, over admitted
+  double queue_p99_steps = 0;      ///< nearest-rank 99th percentile of the same
+  int64_t prompt_tokens = 0;       ///< prompt positions of admitted requests (first admission)
+  /// Prefix caching (manager stats): prompt positions looked up (re-admissions after a
+  /// preemption included), served from the cache, their ratio, and cached blocks evicted.
+  int64_t prefix_query_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
+  double prefix_hit_rate = 0;
+  int64_t prefix_evictions = 0;
+  double wall_seconds = 0;         ///< host time the simulation took
+  std::vector<SeriesPoint> series;
+};
+
+/// Called now and then with (requests finished or rejected, requests in the trace).
+using ProgressFn = std::function<void(int64_t done, int64_t total)>;
+
+/// Replays `trace` under one strategy. Deterministic: same inputs, same result (wall time aside).
+/// Errors: throws pagedkv::Error if the config is invalid or the budget holds no block of a
+/// paged strategy; running out of memory is never an error.
+[[nodiscard]] ReplayResult replay(const Trace& trace, const ReplayConfig& config,
+                                  const Strategy& strategy, const ProgressFn& progress = {});
+
+/// Synthesized token ids for positions [begin, end) of request `index`: positions inside the
+/// prompt covered by hash ids take their ids from the hash of their 512-token block (equal hash
+/// ids -> equal tokens, so a prefix cache can share them), every other position is unique to
+/// the request. Ids lie in [3, vocab_size) (0-2 are <unk>/BOS/EOS).
+/// Errors: throws pagedkv::Error if begin > end or index is out of range.
+[[nodiscard]] std::vector<TokenId> synthesize_tokens(const Trace& trace, size_t index,
+                                                     int64_t begin, int64_t end,
+                                                     int32_t vocab_size);
+
+}  // namespace pagedkv::sim

@@ -1,0 +1,149 @@
+#include "sim/report.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "sim/units.hpp"
+
+namespace pagedkv::sim {
+
+std::string format_trace_summary(const Trace& t) {
+  double prompt = 0, output = 0;
+  for (const TraceRequest& r : t.requests) {
+    prompt += static_cast<double>(r.prompt_tokens);
+    output += static_cast<double>(r.output_tokens);
+  }
+  const double n = static_cast<double>(std::max<size_t>(t.requests.size(), 1));
+  const double span_s = t.requests.empty() ? 0.0 : t.requests.back().arrival_ms / 1000.0;
+  std::string out = fmt::format(
+      "trace {} ({}): {} rows read, {} requests, {} skipped; span {:.1f} s; mean prompt {:.1f}, "
+      "mean output {:.1f} tokens",
+      t.source, trace_format_name(t.format), t.rows_read, t.requests.size(), t.rows_skipped,
+      span_s, prompt / n, output / n);
+  if (!t.skipped_by_reason.empty()) {
+    out += " (skipped:";
+    bool first = true;
+    for (const auto& [reason, count] : t.skipped_by_reason) {
+      out += fmt::format("{} {} {}", first ? "" : ",", count, reason);
+      first = false;
+    }
+    out += ")";
+  }
+  return out;
+}
+
+std::string format_replay_table(std::span<const ReplayResult> results) {
+  std::string out =
+      "| strategy | util mean | util p5 | frag | peak conc | mean conc | preempt | tok/step | "
+      "gen/step | queue mean | queue p99 | prefix hit | done | rejected | steps | wall s |\n"
+      "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+      "| ---: | ---: | ---: |\n";
+  for (const ReplayResult& r : results) {
+    out += fmt::format(
+        "| {} | {:.3f} | {:.3f} | {:.3f} | {} | {:.1f} | {} | {:.1f} | {:.2f} | {:.1f} | {:.0f} | "
+        "{:.3f} | {} | {} | {} | {:.2f} |\n",
+        r.strategy, r.util_mean, r.util_p5, r.frag_mean, r.peak_concurrency, r.mean_concurrency,
+        r.preemptions, r.tokens_per_step, r.generated_per_step, r.queue_mean_steps,
+        r.queue_p99_steps, r.prefix_hit_rate, r.completed, r.rejected_too_long + r.rejected_too_large,
+        r.steps, r.wall_seconds);
+  }
+  return out;
+}
+
+nlohmann::json replay_to_json(const Trace& trace, const ModelPreset& model,
+                              const ReplayConfig& config, std::span<const ReplayResult> results,
+                              bool with_series) {
+  using nlohmann::json;
+  json j;
+  j["model"] = {{"name", model.name},
+                {"layers", model.num_layers},
+                {"kv_heads", model.num_kv_heads},
+                {"head_dim", model.head_dim},
+                {"dtype", std::string(dtype_name(model.dtype))},
+                {"max_context", config.max_context},
+                {"kv_bytes_per_token", config.kv_bytes_per_token}};
+  j["config"] = {{"kv_memory_bytes", config.kv_memory_bytes},
+                 {"step_ms", config.step_ms},
+                 {"max_batch_tokens", config.max_batch_tokens},
+                 {"max_seqs", config.max_seqs},
+                 {"watermark", config.watermark}};
+  json problems = json::array();
+  for (const TraceProblem& p : trace.problems) problems.push_back(p.message);
+  j["trace"] = {{"source", trace.source},
+                {"format", std::string(trace_format_name(trace.format))},
+                {"rows_read", trace.rows_read},
+                {"requests", trace.requests.size()},
+                {"rows_skipped", trace.rows_skipped},
+                {"skipped_by_reason", trace.skipped_by_reason},
+                {"problems", problems},
+                {"warnings", trace.warnings}};
+  json strategies = json::array();
+  for (const ReplayResult& r : results) {
+    json s = {{"strategy", r.strategy},
+              {"block_size", r.block_size},
+              {"capacity_tokens", r.capacity_tokens},
+              {"num_blocks", r.num_blocks},
+              {"requests", r.requests},
+              {"completed", r.completed},
+              {"rejected_too_long", r.rejected_too_long},
+              {"rejected_too_large", r.rejected_too_large},
+              {"utilization_mean", r.util_mean},
+              {"utilization_p5", r.util_p5},
+              {"fragmentation_mean", r.frag_mean},
+              {"waste_mean_bytes", r.waste_mean_bytes},
+              {"reserved_mean_bytes", r.reserved_mean_bytes},
+              {"peak_concurrency", r.peak_concurrency},
+              {"mean_concurrency", r.mean_concurrency},
+              {"preemptions", r.preemptions},
+              {"recomputed_tokens", r.recomputed_tokens},
+              {"steps", r.steps},
+              {"processed_tokens", r.processed_tokens},
+              {"generated_tokens", r.generated_tokens},
+              {"tokens_per_step", r.tokens_per_step},
+              {"generated_per_step", r.generated_per_step},
+              {"queue_mean_steps", r.queue_mean_steps},
+              {"queue_p99_steps", r.queue_p99_steps},
+              {"prompt_tokens", r.prompt_tokens},
+              {"prefix_hit_tokens", r.prefix_hit_tokens},
+              {"prefix_hit_rate", r.prefix_hit_rate},
+              {"wall_seconds", r.wall_seconds}};
+    if (with_series) {
+      json series = json::array();
+      for (const SeriesPoint& p : r.series) {
+        series.push_back({{"time_s", p.time_s},
+                          {"utilization", p.utilization < 0 ? json(nullptr) : json(p.utilization)},
+                          {"concurrency", p.concurrency},
+                          {"waiting", p.waiting},
+                          {"reserved_fraction", p.reserved_fraction}});
+      }
+      s["series"] = std::move(series);
+    }
+    strategies.push_back(std::move(s));
+  }
+  j["strategies"] = std::move(strategies);
+  return j;
+}
+
+std::vector<SvgPanel> replay_panels(std::span<const ReplayResult> results,
+                                    const std::string& title) {
+  SvgPanel util{title + ": KV memory utilization (live tokens / reserved)", "simulated time (s)",
+                "utilization", {}, true, 1.0};
+  SvgPanel conc{title + ": running requests", "simulated time (s)", "concurrent requests", {},
+                true, 0.0};
+  for (const ReplayResult& r : results) {
+    SvgSeries u{r.strategy, {}, r.block_size == 0, false};
+    SvgSeries c{r.strategy, {}, r.block_size == 0, false};
+    for (const SeriesPoint& p : r.series) {
+      u.points.emplace_back(p.time_s, p.utilization < 0 ? std::numeric_limits<double>::quiet_NaN()
+                                                        : p.utilization);
+      c.points.emplace_back(p.time_s, p.concurrency);
+    }
+    util.series.push_back(std::move(u));
+    conc.series.push_back(std::move(c));
+  }
+  return {util, conc};
+}
+
+}  // namespace pagedkv::sim

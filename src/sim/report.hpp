@@ -1,0 +1,39 @@
+#pragma once
+/// @file report.hpp
+/// Text, JSON and plot renderings of traces and replay results, shared by `pagedkv replay`, the
+/// benchmark and docs/memory.md (the tables are Markdown, pasted there as printed).
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "sim/model_preset.hpp"
+#include "sim/replay.hpp"
+#include "sim/svg.hpp"
+#include "sim/trace.hpp"
+
+namespace pagedkv::sim {
+
+/// One paragraph: source, format, rows read / accepted / skipped (by reason), span, token means.
+[[nodiscard]] std::string format_trace_summary(const Trace& trace);
+
+/// Markdown table, one row per strategy: utilization mean and p5, fragmentation, peak and mean
+/// concurrency, preemptions, tokens and generated tokens per step, queueing delay mean and
+/// p99 (steps), prefix hit rate, completed and rejected requests, simulated steps, wall time.
+[[nodiscard]] std::string format_replay_table(std::span<const ReplayResult> results);
+
+/// Everything about a run as JSON: model, config, trace summary, one object per strategy (every
+/// ReplayResult field; the time series only when with_series).
+[[nodiscard]] nlohmann::json replay_to_json(const Trace& trace, const ModelPreset& model,
+                                            const ReplayConfig& config,
+                                            std::span<const ReplayResult> results,
+                                            bool with_series);
+
+/// Two panels: KV utilization (live / reserved) and running requests over simulated time, one
+/// line per strategy.
+[[nodiscard]] std::vector<SvgPanel> replay_panels(std::span<const ReplayResult> results,
+                                                  const std::string& title);
+
+}  // namespace pagedkv::sim
