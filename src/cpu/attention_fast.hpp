@@ -5,6 +5,9 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "pagedkv/attention.hpp"
 #include "pagedkv/batch_metadata.hpp"
@@ -47,6 +50,15 @@ void fast_paged_prefill_attention(const AttentionParams& params, const KVLayerVi
 
 /// Name of the instruction set the dispatcher picks on this machine ("AVX3", "AVX2", ...).
 [[nodiscard]] const char* fast_attention_target();
+
+/// Instruction sets compiled into the kernel that this machine supports, best first (Highway
+/// target names: "AVX3", "AVX2", "SSE4", "EMU128", ...).
+[[nodiscard]] std::vector<std::string> fast_attention_targets();
+
+/// Test hook: dispatch only to target `name` (one of fast_attention_targets()), so one machine
+/// runs every compiled code path; "" restores the best target. Returns false and changes nothing
+/// for another name. Must not race with running kernels.
+bool force_fast_attention_target(std::string_view name);
 
 /// Threads the kernel uses with num_threads = 0 (omp_get_max_threads(), or 1 without OpenMP).
 [[nodiscard]] int32_t fast_attention_max_threads();

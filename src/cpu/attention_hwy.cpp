@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -427,6 +429,36 @@ int32_t fast_attention_max_threads() {
 const char* fast_attention_target() {
   const int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
   return hwy::TargetName(targets & -targets);  // lowest bit = best target
+}
+
+namespace {
+/// Compiled-and-supported targets, captured before any test hook narrows them.
+int64_t available_targets() {
+  static const int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
+  return targets;
+}
+}  // namespace
+
+std::vector<std::string> fast_attention_targets() {
+  std::vector<std::string> names;
+  for (int64_t t = available_targets(); t != 0; t &= t - 1) {
+    names.emplace_back(hwy::TargetName(t & -t));
+  }
+  return names;
+}
+
+bool force_fast_attention_target(std::string_view name) {
+  int64_t chosen = 0;
+  if (!name.empty()) {
+    for (int64_t t = available_targets(); t != 0; t &= t - 1) {
+      if (name == hwy::TargetName(t & -t)) chosen = t & -t;
+    }
+    if (chosen == 0) return false;
+  }
+  available_targets();                      // capture the full set before narrowing it
+  hwy::SetSupportedTargetsForTest(chosen);  // 0 = back to what the CPU supports
+  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+  return true;
 }
 
 void fast_paged_prefill_attention(const AttentionParams& params, const KVLayerView& cache,

@@ -1,0 +1,346 @@
+// The fast CPU attention kernel (src/cpu/attention_fast.hpp) against its oracle, the plain kernel,
+// and against the textbook reference, over the configuration grid of test_attention.cpp; plus
+// the code paths only the fast kernel has: every compiled instruction set, every SIMD width,
+// one thread vs many, and key partitions merged by log-sum-exp.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cpu/attention_fast.hpp"
+#include "cpu/attention_plain.hpp"
+#include "paged_scenario.hpp"
+#include "pagedkv/attention.hpp"
+#include "pagedkv/dtype.hpp"
+
+namespace pagedkv {
+namespace {
+
+using detail::FastAttentionConfig;
+using testing::make_scenario;
+using testing::max_abs_diff;
+using testing::PagedScenario;
+using testing::rel_error;
+using testing::SeqSpec;
+
+// Bounds of DESIGN.md "Precision"; fast vs plain differ only by fp32 summation order.
+constexpr double kF32MaxAbs = 1e-5;
+constexpr double kLowPrecisionRel = 2e-2;
+constexpr int32_t kLongContext = 1031;  // > 1000, prime: ends mid-block for every block size
+
+struct FastCase {
+  std::string name;
+  DType dtype = DType::kF32;
+  KVLayout layout = KVLayout::kHND;
+  int32_t head_dim = 64;
+  int32_t block_size = 16;
+  int32_t num_kv_heads = 2;
+  int32_t group = 1;  // num_heads / num_kv_heads
+  int32_t context = 1;
+  bool prefill = false;
+  int32_t window_left = -1;
+  int32_t sink_tokens = 0;
+};
+
+std::string case_name(const FastCase& c) {
+  std::string name = c.prefill ? "prefill_" : "decode_";
+  if (c.layout == KVLayout::kNHD) name += "nhd_";
+  name += std::string(dtype_name(c.dtype)) + "_d" + std::to_string(c.head_dim) + "_bs" +
+          std::to_string(c.block_size) + "_gqa" + std::to_string(c.group) + "_kv" +
+          std::to_string(c.num_kv_heads) + "_ctx" + std::to_string(c.context);
+  if (c.window_left >= 0) name += "_win" + std::to_string(c.window_left);
+  if (c.sink_tokens > 0) name += "_sink" + std::to_string(c.sink_tokens);
+  return name;
+}
+
+/// The batches of test_attention.cpp: decode mixes three lengths; prefill mixes a chunk after a
+/// cached prefix, a whole prompt, a decode row and an empty padding row.
+std::vector<SeqSpec> batch_for(const FastCase& c) {
+  const int32_t bs = c.block_size;
+  if (!c.prefill) return {{c.context, 1}, {c.context / 3 + 1, 1}, {2 * bs + 3, 1}};
+  const int32_t chunk = std::min(c.context, 19);
+  const int32_t whole = std::min(c.context, 40);
+  return {{c.context, chunk}, {whole, whole}, {bs + 5, 1}, {0, 0}};
+}
+
+PagedScenario scenario_for(const FastCase& c, uint32_t seed) {
+  KVCacheConfig geometry;
+  geometry.block_size = c.block_size;
+  geometry.num_kv_heads = c.num_kv_heads;
+  geometry.head_dim = c.head_dim;
+  geometry.dtype = c.dtype;
+  geometry.layout = c.layout;
+  AttentionParams params;
+  params.num_kv_heads = c.num_kv_heads;
+  params.num_heads = c.num_kv_heads * c.group;
+  params.head_dim = c.head_dim;
+  params.window_left = c.window_left;
+  params.sink_tokens = c.sink_tokens;
+  return make_scenario(geometry, params, batch_for(c), seed);
+}
+
+std::vector<float> run_plain(const PagedScenario& s) {
+  std::vector<float> out(s.q.size(), std::numeric_limits<float>::quiet_NaN());
+  detail::plain_paged_prefill_attention(s.params, s.layer(), s.view(), s.query_start, s.q, out);
+  return out;
+}
+
+std::vector<float> run_fast(const PagedScenario& s, const FastAttentionConfig& config) {
+  // NaN-filled so that a row the kernel forgets to write fails every comparison.
+  std::vector<float> out(s.q.size(), std::numeric_limits<float>::quiet_NaN());
+  detail::fast_paged_prefill_attention(s.params, s.layer(), s.view(), s.query_start, s.q, out,
+                                       config);
+  return out;
+}
+
+std::string sci(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3e", x);
+  return buf;
+}
+
+/// The kernel configurations every case runs under: the default (what the public functions
+/// use), one thread, and several threads with small forced partitions (so short contexts also
+/// go through the log-sum-exp merge; 40 is not a tile multiple and gets rounded up to 64).
+struct Variant {
+  const char* name;
+  FastAttentionConfig config;
+};
+const Variant kVariants[] = {
+    {"default", {}},
+    {"one_thread", {.num_threads = 1, .partition_keys = 0}},
+    {"split40_3threads", {.num_threads = 3, .partition_keys = 40}},
+    {"split1_2threads", {.num_threads = 2, .partition_keys = 1}},
+};
+
+class FastVsPlain : public ::testing::TestWithParam<FastCase> {};
+
+TEST_P(FastVsPlain, MatchesPlainAndReference) {
+  const FastCase& c = GetParam();
+  const PagedScenario s =
+      scenario_for(c, /*seed=*/static_cast<uint32_t>(c.context * 131 + c.group + c.head_dim));
+  const std::vector<float> plain = run_plain(s);
+  const std::vector<float> ref_rounded = s.reference(/*rounded=*/true);
+  const std::vector<float> ref_exact = s.reference(/*rounded=*/false);
+  ASSERT_LE(max_abs_diff(plain, ref_rounded), kF32MaxAbs) << "the oracle itself is off";
+  for (const Variant& v : kVariants) {
+    SCOPED_TRACE(v.name);
+    const std::vector<float> fast = run_fast(s, v.config);
+    const double vs_plain = max_abs_diff(fast, plain);
+    const double vs_ref = max_abs_diff(fast, ref_rounded);
+    RecordProperty(std::string("max_abs_vs_plain_") + v.name, sci(vs_plain));
+    EXPECT_LE(vs_plain, kF32MaxAbs);
+    EXPECT_LE(vs_ref, kF32MaxAbs);
+    if (c.dtype != DType::kF32) {
+      EXPECT_LE(rel_error(fast, ref_exact), kLowPrecisionRel);
+    }
+  }
+}
+
+/// The grid of test_attention.cpp: dtypes x block sizes {1, 7, 16, 32} x GQA groups
+/// {1, 2, 5, 8} x contexts {1, bs-1, bs, bs+1, 1031}, decode and chunked prefill, its extra
+/// shapes, plus head dims that take each SIMD width (full vectors, 4 lanes, 1 lane).
+std::vector<FastCase> grid(bool prefill) {
+  std::vector<FastCase> cases;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int32_t bs : {1, 7, 16, 32}) {
+      for (int32_t group : {1, 2, 5, 8}) {
+        std::set<int32_t> contexts = {1, bs - 1, bs, bs + 1, kLongContext};
+        contexts.erase(0);
+        for (int32_t ctx : contexts) {
+          FastCase c;
+          c.dtype = dtype;
+          c.block_size = bs;
+          c.group = group;
+          c.context = ctx;
+          c.prefill = prefill;
+          cases.push_back(c);
+        }
+      }
+    }
+  }
+  auto extra = [&](DType dtype, KVLayout layout, int32_t d, int32_t bs, int32_t kv, int32_t group,
+                   int32_t ctx) {
+    FastCase c;
+    c.dtype = dtype;
+    c.layout = layout;
+    c.head_dim = d;
+    c.block_size = bs;
+    c.num_kv_heads = kv;
+    c.group = group;
+    c.context = ctx;
+    c.prefill = prefill;
+    cases.push_back(c);
+  };
+  extra(DType::kF32, KVLayout::kHND, 128, 16, 4, 4, 300);  // Llama-style d128
+  extra(DType::kF16, KVLayout::kHND, 128, 16, 8, 1, 77);   // MHA
+  extra(DType::kBF16, KVLayout::kHND, 80, 7, 1, 8, 150);   // MQA, odd head_dim
+  extra(DType::kF32, KVLayout::kHND, 8, 32, 3, 3, 65);     // tiny head_dim, 3 kv heads
+  extra(DType::kF32, KVLayout::kNHD, 64, 16, 2, 2, 33);
+  extra(DType::kF16, KVLayout::kNHD, 64, 7, 4, 5, kLongContext);
+  extra(DType::kBF16, KVLayout::kNHD, 128, 32, 2, 8, 100);
+  // SIMD widths: 48 (the default model's head size), 40 (4 lanes on AVX-512), 6 and 3 (1 lane),
+  // 256 (more vectors than the 4-way unroll), MQA with 32 query heads (one row set of 32 rows).
+  extra(DType::kF32, KVLayout::kHND, 48, 16, 6, 1, 200);
+  extra(DType::kBF16, KVLayout::kHND, 40, 16, 2, 4, 130);
+  extra(DType::kF16, KVLayout::kHND, 6, 8, 2, 2, 90);
+  extra(DType::kF32, KVLayout::kNHD, 3, 5, 3, 1, 57);
+  extra(DType::kBF16, KVLayout::kHND, 256, 16, 1, 2, 260);
+  extra(DType::kF32, KVLayout::kHND, 64, 16, 1, 32, 500);
+  for (FastCase& c : cases) c.name = case_name(c);
+  return cases;
+}
+
+std::string param_name(const ::testing::TestParamInfo<FastCase>& info) { return info.param.name; }
+
+INSTANTIATE_TEST_SUITE_P(Decode, FastVsPlain, ::testing::ValuesIn(grid(false)), param_name);
+INSTANTIATE_TEST_SUITE_P(Prefill, FastVsPlain, ::testing::ValuesIn(grid(true)), param_name);
+
+/// Sliding window and sinks (test_attention.cpp's masks, and long ones whose sink-to-window jump
+/// falls inside a tile and inside a partition).
+std::vector<FastCase> mask_cases() {
+  std::vector<FastCase> cases;
+  const std::pair<int32_t, int32_t> masks[] = {{0, 0}, {0, 3}, {1, 0},  {5, 0},    {7, 0},  {16, 0},
+                                               {5, 2}, {1, 4}, {30, 3}, {2000, 0}, {4, 100}};
+  for (bool prefill : {false, true}) {
+    for (auto [window, sinks] : masks) {
+      FastCase c;
+      c.block_size = 7;
+      c.group = 2;
+      c.context = 50;
+      c.prefill = prefill;
+      c.window_left = window;
+      c.sink_tokens = sinks;
+      c.dtype = window % 2 == 0 ? DType::kF32 : DType::kBF16;
+      cases.push_back(c);
+    }
+    for (auto [window, sinks] : {std::pair{300, 4}, {100, 45}, {517, 33}, {64, 64}}) {
+      FastCase c;
+      c.block_size = 16;
+      c.group = 4;
+      c.context = kLongContext;
+      c.prefill = prefill;
+      c.window_left = window;
+      c.sink_tokens = sinks;
+      c.dtype = DType::kF16;
+      cases.push_back(c);
+    }
+  }
+  for (FastCase& c : cases) c.name = case_name(c);
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Mask, FastVsPlain, ::testing::ValuesIn(mask_cases()), param_name);
+
+/// Every instruction set compiled in and supported here runs the same cases (AVX-512, AVX2,
+/// SSE4, the scalar emulation, ...), so a target-specific bug shows on any machine.
+class FastPerTarget : public ::testing::TestWithParam<std::string> {
+ protected:
+  void TearDown() override { detail::force_fast_attention_target(""); }
+};
+
+TEST_P(FastPerTarget, MatchesPlain) {
+  ASSERT_TRUE(detail::force_fast_attention_target(GetParam()));
+  EXPECT_EQ(std::string(detail::fast_attention_target()), GetParam());
+  const FastCase cases[] = {
+      {.dtype = DType::kF32, .head_dim = 64, .block_size = 16, .group = 4, .context = 300},
+      {.dtype = DType::kF16, .head_dim = 128, .block_size = 7, .group = 1, .context = 100},
+      {.dtype = DType::kBF16, .head_dim = 48, .block_size = 32, .group = 2, .context = 129},
+      {.dtype = DType::kBF16, .head_dim = 40, .block_size = 16, .group = 3, .context = 61},
+      {.dtype = DType::kF32, .head_dim = 6, .block_size = 5, .group = 2, .context = 45},
+      {.dtype = DType::kF16,
+       .head_dim = 64,
+       .block_size = 16,
+       .group = 2,
+       .context = 200,
+       .prefill = true,
+       .window_left = 50,
+       .sink_tokens = 3},
+  };
+  for (const FastCase& c : cases) {
+    SCOPED_TRACE(case_name(c));
+    const PagedScenario s = scenario_for(c, 77);
+    const std::vector<float> plain = run_plain(s);
+    for (const Variant& v : kVariants) {
+      SCOPED_TRACE(v.name);
+      EXPECT_LE(max_abs_diff(run_fast(s, v.config), plain), kF32MaxAbs);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Targets, FastPerTarget,
+                         ::testing::ValuesIn(detail::fast_attention_targets()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+TEST(FastAttention, TargetHookRejectsUnknownNames) {
+  const std::string best = detail::fast_attention_target();
+  EXPECT_FALSE(detail::force_fast_attention_target("NOT_A_TARGET"));
+  EXPECT_EQ(std::string(detail::fast_attention_target()), best);
+  ASSERT_FALSE(detail::fast_attention_targets().empty());
+  EXPECT_EQ(detail::fast_attention_targets().front(), best);
+  EXPECT_GE(detail::fast_attention_max_threads(), 1);
+}
+
+TEST(FastAttention, ResultDoesNotDependOnThreadCountWithoutPartitions) {
+  // Items are independent when no key range is split: any thread count gives the same bits.
+  FastCase c{
+      .dtype = DType::kBF16, .block_size = 16, .num_kv_heads = 4, .group = 2, .context = 700};
+  const PagedScenario s = scenario_for(c, 5);
+  const std::vector<float> one = run_fast(s, {.num_threads = 1, .partition_keys = 0});
+  const std::vector<float> four =
+      run_fast(s, {.num_threads = 4, .partition_keys = std::numeric_limits<int64_t>::max()});
+  EXPECT_EQ(one, four);
+}
+
+TEST(FastAttention, LongContextPartitionsMergeToTheUnsplitResult) {
+  // 20k keys in partitions of 1k, 3k (not dividing the context) and automatic ones, against
+  // the single pass: the log-sum-exp merge is exact up to fp32 rounding.
+  FastCase c{.dtype = DType::kF16,
+             .head_dim = 128,
+             .block_size = 16,
+             .num_kv_heads = 1,
+             .group = 8,
+             .context = 20000};
+  PagedScenario s = scenario_for(c, 11);
+  s.params.scale = 0.5f;  // sharper softmax: partitions have very different maxima
+  const std::vector<float> whole = run_fast(s, {.num_threads = 1, .partition_keys = 0});
+  EXPECT_LE(max_abs_diff(whole, run_plain(s)), kF32MaxAbs);
+  for (int64_t part : {1000, 3000, 0}) {
+    SCOPED_TRACE(part);
+    EXPECT_LE(max_abs_diff(run_fast(s, {.num_threads = 2, .partition_keys = part}), whole),
+              kF32MaxAbs);
+  }
+}
+
+TEST(FastAttention, LargeScoresStayFiniteAcrossPartitions) {
+  FastCase c{.context = 600};
+  PagedScenario s = scenario_for(c, 41);
+  s.params.scale = 1000.0f;  // scores ~1e4: exp without max subtraction would overflow
+  for (const Variant& v : kVariants) {
+    SCOPED_TRACE(v.name);
+    const std::vector<float> out = run_fast(s, v.config);
+    for (float x : out) ASSERT_TRUE(std::isfinite(x));
+    EXPECT_LE(max_abs_diff(out, run_plain(s)), kF32MaxAbs);
+  }
+}
+
+TEST(FastAttention, RowsWithoutVisibleKeysAreZeroInEveryVariant) {
+  // Padding rows (context 0) and window 0 without sinks: no key at all, output exactly 0.
+  FastCase c{.block_size = 4, .context = 10, .window_left = 0};
+  const PagedScenario s = scenario_for(c, 5);
+  for (const Variant& v : kVariants) {
+    SCOPED_TRACE(v.name);
+    for (float x : run_fast(s, v.config)) ASSERT_EQ(x, 0.0f);
+  }
+}
+
+}  // namespace
+}  // namespace pagedkv
