@@ -138,6 +138,12 @@ class KVCacheManager {
   /// num_host_blocks < 0, watermark outside [0, 1), max_model_len < 0, or the eviction config
   /// is invalid.
   explicit KVCacheManager(const KVCacheManagerConfig& config);
+  /// Deep copies (tests snapshot a manager to check that a failed operation changed nothing).
+  KVCacheManager(const KVCacheManager& other);
+  KVCacheManager& operator=(const KVCacheManager& other);
+  KVCacheManager(KVCacheManager&& other) noexcept;
+  KVCacheManager& operator=(KVCacheManager&& other) noexcept;
+  ~KVCacheManager() = default;
 
   /// Registers an empty sequence (0 tokens, no blocks: an empty prompt takes no block).
   /// Its token ids are known (empty), so later append_tokens() can feed the prefix cache.
@@ -295,7 +301,7 @@ class KVCacheManager {
     double score;
   };
   struct Sequence {
-    std::vector<BlockId> blocks;  // kNoBlock for released entries
+    std::vector<BlockId> blocks;        // kNoBlock for released entries
     std::vector<BlockId> placeholders;  // [blocks.size()]: id a released entry had, else -1
     int64_t num_tokens = 0;
     bool swapped = false;

@@ -21,11 +21,11 @@ namespace pagedkv {
 ///   swapped_out_blocks - swapped_in_blocks - (host blocks dropped by freeing swapped
 ///   sequences) == host_used_blocks.
 struct KVCacheStats {
-  int32_t total_blocks = 0;   ///< device pool size
-  int32_t free_blocks = 0;    ///< ref count 0, not cached
-  int32_t used_blocks = 0;    ///< ref count >= 1 (held by at least one block table)
-  int32_t cached_blocks = 0;  ///< ref count 0 but holding prefix-cached content (evictable)
-  double usage = 0.0;         ///< used_blocks / total_blocks, in [0, 1]
+  int32_t total_blocks = 0;           ///< device pool size
+  int32_t free_blocks = 0;            ///< ref count 0, not cached
+  int32_t used_blocks = 0;            ///< ref count >= 1 (held by at least one block table)
+  int32_t cached_blocks = 0;          ///< ref count 0 but holding prefix-cached content (evictable)
+  double usage = 0.0;                 ///< used_blocks / total_blocks, in [0, 1]
   int32_t num_sequences = 0;          ///< registered sequences, swapped ones included
   int32_t num_swapped_sequences = 0;  ///< sequences whose blocks are in the host pool
 
@@ -38,11 +38,11 @@ struct KVCacheStats {
   int64_t prefix_evictions = 0;  ///< cached ref-0 blocks taken for reuse (LRU), counted once each
   int32_t prefix_cached_entries = 0;  ///< blocks registered in the prefix cache (any ref count)
 
-  int64_t preemptions = 0;          ///< swap_out + preempt calls that succeeded
-  int64_t swapped_out_blocks = 0;   ///< blocks copied device -> host, cumulative
-  int64_t swapped_in_blocks = 0;    ///< blocks copied host -> device, cumulative
-  int32_t host_total_blocks = 0;    ///< host swap pool size (config.num_host_blocks)
-  int32_t host_used_blocks = 0;     ///< host blocks holding swapped-out data now
+  int64_t preemptions = 0;         ///< swap_out + preempt calls that succeeded
+  int64_t swapped_out_blocks = 0;  ///< blocks copied device -> host, cumulative
+  int64_t swapped_in_blocks = 0;   ///< blocks copied host -> device, cumulative
+  int32_t host_total_blocks = 0;   ///< host swap pool size (config.num_host_blocks)
+  int32_t host_used_blocks = 0;    ///< host blocks holding swapped-out data now
 
   int64_t released_blocks = 0;  ///< block references dropped by token eviction, cumulative
   int64_t evicted_tokens = 0;   ///< tokens evicted by a score-based policy, cumulative
@@ -66,9 +66,9 @@ struct KVCacheEvent {
   Kind kind = Kind::kStored;
   BlockId block = -1;
   BlockHash hash = 0;
-  BlockHash parent_hash = 0;     ///< kStored only
-  uint64_t extra_key = 0;        ///< kStored only
-  std::vector<TokenId> tokens;   ///< kStored only: [block_size]
+  BlockHash parent_hash = 0;    ///< kStored only
+  uint64_t extra_key = 0;       ///< kStored only
+  std::vector<TokenId> tokens;  ///< kStored only: [block_size]
 };
 
 /// "stored", "removed", "evicted".

@@ -1,7 +1,6 @@
 #include "pagedkv/eviction_policy.hpp"
 
 #include <algorithm>
-#include <numeric>
 
 #include "detail/check.hpp"
 
@@ -9,10 +8,14 @@ namespace pagedkv {
 
 std::string eviction_kind_name(EvictionKind kind) {
   switch (kind) {
-    case EvictionKind::kNone: return "none";
-    case EvictionKind::kSlidingWindow: return "window";
-    case EvictionKind::kAttentionSinks: return "sinks";
-    case EvictionKind::kHeavyHitters: return "h2o";
+    case EvictionKind::kNone:
+      return "none";
+    case EvictionKind::kSlidingWindow:
+      return "window";
+    case EvictionKind::kAttentionSinks:
+      return "sinks";
+    case EvictionKind::kHeavyHitters:
+      return "h2o";
   }
   return "unknown";
 }
@@ -85,8 +88,10 @@ std::vector<size_t> HeavyHitterPolicy::select_victims(std::span<const KeptTokenS
 
 std::shared_ptr<const EvictionPolicy> make_eviction_policy(const EvictionPolicyConfig& config) {
   switch (config.kind) {
-    case EvictionKind::kNone: return std::make_shared<NoEviction>();
-    case EvictionKind::kSlidingWindow: return std::make_shared<SlidingWindowPolicy>(config.window);
+    case EvictionKind::kNone:
+      return std::make_shared<NoEviction>();
+    case EvictionKind::kSlidingWindow:
+      return std::make_shared<SlidingWindowPolicy>(config.window);
     case EvictionKind::kAttentionSinks:
       return std::make_shared<AttentionSinksPolicy>(config.sinks, config.window);
     case EvictionKind::kHeavyHitters:
