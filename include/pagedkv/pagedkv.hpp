@@ -6,6 +6,7 @@
 #include "pagedkv/batch_metadata.hpp"
 #include "pagedkv/block_allocator.hpp"
 #include "pagedkv/config.hpp"
+#include "pagedkv/contiguous_kv.hpp"
 #include "pagedkv/dtype.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/eviction_policy.hpp"
