@@ -1,13 +1,14 @@
 // Tests for include/pagedkv/kv_cache_manager.hpp: exact slots and block ids on hand-worked
 // examples, all-or-nothing appends, copy-on-write, batch metadata, invariants after every step.
-#include "pagedkv/kv_cache_manager.hpp"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 
 #include "pagedkv/error.hpp"
+#include "pagedkv/host_kv_cache.hpp"
+#include "pagedkv/kv_cache_manager.hpp"
 
 namespace pagedkv {
 namespace {
@@ -100,7 +101,7 @@ TEST(KVCacheManager, AppendIsAllOrNothing) {
   m.add_sequence(2);
   ASSERT_TRUE(m.append_slots(1, 5));  // blocks {0, 1}
   EXPECT_TRUE(m.can_append(2, 4));
-  EXPECT_FALSE(m.can_append(2, 5));    // would need 2 blocks, 1 left
+  EXPECT_FALSE(m.can_append(2, 5));  // would need 2 blocks, 1 left
   EXPECT_EQ(m.append_slots(2, 5), std::nullopt);
   EXPECT_EQ(m.num_tokens(2), 0);
   EXPECT_THAT(table_of(m, 2), IsEmpty());
@@ -157,7 +158,7 @@ TEST(KVCacheManager, ScatteredBlocksAfterChurn) {
     m.add_sequence(s);
     ASSERT_TRUE(m.append_slots(s, 2));  // seq s -> block s
   }
-  m.free_sequence(1);          // free list: 3, 4, 5, 1
+  m.free_sequence(1);                 // free list: 3, 4, 5, 1
   ASSERT_TRUE(m.append_slots(0, 4));  // seq 0 takes 3, 4
   ASSERT_TRUE(m.append_slots(2, 4));  // seq 2 takes 5, 1
   EXPECT_THAT(table_of(m, 0), ElementsAre(0, 3, 4));
@@ -235,6 +236,195 @@ TEST(KVCacheManager, ErrorsNameTheValueAndChangeNothing) {
   EXPECT_EQ(m.num_sequences(), 1);
   EXPECT_EQ(m.num_free_blocks(), 4);
   m.check_invariants();
+}
+
+TEST(KVCacheManager, BoundaryLengthsAtForkTime) {
+  const int32_t bs = 4;
+  for (int len : {0, 1, bs - 1, bs, bs + 1, 2 * bs}) {
+    KVCacheManager m({.num_blocks = 8, .block_size = bs});
+    m.add_sequence(1);
+    ASSERT_TRUE(m.append_slots(1, len));
+    m.fork(1, 2);
+    const bool partial = len % bs != 0;
+    // Only a shared, partially filled last block is copied, and only by the first writer.
+    EXPECT_EQ(m.blocks_needed_to_append(2, 1), 1) << "len " << len;
+    auto r = m.append_slots(2, 1);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->copies.size(), partial ? 1u : 0u) << "len " << len;
+    if (partial) EXPECT_EQ(r->copies[0].src, m.block_table(1).back());
+    r = m.append_slots(1, 1);
+    ASSERT_TRUE(r);
+    EXPECT_THAT(r->copies, IsEmpty()) << "len " << len;  // the parent owns its block alone now
+    m.check_invariants();
+    m.free_sequence(1);
+    EXPECT_EQ(m.num_tokens(2), len + 1);
+    m.free_sequence(2);
+    EXPECT_EQ(m.num_free_blocks(), 8);
+  }
+}
+
+TEST(KVCacheManager, AdmissionOkLaterNeverWithWatermark) {
+  // 8 blocks of 4 tokens, watermark 0.25 -> 2 blocks kept free at admission.
+  KVCacheManager m({.num_blocks = 8, .block_size = 4, .watermark = 0.25, .max_model_len = 40});
+  EXPECT_EQ(m.watermark_blocks(), 2);
+  std::vector<TokenId> p24(24, 1), p25(25, 1), p41(41, 1), p8(8, 1);
+  EXPECT_EQ(m.can_add_sequence(p24), Admission::kOk);     // 6 blocks, 2 left
+  EXPECT_EQ(m.can_add_sequence(p25), Admission::kNever);  // 7 blocks > 8 - 2
+  EXPECT_EQ(m.can_add_sequence(p41), Admission::kNever);  // > max_model_len
+  ASSERT_TRUE(m.add_sequence(1, p8));                     // 2 blocks, 6 left
+  EXPECT_EQ(m.can_add_sequence(p24), Admission::kLater);  // would leave 0 < 2
+  EXPECT_EQ(m.add_sequence(2, p24), std::nullopt);
+  EXPECT_FALSE(m.has_sequence(2));
+  EXPECT_EQ(m.can_add_sequence(p8), Admission::kOk);  // leaves exactly the watermark
+  // Appends ignore the watermark: running sequences may use the reserve.
+  EXPECT_TRUE(m.can_append(1, 24));
+  EXPECT_FALSE(m.can_append(1, 25));
+  EXPECT_THAT([&] { (void)m.can_append(1, 33); },
+              ThrowsMessage<Error>(HasSubstr("8 + 33 tokens exceed max_model_len 40")));
+  m.check_invariants();
+}
+
+TEST(KVCacheManager, PoolOfOneBlockAdmission) {
+  KVCacheManager m({.num_blocks = 1, .block_size = 2});
+  std::vector<TokenId> p2(2, 5), p3(3, 5);
+  EXPECT_EQ(m.can_add_sequence(p3), Admission::kNever);
+  ASSERT_TRUE(m.add_sequence(1, p2));
+  EXPECT_EQ(m.can_add_sequence(p2), Admission::kLater);
+  EXPECT_EQ(m.can_add_sequence({}), Admission::kOk);  // an empty prompt takes no block
+  EXPECT_FALSE(m.can_append(1, 1));
+  m.check_invariants();
+}
+
+// Fills every slot of the given blocks with distinct values, through the storage API.
+void write_pattern(HostKVCache& cache, std::span<const BlockId> blocks, float base) {
+  const auto& c = cache.config();
+  const int64_t row = int64_t{c.num_kv_heads} * c.head_dim;
+  for (int32_t layer = 0; layer < c.num_layers; ++layer) {
+    for (BlockId b : blocks) {
+      std::vector<Slot> slots;
+      std::vector<float> k, v;
+      for (int32_t t = 0; t < c.block_size; ++t) {
+        slots.push_back(int64_t{b} * c.block_size + t);
+        for (int64_t e = 0; e < row; ++e) {
+          k.push_back(base + static_cast<float>(layer * 1000 + b * 100 + t * 10) + e * 0.01f);
+          v.push_back(-k.back());
+        }
+      }
+      cache.write(layer, slots, k, v);
+    }
+  }
+}
+
+TEST(KVCacheManager, SwapOutAndInRestoresBitIdenticalDataAtNewIds) {
+  const KVCacheConfig geom{.num_layers = 2,
+                           .num_blocks = 6,
+                           .block_size = 4,
+                           .num_kv_heads = 2,
+                           .head_dim = 8,
+                           .dtype = DType::kF16};
+  KVCacheConfig host_geom = geom;
+  host_geom.num_blocks = 3;
+  HostKVCache device(geom);
+  HostKVCache host(host_geom);
+  KVCacheManager m({.num_blocks = 6, .block_size = 4, .num_host_blocks = 3});
+  m.add_sequence(1);
+  ASSERT_TRUE(m.append_slots(1, 10));  // blocks 0, 1, 2
+  write_pattern(device, m.block_table(1), 0.5f);
+  std::vector<std::vector<std::byte>> before;
+  for (BlockId b : m.block_table(1)) before.push_back(device.block_bytes(b));
+
+  EXPECT_TRUE(m.can_swap_out(1));
+  auto out = m.swap_out(1);
+  ASSERT_TRUE(out);
+  EXPECT_THAT(out->copies, ElementsAre(BlockCopy{0, 0}, BlockCopy{1, 1}, BlockCopy{2, 2}));
+  for (const BlockCopy& c : out->copies) host.set_block_bytes(c.dst, device.block_bytes(c.src));
+  EXPECT_TRUE(m.is_swapped(1));
+  EXPECT_EQ(m.num_free_blocks(), 6);
+  KVCacheStats st = m.stats();
+  EXPECT_EQ(st.host_used_blocks, 3);
+  EXPECT_EQ(st.num_swapped_sequences, 1);
+  EXPECT_EQ(st.preemptions, 1);
+  m.check_invariants();
+  EXPECT_THAT([&] { (void)m.append_slots(1, 1); }, ThrowsMessage<Error>(HasSubstr("swapped out")));
+
+  // Swap-out released 2, 1, 0 (tail first); the freed blocks are poisoned and someone else
+  // takes 3, 4, 5, 2.
+  device.fill_blocks(std::vector<BlockId>{0, 1, 2}, std::nanf(""));
+  m.add_sequence(2);
+  ASSERT_TRUE(m.append_slots(2, 16));
+  EXPECT_THAT(table_of(m, 2), ElementsAre(3, 4, 5, 2));
+  EXPECT_FALSE(m.can_swap_in(1));  // 2 blocks left, 3 needed
+  EXPECT_EQ(m.swap_in(1), std::nullopt);
+  EXPECT_TRUE(m.is_swapped(1));
+  m.free_sequence(2);  // free list: 1, 0, 2, 5, 4, 3 (tail first)
+  ASSERT_TRUE(m.can_swap_in(1));
+  auto in = m.swap_in(1);
+  ASSERT_TRUE(in);
+  EXPECT_THAT(in->copies, ElementsAre(BlockCopy{0, 1}, BlockCopy{1, 0}, BlockCopy{2, 2}));
+  for (const BlockCopy& c : in->copies) device.set_block_bytes(c.dst, host.block_bytes(c.src));
+  EXPECT_THAT(table_of(m, 1), ElementsAre(1, 0, 2));  // different ids, remapped table
+  for (size_t j = 0; j < before.size(); ++j) {
+    EXPECT_EQ(device.block_bytes(m.block_table(1)[j]), before[j]) << "logical block " << j;
+  }
+  st = m.stats();
+  EXPECT_EQ(st.swapped_out_blocks, 3);
+  EXPECT_EQ(st.swapped_in_blocks, 3);
+  EXPECT_EQ(st.host_used_blocks, 0);
+  m.check_invariants();
+}
+
+TEST(KVCacheManager, SwapNeedsHostRoomAndRespectsWatermark) {
+  KVCacheManager m({.num_blocks = 4, .block_size = 2, .num_host_blocks = 1, .watermark = 0.25});
+  m.add_sequence(1);
+  ASSERT_TRUE(m.append_slots(1, 4));  // 2 blocks
+  EXPECT_FALSE(m.can_swap_out(1));
+  EXPECT_EQ(m.swap_out(1), std::nullopt);
+  EXPECT_FALSE(m.is_swapped(1));
+  m.add_sequence(2);
+  ASSERT_TRUE(m.append_slots(2, 1));
+  ASSERT_TRUE(m.swap_out(2));
+  m.add_sequence(3);
+  ASSERT_TRUE(m.append_slots(3, 3));  // 2 blocks: pool full (1 + 2 + ... = 4)
+  EXPECT_FALSE(m.can_swap_in(2));
+  m.free_sequence(3);
+  // 2 blocks available, 1 needed, watermark 1: ok.
+  EXPECT_TRUE(m.can_swap_in(2));
+  m.free_sequence(2);  // a swapped sequence can be dropped: its host block is released
+  EXPECT_EQ(m.stats().host_used_blocks, 0);
+  KVCacheManager no_host({.num_blocks = 2, .block_size = 2});
+  no_host.add_sequence(1);
+  EXPECT_FALSE(no_host.can_swap_out(1));
+  m.check_invariants();
+}
+
+TEST(KVCacheManager, StatsInvariantsHold) {
+  KVCacheManager m({.num_blocks = 8, .block_size = 2, .enable_prefix_caching = true});
+  std::vector<TokenId> p{1, 2, 3, 4, 5};
+  ASSERT_TRUE(m.add_sequence(1, p));
+  ASSERT_TRUE(m.add_sequence(2, p));
+  m.free_sequence(1);
+  const KVCacheStats st = m.stats();
+  EXPECT_EQ(st.total_blocks, 8);
+  EXPECT_EQ(st.free_blocks + st.used_blocks + st.cached_blocks, st.total_blocks);
+  EXPECT_EQ(st.used_blocks, 3);
+  EXPECT_EQ(st.cached_blocks, 0);  // the cached blocks are still held by sequence 2
+  EXPECT_DOUBLE_EQ(st.usage, 3.0 / 8.0);
+  EXPECT_EQ(st.num_sequences, 1);
+  EXPECT_EQ(st.prefix_hit_tokens, st.prefix_hits * 2);
+}
+
+TEST(KVCacheManager, CopiesAreIndependentManagers) {
+  KVCacheManager a({.num_blocks = 4, .block_size = 2, .enable_prefix_caching = true});
+  ASSERT_TRUE(a.add_sequence(1, std::vector<TokenId>{1, 2, 3}));
+  a.free_sequence(1);
+  KVCacheManager b = a;
+  b.add_sequence(5);
+  ASSERT_TRUE(b.append_slots(5, 8));  // evicts b's cached block through b's listener
+  EXPECT_EQ(b.stats().prefix_evictions, 1);
+  EXPECT_EQ(a.stats().prefix_evictions, 0);
+  EXPECT_EQ(a.stats().cached_blocks, 1);
+  a.check_invariants();
+  b.check_invariants();
 }
 
 }  // namespace

@@ -1,0 +1,284 @@
+// Tests for include/pagedkv/prefix_cache.hpp and the manager's automatic prefix caching: exact
+// block ids and hit counts on hand-worked prompts, content confirmation on key collisions,
+// LRU eviction order (tail blocks first), events, reset, and the boundary lengths at match time.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "pagedkv/error.hpp"
+#include "pagedkv/kv_cache_manager.hpp"
+#include "pagedkv/prefix_cache.hpp"
+
+namespace pagedkv {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::ThrowsMessage;
+
+std::vector<TokenId> iota_tokens(int n, TokenId first = 1) {
+  std::vector<TokenId> t(static_cast<size_t>(n));
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+
+std::vector<BlockId> table_of(const KVCacheManager& m, SeqId s) {
+  auto t = m.block_table(s);
+  return {t.begin(), t.end()};
+}
+
+KVCacheManagerConfig cached_config(int32_t num_blocks, int32_t block_size) {
+  return {.num_blocks = num_blocks, .block_size = block_size, .enable_prefix_caching = true};
+}
+
+TEST(BlockHash, DeterministicAndChained) {
+  const std::vector<TokenId> a{1, 2, 3, 4};
+  const std::vector<TokenId> b{5, 6, 7, 8};
+  const BlockHash ha = block_hash(kRootBlockHash, a, 0);
+  EXPECT_EQ(ha, block_hash(kRootBlockHash, a, 0));
+  EXPECT_NE(ha, block_hash(kRootBlockHash, b, 0));
+  EXPECT_NE(ha, block_hash(kRootBlockHash, a, 7));                    // extra key separates caches
+  EXPECT_NE(block_hash(ha, b, 0), block_hash(kRootBlockHash, b, 0));  // depends on the prefix
+  // Order of tokens matters.
+  EXPECT_NE(ha, block_hash(kRootBlockHash, std::vector<TokenId>{4, 3, 2, 1}, 0));
+}
+
+TEST(PrefixCache, LookupConfirmsContentOnKeyMatch) {
+  PrefixCache c(4, 2);
+  const std::vector<TokenId> t{10, 11};
+  const uint64_t s = c.insert(3, {.hash = 42, .parent_hash = kRootBlockHash, .tokens = t});
+  EXPECT_GE(s, 1u);
+  EXPECT_EQ(c.lookup(42, 0, 0, t), std::optional<BlockId>(3));
+  // Same key, different content: a collision must be a miss, never a wrong share.
+  EXPECT_EQ(c.lookup(42, 0, 0, std::vector<TokenId>{10, 12}), std::nullopt);
+  EXPECT_EQ(c.lookup(42, 0, 1, t), std::nullopt);   // other extra key
+  EXPECT_EQ(c.lookup(42, 99, 0, t), std::nullopt);  // other parent entry
+  EXPECT_EQ(c.lookup(43, 0, 0, t), std::nullopt);
+  EXPECT_EQ(c.size(), 1);
+  EXPECT_THAT([&] { c.insert(1, {.hash = 42, .tokens = t}); },
+              ThrowsMessage<Error>(HasSubstr("already registered")));
+  EXPECT_THAT([&] { c.insert(3, {.hash = 7, .tokens = t}); },
+              ThrowsMessage<Error>(HasSubstr("block 3 already registered")));
+  EXPECT_THAT([&] { c.insert(1, {.hash = 7, .tokens = {1}}); },
+              ThrowsMessage<Error>(HasSubstr("1 tokens, expected a full block of 2")));
+  EXPECT_THAT([&] { (void)c.entry(4); },
+              ThrowsMessage<Error>(HasSubstr("block id 4 out of range")));
+  auto e = c.erase(3);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->serial, s);
+  EXPECT_EQ(c.lookup(42, 0, 0, t), std::nullopt);
+  EXPECT_EQ(c.erase(3), std::nullopt);
+  // Serials are never reused.
+  EXPECT_GT(c.insert(3, {.hash = 42, .tokens = t}), s);
+}
+
+TEST(KVCacheManagerPrefix, HandWorkedHitsAndComputedTokens) {
+  KVCacheManager m(cached_config(10, 4));
+  const auto p1 = iota_tokens(10);  // blocks [1..4] [5..8] [9 10]
+  auto r = m.add_sequence(1, p1);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->num_computed_tokens, 0);
+  EXPECT_THAT(r->append.slots, ElementsAre(0, 1, 2, 3, 4, 5, 6, 7, 8, 9));
+  EXPECT_THAT(table_of(m, 1), ElementsAre(0, 1, 2));
+  EXPECT_TRUE(m.allocator().is_cached(0));
+  EXPECT_TRUE(m.allocator().is_cached(1));
+  EXPECT_FALSE(m.allocator().is_cached(2));  // partial blocks are never keyed
+
+  // Same first 8 tokens: both full blocks hit.
+  std::vector<TokenId> p2 = iota_tokens(8);
+  p2.push_back(20);
+  p2.push_back(21);
+  EXPECT_EQ(m.can_add_sequence(p2), Admission::kOk);
+  r = m.add_sequence(2, p2);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->num_computed_tokens, 8);
+  EXPECT_THAT(r->append.slots, ElementsAre(12, 13));
+  EXPECT_THAT(r->append.copies, IsEmpty());
+  EXPECT_THAT(table_of(m, 2), ElementsAre(0, 1, 3));
+  EXPECT_EQ(m.allocator().ref_count(0), 2);
+
+  // A prompt of exactly 2 blocks: only 1 block may hit, one token is always left to compute;
+  // the last block is recomputed into a fresh block (same content as block 1: not registered
+  // twice).
+  r = m.add_sequence(3, iota_tokens(8));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->num_computed_tokens, 4);
+  EXPECT_THAT(table_of(m, 3), ElementsAre(0, 4));
+  EXPECT_FALSE(m.allocator().is_cached(4));
+
+  const KVCacheStats st = m.stats();
+  EXPECT_EQ(st.prefix_query_tokens, 28);
+  EXPECT_EQ(st.prefix_hit_tokens, 12);
+  EXPECT_EQ(st.prefix_hits, 3);
+  EXPECT_EQ(st.prefix_misses, 2 + 0 + 0);  // first prompt: 2 eligible blocks, both missed
+  EXPECT_DOUBLE_EQ(st.prefix_hit_rate(), 12.0 / 28.0);
+  EXPECT_EQ(st.prefix_cached_entries, 2);
+  m.check_invariants();
+}
+
+TEST(KVCacheManagerPrefix, BoundaryLengthsAtMatchTime) {
+  // block_size 4; a cached chain of 3 full blocks (12 tokens + 1).
+  const int32_t bs = 4;
+  for (int len : {0, 1, bs - 1, bs, bs + 1, 2 * bs, 3 * bs, 3 * bs + 1}) {
+    KVCacheManager m(cached_config(16, bs));
+    ASSERT_TRUE(m.add_sequence(1, iota_tokens(3 * bs + 1)));
+    auto r = m.add_sequence(2, iota_tokens(len));
+    ASSERT_TRUE(r) << "len " << len;
+    // At most (len - 1) / bs blocks hit.
+    const int64_t expect_hits = len == 0 ? 0 : std::min<int64_t>((len - 1) / bs, 3);
+    EXPECT_EQ(r->num_computed_tokens, expect_hits * bs) << "len " << len;
+    EXPECT_EQ(static_cast<int64_t>(r->append.slots.size()), len - expect_hits * bs);
+    EXPECT_EQ(m.num_tokens(2), len);
+    EXPECT_EQ(static_cast<int64_t>(m.block_table(2).size()), blocks_for_tokens(len, bs));
+    m.check_invariants();
+    m.free_sequence(1);
+    m.free_sequence(2);
+    EXPECT_EQ(m.num_free_blocks(), 16);
+    m.check_invariants();
+  }
+}
+
+TEST(KVCacheManagerPrefix, ExtraKeySeparatesCaches) {
+  KVCacheManager m(cached_config(8, 2));
+  ASSERT_TRUE(m.add_sequence(1, iota_tokens(5), /*extra_key=*/7));
+  auto r = m.add_sequence(2, iota_tokens(5), /*extra_key=*/8);
+  EXPECT_EQ(r->num_computed_tokens, 0);
+  r = m.add_sequence(3, iota_tokens(5), 7);
+  EXPECT_EQ(r->num_computed_tokens, 4);
+  m.check_invariants();
+}
+
+TEST(KVCacheManagerPrefix, DifferentEarlierBlockMeansNoLaterHit) {
+  // Block 2 holds the same tokens in both prompts, but its prefix differs: the chained key
+  // (and the parent check) must not share it.
+  KVCacheManager m(cached_config(8, 2));
+  ASSERT_TRUE(m.add_sequence(1, std::vector<TokenId>{1, 2, 3, 4, 9}));
+  auto r = m.add_sequence(2, std::vector<TokenId>{7, 7, 3, 4, 9});
+  EXPECT_EQ(r->num_computed_tokens, 0);
+  m.check_invariants();
+}
+
+TEST(KVCacheManagerPrefix, AppendTokensKeysBlocksAsTheyFill) {
+  KVCacheManager m(cached_config(8, 2));
+  ASSERT_TRUE(m.add_sequence(1, std::vector<TokenId>{1, 2, 3}));  // blocks 0 (full), 1
+  EXPECT_FALSE(m.allocator().is_cached(1));
+  ASSERT_TRUE(m.append_tokens(1, std::vector<TokenId>{4}));  // block 1 is now full: keyed
+  EXPECT_TRUE(m.allocator().is_cached(1));
+  m.free_sequence(1);
+  EXPECT_EQ(m.stats().cached_blocks, 2);
+  auto r = m.add_sequence(2, std::vector<TokenId>{1, 2, 3, 4, 5});
+  EXPECT_EQ(r->num_computed_tokens, 4);
+  // Tokens appended without ids stop the keying.
+  ASSERT_TRUE(m.append_slots(2, 1));  // position 5 fills block 2 with an unknown token
+  EXPECT_FALSE(m.allocator().is_cached(table_of(m, 2)[2]));
+  m.check_invariants();
+}
+
+TEST(KVCacheManagerPrefix, LruEvictsTailBlocksFirstOnlyWhenNoFreeBlockIsLeft) {
+  KVCacheManager m(
+      {.num_blocks = 4, .block_size = 2, .enable_prefix_caching = true, .enable_events = true});
+  ASSERT_TRUE(m.add_sequence(1, iota_tokens(7)));  // blocks 0,1,2 full+keyed, 3 partial
+  EXPECT_THAT(table_of(m, 1), ElementsAre(0, 1, 2, 3));
+  auto ev = m.take_events();
+  ASSERT_EQ(ev.size(), 3u);
+  EXPECT_EQ(ev[0].kind, KVCacheEvent::Kind::kStored);
+  EXPECT_EQ(ev[0].block, 0);
+  EXPECT_EQ(ev[0].parent_hash, kRootBlockHash);
+  EXPECT_THAT(ev[0].tokens, ElementsAre(1, 2));
+  EXPECT_EQ(ev[1].parent_hash, ev[0].hash);
+  m.free_sequence(1);  // releases 3 (free), then 2, 1, 0 into the LRU in that order
+  EXPECT_THAT(m.allocator().cached_lru(), ElementsAre(2, 1, 0));
+  EXPECT_THAT(m.allocator().free_list(), ElementsAre(3));
+  // A new, unrelated sequence takes the free block first, then evicts the tail block 2.
+  m.add_sequence(9);
+  auto r = m.append_slots(9, 4);
+  ASSERT_TRUE(r);
+  EXPECT_THAT(table_of(m, 9), ElementsAre(3, 2));
+  KVCacheStats st = m.stats();
+  EXPECT_EQ(st.prefix_evictions, 1);
+  EXPECT_EQ(st.cached_blocks, 2);
+  ev = m.take_events();
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].kind, KVCacheEvent::Kind::kEvicted);
+  EXPECT_EQ(ev[0].block, 2);
+  // The head of the prompt is still shareable: blocks 0 and 1 hit, the evicted one does not.
+  m.free_sequence(9);
+  auto again = m.add_sequence(1, iota_tokens(7));
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->num_computed_tokens, 4);
+  EXPECT_EQ(m.block_table(1)[0], 0);
+  EXPECT_EQ(m.block_table(1)[1], 1);
+  EXPECT_EQ(m.stats().prefix_hits, 2);
+  m.check_invariants();
+}
+
+TEST(KVCacheManagerPrefix, ResetPrefixCacheDropsEveryRegistration) {
+  KVCacheManager m(
+      {.num_blocks = 6, .block_size = 2, .enable_prefix_caching = true, .enable_events = true});
+  ASSERT_TRUE(m.add_sequence(1, iota_tokens(4)));
+  ASSERT_TRUE(m.add_sequence(2, iota_tokens(4, 50)));
+  m.free_sequence(2);  // its 2 blocks stay cached
+  (void)m.take_events();
+  EXPECT_EQ(m.stats().cached_blocks, 2);
+  EXPECT_EQ(m.reset_prefix_cache(), 4);
+  const KVCacheStats st = m.stats();
+  EXPECT_EQ(st.cached_blocks, 0);
+  EXPECT_EQ(st.free_blocks, 4);
+  EXPECT_EQ(st.used_blocks, 2);  // sequence 1 keeps its blocks, unshareable now
+  EXPECT_EQ(st.prefix_cached_entries, 0);
+  auto ev = m.take_events();
+  ASSERT_EQ(ev.size(), 4u);
+  for (const auto& e : ev) EXPECT_EQ(e.kind, KVCacheEvent::Kind::kRemoved);
+  auto r = m.add_sequence(3, iota_tokens(5));
+  EXPECT_EQ(r->num_computed_tokens, 0);
+  m.check_invariants();
+  m.free_sequence(1);
+  m.free_sequence(3);
+  m.check_invariants();
+}
+
+TEST(KVCacheManagerPrefix, EventsOffByDefault) {
+  KVCacheManager m(cached_config(4, 2));
+  ASSERT_TRUE(m.add_sequence(1, iota_tokens(4)));
+  EXPECT_THAT(m.take_events(), IsEmpty());
+}
+
+TEST(KVCacheManagerPrefix, HitOnCachedRefZeroBlocksCountsAgainstAdmission) {
+  // 3 blocks, bs 2. Cache a 2-block prefix, free it: both blocks cached, 1 free.
+  KVCacheManager m(cached_config(3, 2));
+  ASSERT_TRUE(m.add_sequence(1, iota_tokens(4)));
+  m.free_sequence(1);
+  EXPECT_EQ(m.num_free_blocks(), 3);
+  // 5 tokens = 3 blocks; the first 2 hit (cached, ref 0), 1 new: fits exactly.
+  EXPECT_EQ(m.can_add_sequence(iota_tokens(5)), Admission::kOk);
+  // 6 tokens = 3 blocks, but only 2 may hit ((6-1)/2 = 2) -> 1 new: fits.
+  EXPECT_EQ(m.can_add_sequence(iota_tokens(6)), Admission::kOk);
+  // 7 tokens = 4 blocks > pool: never.
+  EXPECT_EQ(m.can_add_sequence(iota_tokens(7)), Admission::kNever);
+  auto r = m.add_sequence(2, iota_tokens(5));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->num_computed_tokens, 4);
+  EXPECT_EQ(m.num_free_blocks(), 0);
+  m.check_invariants();
+}
+
+TEST(KVCacheManagerPrefix, PreemptRecomputeHitsItsOwnBlocks) {
+  KVCacheManager m(cached_config(8, 2));
+  ASSERT_TRUE(m.add_sequence(1, iota_tokens(5)));
+  ASSERT_TRUE(m.append_tokens(1, std::vector<TokenId>{6, 7}));
+  PreemptedSequence p = m.preempt(1);
+  EXPECT_EQ(p.seq, 1);
+  EXPECT_EQ(p.num_tokens, 7);
+  EXPECT_THAT(p.tokens, ElementsAre(1, 2, 3, 4, 5, 6, 7));
+  EXPECT_FALSE(m.has_sequence(1));
+  EXPECT_EQ(m.stats().preemptions, 1);
+  auto r = m.add_sequence(1, p.tokens, p.extra_key);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->num_computed_tokens, 6);  // 3 full blocks kept cached
+  m.check_invariants();
+}
+
+}  // namespace
+}  // namespace pagedkv
