@@ -1,0 +1,215 @@
+// SynchronizedKVCacheManager: the forwarding is faithful, and several threads that add, append,
+// fork, free, swap and preempt concurrently leave the pool whole. The stress test is the one
+// scripts/ci-sanitizers.sh runs under ThreadSanitizer (ctest -R SynchronizedKVCacheManager).
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "pagedkv/error.hpp"
+#include "pagedkv/synchronized_manager.hpp"
+
+namespace pagedkv {
+namespace {
+
+TEST(SynchronizedKVCacheManager, ForwardsTheDocExample) {
+  SynchronizedKVCacheManager m({.num_blocks = 8, .block_size = 4});
+  m.add_sequence(7);
+  const auto a = m.append_slots(7, 6);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->slots, (std::vector<Slot>{0, 1, 2, 3, 4, 5}));
+  ASSERT_TRUE(m.append_slots(7, 1).has_value());
+  m.fork(7, 8);
+  const auto b = m.append_slots(8, 1);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->copies, (std::vector<BlockCopy>{{1, 2}}));
+  EXPECT_EQ(b->slots, (std::vector<Slot>{11}));
+  // block_table returns a copy that stays valid after later mutations.
+  const std::vector<BlockId> table = m.block_table(8);
+  m.free_sequence(8);
+  EXPECT_EQ(table, (std::vector<BlockId>{0, 2}));
+  m.free_sequence(7);
+  m.check_invariants();
+  EXPECT_EQ(m.num_free_blocks(), m.num_total_blocks());
+}
+
+TEST(SynchronizedKVCacheManager, ErrorsPropagateAndReleaseTheLock) {
+  SynchronizedKVCacheManager m({.num_blocks = 4, .block_size = 4});
+  EXPECT_THROW(m.free_sequence(42), Error);
+  EXPECT_THROW(m.with_lock([](KVCacheManager& k) { k.fork(1, 2); }), Error);
+  // Had a throw leaked the lock, this would deadlock rather than pass.
+  m.add_sequence(1);
+  EXPECT_EQ(m.num_sequences(), 1);
+}
+
+TEST(SynchronizedKVCacheManager, WithLockReturnsTheCallablesResult) {
+  SynchronizedKVCacheManager m({.num_blocks = 2, .block_size = 4});
+  m.add_sequence(1);
+  // Check-and-act as one critical section: no other thread can take the blocks in between.
+  const auto grow = [](KVCacheManager& k) -> std::optional<AppendResult> {
+    if (!k.can_append(1, 4)) return std::nullopt;
+    return k.append_slots(1, 4);
+  };
+  EXPECT_TRUE(m.with_lock(grow).has_value());
+  EXPECT_TRUE(m.with_lock(grow).has_value());
+  EXPECT_FALSE(m.with_lock(grow).has_value());
+  const SynchronizedKVCacheManager& cm = m;
+  EXPECT_EQ(cm.with_lock([](const KVCacheManager& k) { return k.num_tokens(1); }), 8);
+  const KVCacheManager copy = m.snapshot();
+  EXPECT_EQ(copy.num_tokens(1), 8);
+  EXPECT_EQ(m.config().num_blocks, 2);
+}
+
+/// Per-thread record of one live sequence.
+struct Live {
+  SeqId id;
+  bool swapped;
+};
+
+// Several worker threads run random scheduler traffic on one shared manager; a checker thread
+// validates invariants and stats concurrently. Each worker owns an id range, so it knows its
+// own sequences' states; cross-thread forks (whose parent may be gone or swapped at any moment)
+// are expected to throw sometimes. Prefix caching is on so threads share cached blocks.
+TEST(SynchronizedKVCacheManager, ConcurrentTrafficReturnsEveryBlock) {
+  constexpr int kWorkers = 4;
+  constexpr int kOpsPerWorker = 10000;
+  SynchronizedKVCacheManager m({.num_blocks = 192,
+                                .block_size = 4,
+                                .enable_prefix_caching = true,
+                                .num_host_blocks = 96,
+                                .watermark = 0.05});
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> errors_expected{0};
+  std::atomic<int64_t> successes{0};
+  std::atomic<int64_t> cross_forks{0};
+  // Ids visible to other threads for cross-thread forks (may be stale by the time they are used).
+  std::vector<std::atomic<SeqId>> published(kWorkers);
+  for (auto& p : published) p.store(-2);
+
+  auto worker = [&](int t) {
+    std::mt19937_64 rng(1234 + t);
+    std::vector<Live> live;
+    SeqId next = static_cast<SeqId>(t) * 1'000'000;
+    auto pick = [&]() -> size_t {
+      return std::uniform_int_distribution<size_t>(0, live.size() - 1)(rng);
+    };
+    for (int op = 0; op < kOpsPerWorker; ++op) {
+      const int kind = std::uniform_int_distribution<int>(0, 9)(rng);
+      if (live.empty() || kind == 0) {
+        // Prompts drawn from a few shared prefixes, so threads hit each other's cached blocks.
+        const int len = std::uniform_int_distribution<int>(0, 13)(rng);
+        std::vector<TokenId> prompt(len);
+        const TokenId base = static_cast<TokenId>(rng() % 3) * 100;
+        for (int i = 0; i < len; ++i) prompt[i] = base + i;
+        const SeqId id = next++;
+        if (m.add_sequence(id, prompt).has_value()) {
+          live.push_back({id, false});
+          ++successes;
+        }
+      } else if (kind <= 3) {
+        Live& s = live[pick()];
+        if (s.swapped) continue;
+        const int64_t n = std::uniform_int_distribution<int64_t>(1, 6)(rng);
+        if (rng() % 2) {
+          if (m.append_slots(s.id, n).has_value()) ++successes;
+        } else {
+          std::vector<TokenId> toks(n, static_cast<TokenId>(t));
+          if (m.append_tokens(s.id, toks).has_value()) ++successes;
+        }
+      } else if (kind == 4) {
+        const Live& s = live[pick()];
+        if (s.swapped) continue;
+        const SeqId child = next++;
+        m.fork(s.id, child);
+        live.push_back({child, false});
+        published[t].store(child);
+      } else if (kind == 5) {
+        // Cross-thread fork: the parent may have been freed, preempted or swapped meanwhile.
+        const SeqId parent = published[(t + 1) % kWorkers].load();
+        const SeqId child = next++;
+        try {
+          m.fork(parent, child);
+          live.push_back({child, false});
+          ++cross_forks;
+        } catch (const Error&) {
+          ++errors_expected;
+        }
+      } else if (kind == 6) {
+        const size_t i = pick();
+        m.free_sequence(live[i].id);
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+      } else if (kind == 7) {
+        Live& s = live[pick()];
+        if (s.swapped) {
+          if (m.swap_in(s.id).has_value()) s.swapped = false;
+        } else if (m.swap_out(s.id).has_value()) {
+          s.swapped = true;
+        }
+      } else if (kind == 8) {
+        const size_t i = pick();
+        if (live[i].swapped) continue;
+        const PreemptedSequence p = m.preempt(live[i].id);
+        EXPECT_EQ(p.seq, live[i].id);
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        // Compound operation: admission query and add must see the same state.
+        const SeqId id = next++;
+        const std::vector<TokenId> prompt{1, 2, 3, 4, 5};
+        const bool added = m.with_lock([&](KVCacheManager& k) {
+          if (k.can_add_sequence(prompt) != Admission::kOk) return false;
+          const bool ok = k.add_sequence(id, prompt).has_value();
+          EXPECT_TRUE(ok) << "can_add_sequence said kOk";
+          return ok;
+        });
+        if (added) live.push_back({id, false});
+      }
+    }
+    for (const Live& s : live) m.free_sequence(s.id);
+  };
+
+  std::thread checker([&] {
+    while (!done.load()) {
+      m.check_invariants();
+      const KVCacheStats s = m.stats();
+      EXPECT_EQ(s.free_blocks + s.used_blocks + s.cached_blocks, s.total_blocks);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  std::vector<std::thread> workers;
+  for (int t = 0; t < kWorkers; ++t) workers.emplace_back(worker, t);
+  for (auto& w : workers) w.join();
+  done.store(true);
+  checker.join();
+
+  m.check_invariants();
+  EXPECT_EQ(m.num_sequences(), 0);
+  EXPECT_EQ(m.num_free_blocks(), m.num_total_blocks());
+  const KVCacheStats s = m.stats();
+  EXPECT_EQ(s.used_blocks, 0);
+  EXPECT_EQ(s.host_used_blocks, 0);
+  // The traffic really exercised the contended paths, not just the trivial ones.
+  EXPECT_GT(successes.load(), kWorkers * kOpsPerWorker / 20);
+  EXPECT_GT(s.preemptions, 0);
+  EXPECT_GT(s.swapped_in_blocks, 0);
+  EXPECT_GT(s.prefix_hits, 0);
+  EXPECT_GT(errors_expected.load(), 0);
+  EXPECT_GT(cross_forks.load(), 0);
+  std::printf(
+      "successes %lld, cross-thread forks %lld, expected errors %lld, preemptions %lld, "
+      "swapped in %lld blocks, prefix hits %lld\n",
+      static_cast<long long>(successes.load()), static_cast<long long>(cross_forks.load()),
+      static_cast<long long>(errors_expected.load()), static_cast<long long>(s.preemptions),
+      static_cast<long long>(s.swapped_in_blocks), static_cast<long long>(s.prefix_hits));
+  // Releasing the prefix cache turns every cached block back into a plain free one.
+  m.reset_prefix_cache();
+  EXPECT_EQ(m.stats().free_blocks, m.num_total_blocks());
+}
+
+}  // namespace
+}  // namespace pagedkv
