@@ -17,4 +17,5 @@
 #include "pagedkv/kv_layer_view.hpp"
 #include "pagedkv/prefix_cache.hpp"
 #include "pagedkv/reference.hpp"
+#include "pagedkv/synchronized_manager.hpp"
 #include "pagedkv/types.hpp"
