@@ -1,0 +1,505 @@
+// Tests for include/pagedkv/eviction_policy.hpp and token eviction in the manager: policy rules
+// on hand-worked positions; paged attention under each policy equals the reference attention
+// restricted to the same kept positions (at every position, so both edges of the window are
+// covered); memory stays bounded over 10,000 decode steps; blocks released by one sequence are
+// reused by another and every free block is filled with NaN before each step, so any read of a
+// position outside the kept set shows up as NaN in the output.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <set>
+
+#include "pagedkv/attention.hpp"
+#include "pagedkv/error.hpp"
+#include "pagedkv/eviction_policy.hpp"
+#include "pagedkv/host_kv_cache.hpp"
+#include "pagedkv/kv_cache_manager.hpp"
+#include "pagedkv/reference.hpp"
+
+namespace pagedkv {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::ThrowsMessage;
+
+// ---- policy rules ------------------------------------------------------------------------------
+
+TEST(EvictionPolicy, SlidingWindowRule) {
+  SlidingWindowPolicy p(4);
+  AttentionParams params;
+  p.set_attention_mask(params);
+  EXPECT_EQ(params.window_left, 4);
+  EXPECT_EQ(params.sink_tokens, 0);
+  // Query 9 sees 6..9.
+  EXPECT_FALSE(p.is_visible(5, 9));
+  EXPECT_TRUE(p.is_visible(6, 9));
+  EXPECT_TRUE(p.is_visible(9, 9));
+  EXPECT_FALSE(p.is_visible(10, 9));
+  // Before appending position 9: positions < 6 are never needed again.
+  EXPECT_FALSE(p.is_needed(5, 9));
+  EXPECT_TRUE(p.is_needed(6, 9));
+  EXPECT_THAT([] { SlidingWindowPolicy(0); }, ThrowsMessage<Error>(HasSubstr("got 0")));
+}
+
+TEST(EvictionPolicy, AttentionSinksRule) {
+  AttentionSinksPolicy p(2, 3);
+  AttentionParams params;
+  p.set_attention_mask(params);
+  EXPECT_EQ(params.window_left, 3);
+  EXPECT_EQ(params.sink_tokens, 2);
+  EXPECT_TRUE(p.is_visible(0, 10));
+  EXPECT_TRUE(p.is_visible(1, 10));
+  EXPECT_FALSE(p.is_visible(2, 10));
+  EXPECT_FALSE(p.is_visible(7, 10));
+  EXPECT_TRUE(p.is_visible(8, 10));
+  EXPECT_TRUE(p.is_needed(1, 100));
+  EXPECT_FALSE(p.is_needed(2, 100));
+  EXPECT_THAT([] { AttentionSinksPolicy(0, 3); }, ThrowsMessage<Error>(HasSubstr("sinks")));
+}
+
+TEST(EvictionPolicy, HeavyHitterVictimsHandWorked) {
+  HeavyHitterPolicy p(2, 2);  // budget 4
+  EXPECT_EQ(p.budget(), 4);
+  std::vector<KeptTokenScore> kept{{0, 5.0}, {1, 0.5}, {2, 3.0}, {3, 0.5}, {4, 1.0}};
+  // Appending position 5: recent window = {4, 5}; candidates 0..3; kept 5 + 1 - 4 = 2 evicted:
+  // the two lowest scores (0.5 at 1 and 3, ties by older position first).
+  EXPECT_THAT(p.select_victims(kept, 5, 1), ElementsAre(1, 3));
+  // Within budget: nothing.
+  EXPECT_THAT(p.select_victims(std::span(kept).first(3), 3, 1), IsEmpty());
+  // A prompt longer than the budget (nothing kept yet) evicts nothing: prefill is exact.
+  EXPECT_THAT(p.select_victims({}, 0, 10), IsEmpty());
+  // Only candidates (outside the recent window) can go: a 3-token append with 4 kept tokens
+  // (positions 0..3) leaves positions 4, 5 recent plus 6 new; 3 of the candidates must go.
+  std::vector<KeptTokenScore> four{{0, 1.0}, {1, 2.0}, {2, 3.0}, {3, 4.0}};
+  EXPECT_THAT(p.select_victims(four, 4, 3), ElementsAre(0, 1, 2));
+  EXPECT_THAT([] { HeavyHitterPolicy(0, 1); }, ThrowsMessage<Error>(HasSubstr("recent")));
+  EXPECT_EQ(eviction_kind_name(EvictionKind::kHeavyHitters), "h2o");
+}
+
+TEST(EvictionPolicy, ManagerReleasesWholeBlocksOutsideTheWindow) {
+  // Worked example of SlidingWindowPolicy: W 4, block_size 2.
+  KVCacheManager m({.num_blocks = 8,
+                    .block_size = 2,
+                    .eviction = {.kind = EvictionKind::kSlidingWindow, .window = 4}});
+  m.add_sequence(1);
+  ASSERT_TRUE(m.append_slots(1, 9));  // positions 0..8, blocks 0..4
+  EXPECT_THAT(std::vector<BlockId>(m.block_table(1).begin(), m.block_table(1).end()),
+              ElementsAre(0, 1, 2, 3, 4));
+  // Before position 9: positions < 6 are dead, so logical blocks 0, 1, 2 go.
+  EXPECT_EQ(m.blocks_needed_to_append(1, 1), 0);
+  auto r = m.append_slots(1, 1);
+  ASSERT_TRUE(r);
+  EXPECT_THAT(r->slots, ElementsAre(9));
+  const BlockId no = KVCacheManager::kNoBlock;
+  EXPECT_THAT(std::vector<BlockId>(m.block_table(1).begin(), m.block_table(1).end()),
+              ElementsAre(no, no, no, 3, 4));
+  EXPECT_EQ(m.num_free_blocks(), 6);
+  EXPECT_EQ(m.stats().released_blocks, 3);
+  // The kernel table holds the old ids as placeholders, never -1.
+  std::vector<SeqId> seqs{1};
+  std::vector<int64_t> n{1};
+  BatchMetadata meta = m.batch_metadata(seqs, n);
+  EXPECT_THAT(meta.padded.block_tables, ElementsAre(0, 1, 2, 3, 4));
+  EXPECT_THAT(meta.slot_mapping, ElementsAre(9));
+  KeptTokens kept = m.kept_tokens(seqs);
+  EXPECT_THAT(kept.positions, ElementsAre(6, 7, 8, 9));
+  EXPECT_THAT(kept.slots, ElementsAre(6, 7, 8, 9));
+  m.check_invariants();
+  // A full pool still appends when the release covers the new block.
+  KVCacheManager tight({.num_blocks = 2,
+                        .block_size = 2,
+                        .eviction = {.kind = EvictionKind::kSlidingWindow, .window = 2}});
+  tight.add_sequence(1);
+  ASSERT_TRUE(tight.append_slots(1, 4));
+  EXPECT_EQ(tight.num_free_blocks(), 0);
+  EXPECT_EQ(tight.blocks_needed_to_append(1, 1), 1);
+  EXPECT_TRUE(tight.can_append(1, 1));  // block 0 (positions 0, 1) is released first
+  ASSERT_TRUE(tight.append_slots(1, 1));
+  EXPECT_THAT(std::vector<BlockId>(tight.block_table(1).begin(), tight.block_table(1).end()),
+              ElementsAre(no, 1, 0));
+  tight.check_invariants();
+}
+
+TEST(EvictionPolicy, SinkBlocksAreNeverReleased) {
+  KVCacheManager m({.num_blocks = 16,
+                    .block_size = 2,
+                    .eviction = {.kind = EvictionKind::kAttentionSinks, .window = 2, .sinks = 3}});
+  m.add_sequence(1);
+  ASSERT_TRUE(m.append_slots(1, 12));
+  ASSERT_TRUE(m.append_slots(1, 1));  // before 12: needed = {0,1,2} + {11}
+  const BlockId no = KVCacheManager::kNoBlock;
+  EXPECT_THAT(std::vector<BlockId>(m.block_table(1).begin(), m.block_table(1).end()),
+              ElementsAre(0, 1, no, no, no, 5, 6));
+  std::vector<SeqId> seqs{1};
+  EXPECT_THAT(m.kept_tokens(seqs).positions, ElementsAre(0, 1, 2, 11, 12));
+  m.check_invariants();
+}
+
+// ---- attention over explicit slot lists --------------------------------------------------------
+
+TEST(AttentionOverSlots, MatchesReferenceSubsetAndReportsProbabilities) {
+  const KVCacheConfig geom{
+      .num_layers = 1, .num_blocks = 6, .block_size = 4, .num_kv_heads = 2, .head_dim = 8};
+  HostKVCache cache(geom);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const int64_t tokens = 20;
+  const int64_t row = 2 * 8;
+  std::vector<float> k(tokens * row), v(tokens * row);
+  for (float& x : k) x = u(rng);
+  for (float& x : v) x = u(rng);
+  // Scattered slots: position p lives at slot perm[p].
+  std::vector<Slot> perm(24);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  perm.resize(tokens);
+  cache.write(0, perm, k, v);
+  AttentionParams params{.num_heads = 4, .num_kv_heads = 2, .head_dim = 8};
+  const std::vector<std::vector<int64_t>> sets{{0, 3, 7, 19}, {5}, {}, {1, 2, 3, 4, 5, 6, 7, 8}};
+  std::vector<int32_t> indptr{0};
+  std::vector<Slot> slots;
+  for (const auto& s : sets) {
+    for (int64_t p : s) slots.push_back(perm[p]);
+    indptr.push_back(static_cast<int32_t>(slots.size()));
+  }
+  const int64_t q_row = 4 * 8;
+  std::vector<float> q(sets.size() * q_row), out(q.size()), probs(slots.size());
+  for (float& x : q) x = u(rng);
+  paged_attention_over_slots(params, cache.layer(0), indptr, slots, q, out, probs);
+  for (size_t i = 0; i < sets.size(); ++i) {
+    std::vector<float> ref(q_row);
+    reference_attention_subset(params, std::span(q).subspan(i * q_row, q_row), k, v, tokens,
+                               sets[i], ref);
+    for (int64_t e = 0; e < q_row; ++e) {
+      EXPECT_NEAR(out[i * q_row + e], ref[e], 1e-5) << "row " << i << " elem " << e;
+    }
+    float sum = 0.0f;
+    for (int32_t j = indptr[i]; j < indptr[i + 1]; ++j) sum += probs[j];
+    EXPECT_NEAR(sum, sets[i].empty() ? 0.0f : 4.0f, 1e-5) << "row " << i;
+  }
+  AttentionParams windowed = params;
+  windowed.window_left = 3;
+  EXPECT_THAT([&] { paged_attention_over_slots(windowed, cache.layer(0), indptr, slots, q, out); },
+              ThrowsMessage<Error>(HasSubstr("the slot list is the mask")));
+  std::vector<Slot> bad = slots;
+  bad[0] = 24;
+  EXPECT_THAT([&] { paged_attention_over_slots(params, cache.layer(0), indptr, bad, q, out); },
+              ThrowsMessage<Error>(HasSubstr("slot 24 (entry 0) out of range [0, 24)")));
+}
+
+// ---- end-to-end: decode under each policy vs the reference -------------------------------------
+
+constexpr int32_t kHeads = 4;
+constexpr int32_t kKvHeads = 2;
+constexpr int32_t kHeadDim = 8;
+constexpr int64_t kKvRow = int64_t{kKvHeads} * kHeadDim;
+constexpr int64_t kQRow = int64_t{kHeads} * kHeadDim;
+
+/// Storage + manager + reference for a few sequences. Every step: poison every free block
+/// with NaN (before the append, so fresh blocks hold NaN outside the written slots, and after
+/// it, so blocks it released do too), write random K/V to the slots and to the reference, then
+/// attend.
+class Bench {
+ public:
+  Bench(int32_t num_blocks, int32_t block_size, EvictionPolicyConfig policy, uint32_t seed)
+      : cache_({.num_layers = 1,
+                .num_blocks = num_blocks,
+                .block_size = block_size,
+                .num_kv_heads = kKvHeads,
+                .head_dim = kHeadDim}),
+        ref_(1, kKvHeads, kHeadDim),
+        m_({.num_blocks = num_blocks, .block_size = block_size, .eviction = policy}),
+        rng_(seed) {
+    params_ = {.num_heads = kHeads, .num_kv_heads = kKvHeads, .head_dim = kHeadDim};
+    m_.eviction_policy().set_attention_mask(params_);
+  }
+
+  KVCacheManager& manager() { return m_; }
+
+  void add(SeqId s) {
+    m_.add_sequence(s);
+    ref_.add_sequence(s);
+  }
+
+  void poison_free_blocks() {
+    std::vector<BlockId> free;
+    for (BlockId b = 0; b < m_.num_total_blocks(); ++b) {
+      if (m_.allocator().is_free(b)) free.push_back(b);
+    }
+    cache_.fill_blocks(free, std::nanf(""));
+  }
+
+  /// Appends n tokens to s (random K/V). Returns false when the pool is short.
+  bool append(SeqId s, int64_t n) {
+    poison_free_blocks();
+    auto r = m_.append_slots(s, n);
+    if (!r) return false;
+    poison_free_blocks();  // again: the append may have released blocks
+    for (const BlockCopy& c : r->copies) cache_.copy_blocks(std::span(&c, 1));
+    std::vector<float> k(n * kKvRow), v(n * kKvRow);
+    for (float& x : k) x = u_(rng_);
+    for (float& x : v) x = u_(rng_);
+    cache_.write(0, r->slots, k, v);
+    ref_.append(s, 0, k, v);
+    return true;
+  }
+
+  /// Positional policies: the last n tokens of s attend through batch_metadata with the
+  /// policy's mask (prefill when n > 1); compared with the masked reference. Returns the
+  /// max abs error (NaN if any output is NaN).
+  float check_positional(SeqId s, int64_t n) {
+    std::vector<SeqId> seqs{s};
+    std::vector<int64_t> news{n};
+    BatchMetadata meta = m_.batch_metadata(seqs, news);
+    std::vector<float> q(n * kQRow), out(q.size()), ref(q.size());
+    for (float& x : q) x = u_(rng_);
+    paged_prefill_attention(params_, cache_.layer(0), meta.padded.view(), meta.query_start, q, out);
+    reference_attention(params_, q, ref_.keys(s, 0), ref_.values(s, 0), ref_.num_tokens(s), ref);
+    return max_err(out, ref);
+  }
+
+  /// Heavy hitters: one query over kept_tokens(s) with probabilities fed back as scores;
+  /// compared with reference_attention_subset over the same positions.
+  float check_kept(SeqId s) {
+    std::vector<SeqId> seqs{s};
+    KeptTokens kept = m_.kept_tokens(seqs);
+    std::vector<float> q(kQRow), out(kQRow), ref(kQRow), probs(kept.slots.size());
+    for (float& x : q) x = u_(rng_);
+    paged_attention_over_slots(params_, cache_.layer(0), kept.indptr, kept.slots, q, out, probs);
+    reference_attention_subset(params_, q, ref_.keys(s, 0), ref_.values(s, 0), ref_.num_tokens(s),
+                               kept.positions, ref);
+    m_.accumulate_attention(s, probs);
+    return max_err(out, ref);
+  }
+
+  /// Heavy hitters, prompt: causal attention of every prompt token over the (positional) kept
+  /// list; column sums of the probabilities become the initial scores.
+  void score_prompt(SeqId s) {
+    std::vector<SeqId> seqs{s};
+    KeptTokens kept = m_.kept_tokens(seqs);
+    const int64_t n = static_cast<int64_t>(kept.slots.size());
+    std::vector<int32_t> indptr{0};
+    std::vector<Slot> slots;
+    for (int64_t t = 0; t < n; ++t) {
+      slots.insert(slots.end(), kept.slots.begin(), kept.slots.begin() + t + 1);
+      indptr.push_back(static_cast<int32_t>(slots.size()));
+    }
+    std::vector<float> q(n * kQRow), out(q.size()), probs(slots.size());
+    for (float& x : q) x = u_(rng_);
+    paged_attention_over_slots(params_, cache_.layer(0), indptr, slots, q, out, probs);
+    std::vector<float> column(n, 0.0f);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t j = 0; j <= t; ++j) column[j] += probs[indptr[t] + j];
+    }
+    m_.accumulate_attention(s, column);
+  }
+
+  int32_t live_blocks(SeqId s) const {
+    int32_t n = 0;
+    for (BlockId b : m_.block_table(s)) n += b >= 0 ? 1 : 0;
+    return n;
+  }
+
+ private:
+  static float max_err(std::span<const float> a, std::span<const float> b) {
+    float e = 0.0f;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (std::isnan(a[i])) return std::nanf("");
+      e = std::max(e, std::abs(a[i] - b[i]));
+    }
+    return e;
+  }
+
+  HostKVCache cache_;
+  ContiguousKVCache ref_;
+  KVCacheManager m_;
+  AttentionParams params_;
+  std::mt19937 rng_;
+  std::uniform_real_distribution<float> u_{-1.0f, 1.0f};
+};
+
+struct PositionalCase {
+  const char* name;
+  EvictionPolicyConfig policy;
+  int32_t block_size;
+};
+
+void PrintTo(const PositionalCase& c, std::ostream* os) { *os << c.name; }
+
+class PositionalPolicy : public ::testing::TestWithParam<PositionalCase> {};
+
+// Two sequences decode side by side in a pool too small to keep their whole history, so the
+// blocks one releases are poisoned and reused by the other. Every step of each sequence is
+// checked (both edges of the window pass by at every block offset).
+TEST_P(PositionalPolicy, DecodeMatchesMaskedReferenceWithPoisonedReuse) {
+  const PositionalCase& c = GetParam();
+  const int32_t bs = c.block_size;
+  const int64_t keep = c.policy.window + c.policy.sinks;
+  const int32_t per_seq = static_cast<int32_t>(blocks_for_tokens(c.policy.sinks, bs) +
+                                               blocks_for_tokens(c.policy.window, bs) + 1);
+  Bench bench(2 * per_seq + 1, bs, c.policy, 17);
+  bench.add(1);
+  bench.add(2);
+  // A prompt longer than the window: one masked prefill.
+  const int64_t prompt = keep + bs + 1;
+  ASSERT_TRUE(bench.append(1, prompt));
+  EXPECT_LE(bench.check_positional(1, prompt), 1e-5);
+  std::set<BlockId> released_by_1;
+  bool reused = false;
+  for (int step = 0; step < 12 * bs + 20; ++step) {
+    for (SeqId s : {SeqId{1}, SeqId{2}}) {
+      const auto before = bench.manager().block_table(s);
+      std::vector<BlockId> old(before.begin(), before.end());
+      ASSERT_TRUE(bench.append(s, 1)) << c.name << " step " << step;
+      const auto after = bench.manager().block_table(s);
+      for (size_t j = 0; j < old.size(); ++j) {
+        if (s == 1 && old[j] >= 0 && after[j] < 0) released_by_1.insert(old[j]);
+      }
+      if (s == 2) {
+        for (BlockId b : after) reused |= b >= 0 && released_by_1.contains(b);
+      }
+      const float err = bench.check_positional(s, 1);
+      ASSERT_LE(err, 1e-5) << c.name << " seq " << s << " step " << step << " (NaN = a read "
+                           << "outside the kept set)";
+      EXPECT_LE(bench.live_blocks(s), per_seq);
+      bench.manager().check_invariants();
+    }
+  }
+  EXPECT_TRUE(reused) << "test did not exercise reuse of released blocks";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Edges, PositionalPolicy,
+    ::testing::Values(
+        PositionalCase{"window1_bs4", {.kind = EvictionKind::kSlidingWindow, .window = 1}, 4},
+        PositionalCase{"window3_bs4", {.kind = EvictionKind::kSlidingWindow, .window = 3}, 4},
+        PositionalCase{"window4_bs4", {.kind = EvictionKind::kSlidingWindow, .window = 4}, 4},
+        PositionalCase{"window5_bs4", {.kind = EvictionKind::kSlidingWindow, .window = 5}, 4},
+        PositionalCase{"window9_bs4", {.kind = EvictionKind::kSlidingWindow, .window = 9}, 4},
+        PositionalCase{"window2_bs1", {.kind = EvictionKind::kSlidingWindow, .window = 2}, 1},
+        PositionalCase{"sinks1_window4_bs4",
+                       {.kind = EvictionKind::kAttentionSinks, .window = 4, .sinks = 1},
+                       4},
+        PositionalCase{"sinks4_window3_bs4",
+                       {.kind = EvictionKind::kAttentionSinks, .window = 3, .sinks = 4},
+                       4},
+        PositionalCase{"sinks5_window5_bs4",
+                       {.kind = EvictionKind::kAttentionSinks, .window = 5, .sinks = 5},
+                       4},
+        PositionalCase{"sinks2_window1_bs3",
+                       {.kind = EvictionKind::kAttentionSinks, .window = 1, .sinks = 2},
+                       3}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(EvictionPolicy, SlidingWindowMemoryBoundedOver10000Steps) {
+  const int32_t bs = 4;
+  const EvictionPolicyConfig policy{.kind = EvictionKind::kAttentionSinks, .window = 8, .sinks = 2};
+  const int32_t bound = 1 + 2 + 1;  // sink block + ceil(8 / 4) + 1 partially covered
+  Bench bench(bound, bs, policy, 5);
+  bench.add(1);
+  for (int step = 0; step < 10000; ++step) {
+    ASSERT_TRUE(bench.append(1, 1)) << "step " << step;
+    ASSERT_LE(bench.live_blocks(1), bound) << "step " << step;
+    if (step % 997 == 0 || step == 9999) {
+      ASSERT_LE(bench.check_positional(1, 1), 1e-5) << "step " << step;
+    }
+  }
+  EXPECT_EQ(bench.manager().num_tokens(1), 10000);
+  bench.manager().check_invariants();
+  bench.manager().free_sequence(1);
+  EXPECT_EQ(bench.manager().num_free_blocks(), bound);
+}
+
+TEST(EvictionPolicy, HeavyHittersMatchReferenceSubsetWithPoisonedReuse) {
+  const int32_t bs = 4;
+  const EvictionPolicyConfig policy{.kind = EvictionKind::kHeavyHitters, .recent = 3, .heavy = 4};
+  const int64_t budget = 7;
+  const int32_t per_seq = static_cast<int32_t>(blocks_for_tokens(budget, bs) + 1);
+  // Room for one 13-token prompt (4 blocks) next to the other sequence's bound.
+  Bench bench(2 * per_seq + 2, bs, policy, 23);
+  bench.add(1);
+  bench.add(2);
+  ASSERT_TRUE(bench.append(1, 13));  // prompt longer than the budget: prefill is exact
+  EXPECT_LE(bench.check_positional(1, 13), 1e-5);
+  bench.score_prompt(1);
+  for (int step = 0; step < 200; ++step) {
+    for (SeqId s : {SeqId{1}, SeqId{2}}) {
+      ASSERT_TRUE(bench.append(s, 1)) << "step " << step;
+      const float err = bench.check_kept(s);
+      ASSERT_LE(err, 1e-5) << "seq " << s << " step " << step;
+      std::vector<SeqId> seqs{s};
+      const KeptTokens kept = bench.manager().kept_tokens(seqs);
+      const int64_t t = bench.manager().num_tokens(s);
+      ASSERT_LE(static_cast<int64_t>(kept.positions.size()), budget);
+      // The last `recent` positions are always kept.
+      for (int64_t p = std::max<int64_t>(0, t - 3); p < t; ++p) {
+        ASSERT_TRUE(std::find(kept.positions.begin(), kept.positions.end(), p) !=
+                    kept.positions.end())
+            << "recent position " << p << " evicted at step " << step;
+      }
+      ASSERT_LE(bench.live_blocks(s), per_seq) << "step " << step;
+      bench.manager().check_invariants();
+    }
+  }
+  EXPECT_GT(bench.manager().stats().evicted_tokens, 0);
+  std::vector<SeqId> seqs{1};
+  EXPECT_THAT([&] { (void)bench.manager().batch_metadata(seqs, std::vector<int64_t>{1}); },
+              ThrowsMessage<Error>(HasSubstr("use kept_tokens")));
+}
+
+TEST(EvictionPolicy, HeavyHittersKeepTheTopScoredTokens) {
+  // bs 2, recent 1, heavy 2. Scores are set by hand through accumulate_attention.
+  KVCacheManager m({.num_blocks = 8,
+                    .block_size = 2,
+                    .eviction = {.kind = EvictionKind::kHeavyHitters, .recent = 1, .heavy = 2}});
+  m.add_sequence(1);
+  ASSERT_TRUE(m.append_slots(1, 5));  // positions 0..4 in blocks 0, 1, 2
+  m.accumulate_attention(1, std::vector<float>{0.1f, 0.9f, 0.2f, 0.8f, 0.0f});
+  // Appending position 5 (budget 3): candidates 0..4, keep the top 2 (1 and 3) -> evict 0, 2, 4.
+  auto r = m.append_slots(1, 1);
+  ASSERT_TRUE(r);
+  std::vector<SeqId> seqs{1};
+  KeptTokens kept = m.kept_tokens(seqs);
+  EXPECT_THAT(kept.positions, ElementsAre(1, 3, 5));
+  // Block 2 lost its only token (position 4) and was released; position 5 fills the hole left
+  // by position 0 in block 0 (slot 0).
+  EXPECT_THAT(r->slots, ElementsAre(0));
+  EXPECT_THAT(kept.slots, ElementsAre(1, 3, 0));
+  EXPECT_EQ(m.stats().evicted_tokens, 3);
+  EXPECT_EQ(m.num_free_blocks(), 6);
+  EXPECT_THAT([&] { m.accumulate_attention(1, std::vector<float>{1.0f}); },
+              ThrowsMessage<Error>(HasSubstr("1 weights for 3 kept tokens")));
+  m.check_invariants();
+}
+
+TEST(EvictionPolicy, HeavyHittersMemoryBoundedOver10000Steps) {
+  const int32_t bs = 4;
+  const EvictionPolicyConfig policy{.kind = EvictionKind::kHeavyHitters, .recent = 4, .heavy = 6};
+  const int32_t bound = static_cast<int32_t>(blocks_for_tokens(10, bs) + 1);
+  Bench bench(bound, bs, policy, 29);
+  bench.add(1);
+  for (int step = 0; step < 10000; ++step) {
+    ASSERT_TRUE(bench.append(1, 1)) << "step " << step;
+    ASSERT_LE(bench.live_blocks(1), bound) << "step " << step;
+    if (step % 50 == 0 || step == 9999) {
+      ASSERT_LE(bench.check_kept(1), 1e-5) << "step " << step;
+    } else {
+      // Still feed scores so victims vary; cheaper than the reference check.
+      std::vector<SeqId> seqs{1};
+      const auto kept = bench.manager().kept_tokens(seqs);
+      std::vector<float> w(kept.slots.size());
+      for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>((step * 7 + i * 3) % 5);
+      bench.manager().accumulate_attention(1, w);
+    }
+  }
+  bench.manager().check_invariants();
+  bench.manager().free_sequence(1);
+  EXPECT_EQ(bench.manager().num_free_blocks(), bound);
+}
+
+}  // namespace
+}  // namespace pagedkv
