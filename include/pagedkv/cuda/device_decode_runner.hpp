@@ -1,0 +1,79 @@
+#pragma once
+/// @file device_decode_runner.hpp
+/// Host-driven use of the device cache: the same calls, with host spans, as the CPU path
+/// (HostKVCache::write, pagedkv::paged_decode_attention), so a host-side model loop such as
+/// `pagedkv generate --device cuda` swaps backends without touching device pointers.
+/// Host declarations only; no CUDA headers. Defined only when PAGEDKV_WITH_CUDA is 1.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+
+#include "pagedkv/attention.hpp"
+#include "pagedkv/batch_metadata.hpp"
+#include "pagedkv/cuda/decode_attention.hpp"
+#include "pagedkv/cuda/device.hpp"
+#include "pagedkv/cuda/device_kv_cache.hpp"
+#include "pagedkv/types.hpp"
+
+namespace pagedkv::cuda {
+
+/// Stages host inputs into device buffers it owns (grown on demand, reused across calls),
+/// launches on its stream, copies outputs back, and synchronizes before returning: every call
+/// is synchronous, and its host spans may be reused as soon as it returns.
+/// Not for the hot loop of a server (use the device-pointer launchers and DeviceBatchMetadata
+/// there); right for a CLI, tests and examples. Not internally synchronized.
+class DeviceDecodeRunner {
+ public:
+  /// Errors: throws pagedkv::Error if there is no CUDA device.
+  explicit DeviceDecodeRunner(Stream stream = nullptr);
+
+  /// HostKVCache::write on the device: the K/V of new tokens into their slots of `layer`.
+  /// Shapes: slot_mapping [num_tokens] int64 (negative = padding); k, v [num_tokens,
+  /// num_kv_heads, head_dim] fp32. Errors: throws pagedkv::Error (nothing written) if the layer
+  /// is out of range, a size differs, or a slot is >= num_blocks * block_size.
+  void write(DeviceKVCache& cache, int32_t layer, std::span<const Slot> slot_mapping,
+             std::span<const float> k, std::span<const float> v);
+
+  /// pagedkv::paged_decode_attention on the device, over layer `layer` of `cache`.
+  /// Shapes: `tables` holds HOST arrays (see BlockTableView); q, out [num_seqs, num_heads,
+  /// head_dim] fp32, host. plan: make_decode_plan() for this batch unless given.
+  /// Errors: throws pagedkv::Error on what the CPU function rejects (params/view mismatch, sizes,
+  /// a context longer than the table, a block id out of range among those in use) and on an
+  /// unsupported (dtype, head_dim, block_size) (supported_configs.hpp).
+  void decode(const AttentionParams& params, const DeviceKVCache& cache, int32_t layer,
+              const BlockTableView& tables, std::span<const float> q, std::span<float> out,
+              std::optional<DecodePlan> plan = std::nullopt);
+
+  /// contiguous_decode_attention with host context lengths, q and out (the cache is on the
+  /// device). Shapes: context_lens [cache.num_seqs]; q, out [cache.num_seqs, num_heads,
+  /// head_dim]. Errors: as decode, plus a context length outside [0, cache.max_len].
+  void decode_contiguous(const AttentionParams& params, const ContiguousKVView& cache,
+                         std::span<const int32_t> context_lens, std::span<const float> q,
+                         std::span<float> out, std::optional<DecodePlan> plan = std::nullopt);
+
+  /// The plan of the last decode call (one-pass before the first).
+  [[nodiscard]] const DecodePlan& last_plan() const { return last_plan_; }
+  [[nodiscard]] Stream stream() const { return stream_; }
+
+ private:
+  // Stages q, sizes out and the workspace, picks the plan; returns the launch settings.
+  DecodeLaunch prepare(const AttentionParams& params, DType dtype, int32_t num_seqs,
+                       int64_t max_context, std::span<const float> q, std::span<float> out,
+                       const std::optional<DecodePlan>& plan);
+  // Copies out back and synchronizes.
+  void finish(std::span<float> out);
+
+  Stream stream_ = nullptr;
+  DecodePlan last_plan_;
+  DeviceBuffer q_;
+  DeviceBuffer out_;
+  DeviceBuffer tables_;
+  DeviceBuffer context_lens_;
+  DeviceBuffer slots_;
+  DeviceBuffer k_;
+  DeviceBuffer v_;
+  DeviceBuffer workspace_;
+};
+
+}  // namespace pagedkv::cuda

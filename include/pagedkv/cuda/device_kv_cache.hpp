@@ -1,0 +1,104 @@
+#pragma once
+/// @file device_kv_cache.hpp
+/// Paged K/V storage in device memory, with a pinned host pool for swapping (preemption).
+/// The device twin of HostKVCache: same KVCacheConfig, layout and dtypes, same arena order.
+/// Host declarations only; no CUDA headers. Defined only when PAGEDKV_WITH_CUDA is 1.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "pagedkv/cuda/cache_ops.hpp"
+#include "pagedkv/cuda/device.hpp"
+#include "pagedkv/host_kv_cache.hpp"
+#include "pagedkv/kv_cache_config.hpp"
+#include "pagedkv/kv_layer_view.hpp"
+#include "pagedkv/types.hpp"
+
+namespace pagedkv::cuda {
+
+/// Device K and V pools for every layer in ONE cudaMalloc arena (zeroed), in HostKVCache's
+/// order: layer 0 K, layer 0 V, layer 1 K, ... Each pool is [num_blocks, ...] per
+/// config.layout, so block b of a pool is pool_block_bytes() contiguous bytes.
+/// Memory: bytes() == kv_cache_bytes(config) on the device, plus
+/// num_host_blocks * block_bytes() of pinned host memory for swapping.
+///
+/// The swap pool holds whole blocks, block-major: host block j is block_bytes() contiguous
+/// bytes, K then V for layer 0, then layer 1, ... -- the byte order of
+/// HostKVCache::block_bytes(), so host_block(j) compares directly with it.
+///
+/// Streams: every operation is asynchronous on the stream it is given, except the
+/// host-mirror functions upload()/download(), which synchronize. Not internally synchronized.
+class DeviceKVCache {
+ public:
+  /// Errors: throws pagedkv::Error if the config is invalid (validate()), num_host_blocks < 0,
+  /// there is no CUDA device (require_device()), or an allocation fails (names the bytes).
+  explicit DeviceKVCache(const KVCacheConfig& config, int32_t num_host_blocks = 0);
+  ~DeviceKVCache();
+  DeviceKVCache(DeviceKVCache&&) noexcept;
+  DeviceKVCache& operator=(DeviceKVCache&&) noexcept;
+  DeviceKVCache(const DeviceKVCache&) = delete;
+  DeviceKVCache& operator=(const DeviceKVCache&) = delete;
+
+  /// View of one layer's device pools, for the kernels. Errors: throws if layer is out of range.
+  [[nodiscard]] KVLayerView layer(int32_t layer) const;
+  [[nodiscard]] const KVCacheConfig& config() const { return config_; }
+  /// Device bytes of the pools: kv_cache_bytes(config()).
+  [[nodiscard]] int64_t bytes() const { return kv_cache_bytes(config_); }
+  /// Bytes of one block in one pool: block_size * num_kv_heads * head_dim * dtype_size.
+  [[nodiscard]] int64_t pool_block_bytes() const { return pool_block_bytes_; }
+  /// Bytes of one block across all layers, K and V: 2 * num_layers * pool_block_bytes().
+  [[nodiscard]] int64_t block_bytes() const { return 2 * config_.num_layers * pool_block_bytes_; }
+  [[nodiscard]] int32_t num_host_blocks() const { return num_host_blocks_; }
+  /// Device array [2 * num_layers] of device pool pointers (K of layer 0, V of layer 0, ...):
+  /// the `pools` argument of copy_blocks().
+  [[nodiscard]] void* const* pool_pointers() const { return pool_ptrs_.as<void* const>(); }
+
+  /// reshape_and_cache into layer `layer`: see cuda::reshape_and_cache. Asynchronous.
+  /// Errors: throws if layer is out of range, plus reshape_and_cache's errors.
+  void write(int32_t layer, const NewKV& input, Stream stream = nullptr);
+
+  /// Copy-on-write copies from a host list (what KVCacheManager::append_slots returns): every
+  /// layer's K and V of src go to dst, in one kernel launch. The list is staged to the device
+  /// through a buffer owned by this cache (stream-ordered: calls on different streams must be
+  /// ordered by the caller). Errors: throws, before anything is copied, if an id is out of
+  /// range, a block is both a source and a destination, or a destination repeats.
+  void copy_blocks(std::span<const BlockCopy> pairs, Stream stream = nullptr);
+
+  /// Swap out (preemption): for each pair, device block `src` (all layers, K and V) is copied
+  /// into host swap block `dst`, batched: one cudaMemcpy2DAsync per pool per run of
+  /// consecutive pairs (src and dst both incrementing), never per token. Asynchronous on
+  /// `stream`: synchronize it before reading host_block().
+  /// Errors: throws, before anything is copied, if src is not in [0, num_blocks), dst not in
+  /// [0, num_host_blocks), or a destination repeats.
+  void swap_out(std::span<const BlockCopy> pairs, Stream stream = nullptr);
+  /// Swap in: host swap block `src` -> device block `dst` (possibly a different id than it was
+  /// swapped out from). Batched like swap_out. Errors: as swap_out with the roles exchanged.
+  void swap_in(std::span<const BlockCopy> pairs, Stream stream = nullptr);
+
+  /// Bytes of host swap block `block` (block_bytes() long). Errors: throws if out of range.
+  [[nodiscard]] std::span<const std::byte> host_block(int32_t block) const;
+
+  /// Copies every pool of `host` to the device (synchronous). The configs must be equal.
+  /// Errors: throws pagedkv::Error naming the first differing field; CUDA errors.
+  void upload(const HostKVCache& host);
+  /// Copies every device pool into `host` (synchronous). Errors: as upload().
+  void download(HostKVCache& host) const;
+  /// Sets every pool byte to 0. Asynchronous.
+  void zero(Stream stream = nullptr);
+
+ private:
+  [[nodiscard]] std::byte* pool(int32_t layer, bool value) const;
+  void swap(std::span<const BlockCopy> pairs, bool out, Stream stream);
+
+  KVCacheConfig config_;
+  int32_t num_host_blocks_ = 0;
+  int64_t pool_block_bytes_ = 0;
+  int64_t pool_bytes_ = 0;
+  DeviceBuffer arena_;
+  DeviceBuffer pool_ptrs_;   // [2 * num_layers] void*
+  DeviceBuffer pair_staging_;  // BlockCopy list for copy_blocks()
+  PinnedHostBuffer host_pool_;
+};
+
+}  // namespace pagedkv::cuda
