@@ -1,0 +1,392 @@
+// `pagedkv generate`: the main job. Runs a Llama model (the seeded random built-in one, or a
+// llama2.c checkpoint + tokenizer) with the paged cache, the contiguous reference cache and no
+// cache, checks that they agree and reports time and memory per mode. docs/cli.md documents the
+// flags and the output.
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli/commands.hpp"
+#include "model/checkpoint.hpp"
+#include "model/generate.hpp"
+#include "model/llama.hpp"
+#include "model/tokenizer.hpp"
+#include "pagedkv/error.hpp"
+
+namespace pagedkv::cli {
+
+namespace {
+
+using model::CacheMode;
+
+/// Seed of the built-in model's weights (the sampling seed is --seed).
+constexpr uint64_t kBuiltinWeightSeed = 20240229;
+/// At most this many prompts from --prompts (each gets a full-length paged pool share).
+constexpr size_t kMaxPrompts = 1024;
+/// Logits are kept for the agreement check while they fit in this many bytes per mode.
+constexpr int64_t kMaxLogitBytes = int64_t{256} << 20;
+/// Largest |logit difference| between two caches fed identical tokens that still counts as
+/// agreement. fp32 with different summation orders differs by ~1e-6 relative; a real cache bug
+/// (a wrong slot, a stale block) moves logits by far more than this.
+constexpr double kLogitTolerance = 1e-3;
+
+struct Options {
+  std::string model_path;
+  std::string tokenizer_path;
+  std::string prompt = "Once upon a time";
+  std::string prompts_path;
+  int32_t steps = 256;
+  float temperature = 0.0f;
+  uint64_t seed = 42;
+  std::string cache = "all";
+  int32_t block_size = 16;
+  bool json = false;
+};
+
+std::vector<std::string> read_prompts(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(fmt::format("prompts file {}: cannot open", path));
+  std::vector<std::string> prompts;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;  // blank lines
+    if (prompts.size() == kMaxPrompts) {
+      throw Error(fmt::format("prompts file {}: more than {} prompts", path, kMaxPrompts));
+    }
+    prompts.push_back(line);
+  }
+  if (in.bad()) throw Error(fmt::format("prompts file {}: read error", path));
+  if (prompts.empty())
+    throw Error(fmt::format("prompts file {}: no prompt (only blank lines)", path));
+  return prompts;
+}
+
+std::string human_bytes(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (int64_t{1} << 30)) return fmt::format("{:.2f} GiB", b / (1 << 30));
+  if (bytes >= (int64_t{1} << 20)) return fmt::format("{:.2f} MiB", b / (1 << 20));
+  if (bytes >= (int64_t{1} << 10)) return fmt::format("{:.1f} KiB", b / (1 << 10));
+  return fmt::format("{} B", bytes);
+}
+
+struct ModeRun {
+  CacheMode mode;
+  model::GenerateResult result;
+};
+
+struct Check {
+  CacheMode mode;  ///< compared against runs[0]
+  model::Agreement agreement;
+  /// Tokens and logits agree, or tokens differ only after logits that agree within the
+  /// tolerance (a near-tie that a different summation order may break the other way).
+  bool ok;
+};
+
+void print_human(const Options& o, const std::string& model_desc, int32_t steps,
+                 const std::vector<std::string>& prompts, const model::Tokenizer& tok,
+                 const std::vector<ModeRun>& runs, const std::vector<Check>& checks) {
+  const CacheMode first = runs.front().mode;
+  fmt::print("model: {}\n", model_desc);
+  fmt::print(
+      "run:   {} prompt{}, {} positions per sequence (prompt included), {}, block size "
+      "{}, fp32 KV\n\n",
+      prompts.size(), prompts.size() == 1 ? "" : "s", steps,
+      o.temperature == 0.0f ? std::string("greedy (temperature 0)")
+                            : fmt::format("temperature {} seed {}", o.temperature, o.seed),
+      o.block_size);
+
+  const auto& seqs = runs.front().result.seqs;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const auto& s = seqs[i];
+    if (seqs.size() > 1) {
+      fmt::print("--- sequence {}: {} prompt tokens, {} generated{}\n", i, s.prompt_ids.size(),
+                 s.num_generated, s.stopped_on_bos ? ", stopped on BOS" : "");
+    }
+    const std::string text = tok.render(s.ids);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    fmt::print("\n");
+  }
+  if (runs.size() > 1) fmt::print("(text of the {} run)\n", model::cache_mode_name(first));
+  fmt::print("\n");
+
+  fmt::print("{:<11}{:>9}{:>10}{:>9}{:>9}{:>11}{:>10}{:>12}{:>14}{:>8}\n", "cache", "TTFT ms",
+             "TPOT mean", "p50", "p99", "total ms", "tokens/s", "KV in use", "max-len resv",
+             "wasted");
+  for (const auto& r : runs) {
+    const auto& st = r.result.stats;
+    const auto tpot = model::summarize(st.tpot_ms);
+    fmt::print("{:<11}{:>9.2f}{:>10.3f}{:>9.3f}{:>9.3f}{:>11.1f}{:>10.1f}{:>12}{:>14}{:>7.1f}%\n",
+               model::cache_mode_name(r.mode), st.ttft_ms, tpot.mean, tpot.p50, tpot.p99,
+               st.total_ms, st.tokens_per_s(), human_bytes(st.kv_bytes_in_use),
+               human_bytes(st.contiguous_reservation_bytes), 100.0 * st.wasted_share());
+  }
+  fmt::print(
+      "(TPOT ms per decode step: one token for every unfinished sequence. KV in use: what "
+      "the cache holds at the end; none keeps nothing between steps. max-len resv: a "
+      "contiguous cache reserving seq_len positions per sequence; wasted: its share not "
+      "holding a token.)\n");
+
+  for (const auto& c : checks) {
+    const auto& g = c.agreement;
+    const std::string diff = g.max_abs_logit_diff < 0
+                                 ? std::string("logits not compared")
+                                 : fmt::format("max |logit diff| {:.3g} over {} positions",
+                                               g.max_abs_logit_diff, g.positions_compared);
+    if (g.same_tokens) {
+      fmt::print("agreement: {} vs {}: same tokens, {}\n", model::cache_mode_name(c.mode),
+                 model::cache_mode_name(first), diff);
+    } else {
+      fmt::print("agreement: {} vs {}: tokens DIFFER (sequence {}, token {}), {}{}\n",
+                 model::cache_mode_name(c.mode), model::cache_mode_name(first), g.diverge_seq,
+                 g.diverge_index, diff,
+                 c.ok ? " (within tolerance before the split: a near-tie)" : "");
+    }
+  }
+
+  const ModeRun* none = nullptr;
+  for (const auto& r : runs) {
+    if (r.mode == CacheMode::kNone) none = &r;
+  }
+  if (none != nullptr && runs.size() > 1) {
+    const auto& ns = none->result.stats;
+    const double none_tpot = model::summarize(ns.tpot_ms).mean;
+    std::string line = "speedup vs none:";
+    for (const auto& r : runs) {
+      if (r.mode == CacheMode::kNone) continue;
+      const auto& st = r.result.stats;
+      const double tpot = model::summarize(st.tpot_ms).mean;
+      line += fmt::format(" {} {:.2f}x total", model::cache_mode_name(r.mode),
+                          st.total_ms > 0 ? ns.total_ms / st.total_ms : 0.0);
+      if (tpot > 0) line += fmt::format(" ({:.2f}x per decode step)", none_tpot / tpot);
+      line += ";";
+    }
+    line.back() = '\n';
+    fmt::print("{}", line);
+  }
+}
+
+void print_json(const Options& o, const model::LlamaConfig& cfg, const std::string& model_src,
+                int32_t steps, const std::vector<std::string>& notices,
+                const std::vector<std::string>& prompts, const model::Tokenizer& tok,
+                const std::vector<ModeRun>& runs, const std::vector<Check>& checks) {
+  using nlohmann::json;
+  json j;
+  j["model"] = {{"source", model_src},
+                {"dim", cfg.dim},
+                {"hidden_dim", cfg.hidden_dim},
+                {"n_layers", cfg.n_layers},
+                {"n_heads", cfg.n_heads},
+                {"n_kv_heads", cfg.n_kv_heads},
+                {"vocab_size", cfg.vocab_size},
+                {"seq_len", cfg.seq_len},
+                {"shared_classifier", cfg.shared_classifier},
+                {"parameters", cfg.num_parameters()}};
+  j["steps"] = steps;
+  j["temperature"] = o.temperature;
+  j["seed"] = o.seed;
+  j["block_size"] = o.block_size;
+  j["kv_dtype"] = "fp32";
+  j["notices"] = notices;
+  json seqs = json::array();
+  const auto& first = runs.front().result.seqs;
+  for (size_t i = 0; i < first.size(); ++i) {
+    const auto& s = first[i];
+    seqs.push_back(
+        {{"prompt", prompts[i]},
+         {"prompt_token_ids", s.prompt_ids},
+         {"generated_ids", std::vector<TokenId>(s.ids.begin() + s.prompt_ids.size(), s.ids.end())},
+         {"positions_run", s.positions_run},
+         {"stopped_on_bos", s.stopped_on_bos},
+         {"text", tok.render(s.ids)}});
+  }
+  j["sequences"] = seqs;
+  j["text_from"] = model::cache_mode_name(runs.front().mode);
+  json modes = json::array();
+  for (const auto& r : runs) {
+    const auto& st = r.result.stats;
+    const auto tpot = model::summarize(st.tpot_ms);
+    modes.push_back({{"cache", model::cache_mode_name(r.mode)},
+                     {"ttft_ms", st.ttft_ms},
+                     {"tpot_ms", {{"mean", tpot.mean}, {"p50", tpot.p50}, {"p99", tpot.p99}}},
+                     {"decode_steps", st.tpot_ms.size()},
+                     {"total_ms", st.total_ms},
+                     {"tokens_generated", st.tokens_generated},
+                     {"tokens_per_s", st.tokens_per_s()},
+                     {"kv_bytes_in_use", st.kv_bytes_in_use},
+                     {"kv_tokens_in_use", st.kv_tokens_in_use},
+                     {"contiguous_reservation_bytes", st.contiguous_reservation_bytes},
+                     {"wasted_share", st.wasted_share()},
+                     {"pool_bytes", st.pool_bytes}});
+  }
+  j["modes"] = modes;
+  json agree = json::array();
+  for (const auto& c : checks) {
+    const auto& g = c.agreement;
+    agree.push_back({{"cache", model::cache_mode_name(c.mode)},
+                     {"versus", model::cache_mode_name(runs.front().mode)},
+                     {"same_tokens", g.same_tokens},
+                     {"diverge_sequence", g.diverge_seq},
+                     {"diverge_index", g.diverge_index},
+                     {"max_abs_logit_diff", g.max_abs_logit_diff},
+                     {"positions_compared", g.positions_compared},
+                     {"ok", c.ok}});
+  }
+  j["agreement"] = agree;
+  json speedup = json::object();
+  for (const auto& none : runs) {
+    if (none.mode != CacheMode::kNone) continue;
+    for (const auto& r : runs) {
+      if (r.mode == CacheMode::kNone || r.result.stats.total_ms <= 0) continue;
+      speedup[std::string(model::cache_mode_name(r.mode))] =
+          none.result.stats.total_ms / r.result.stats.total_ms;
+    }
+  }
+  j["speedup_vs_none_total"] = speedup;
+  // Generated text may hold invalid UTF-8 (byte tokens): replace it rather than throw.
+  const std::string out = j.dump(2, ' ', false, json::error_handler_t::replace);
+  fmt::print("{}\n", out);
+}
+
+void run_generate(const Options& o) {
+  // One BLAS thread unless asked otherwise: see model::set_blas_threads.
+  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) model::set_blas_threads(1);
+  if (o.model_path.empty() != o.tokenizer_path.empty()) {
+    throw Error(o.model_path.empty() ? "--tokenizer needs --model (the vocabulary comes from it)"
+                                     : "--model needs --tokenizer (a llama2.c tokenizer file)");
+  }
+  std::optional<model::LlamaModel> llama;
+  std::optional<model::Tokenizer> tok;
+  std::string model_desc, model_src;
+  if (o.model_path.empty()) {
+    llama.emplace(model::random_weights(model::builtin_config(), kBuiltinWeightSeed));
+    tok.emplace(model::Tokenizer::builtin(llama->config().vocab_size));
+    model_src = "built-in";
+    model_desc = fmt::format("built-in random Llama (weight seed {}, byte-level tokenizer): {}",
+                             kBuiltinWeightSeed, llama->config().describe());
+  } else {
+    llama.emplace(model::load_checkpoint(o.model_path));
+    tok.emplace(model::Tokenizer::load(o.tokenizer_path, llama->config().vocab_size));
+    model_src = o.model_path;
+    model_desc = fmt::format("{} ({} parameters): {}", o.model_path,
+                             llama->config().num_parameters(), llama->config().describe());
+  }
+  const model::LlamaConfig& cfg = llama->config();
+
+  std::vector<std::string> notices;
+  int32_t steps = o.steps;
+  if (steps > cfg.seq_len) {
+    notices.push_back(fmt::format("--steps {} exceeds the model's seq_len {}: capped at {}", steps,
+                                  cfg.seq_len, cfg.seq_len));
+    steps = cfg.seq_len;
+    fmt::print(stderr, "pagedkv generate: notice: {}\n", notices.back());
+  }
+
+  const std::vector<std::string> prompts =
+      o.prompts_path.empty() ? std::vector<std::string>{o.prompt} : read_prompts(o.prompts_path);
+  std::vector<std::vector<TokenId>> ids;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ids.push_back(tok->encode(prompts[i], /*bos=*/true, /*eos=*/false));
+    if (static_cast<int64_t>(ids.back().size()) > steps) {
+      throw Error(
+          fmt::format("prompt {} is {} tokens, more than the {} positions to run "
+                      "(--steps counts the prompt; the model's seq_len is {})",
+                      i, ids.back().size(), steps, cfg.seq_len));
+    }
+  }
+
+  std::vector<CacheMode> modes;
+  if (o.cache == "all") {
+    modes = {CacheMode::kPaged, CacheMode::kContiguous, CacheMode::kNone};
+  } else {
+    modes = {*model::parse_cache_mode(o.cache)};  // IsMember validated the name
+  }
+
+  model::GenerateOptions g;
+  g.steps = steps;
+  g.temperature = o.temperature;
+  g.seed = o.seed;
+  g.block_size = o.block_size;
+  const int64_t logit_bytes = static_cast<int64_t>(prompts.size()) * steps * cfg.vocab_size * 4;
+  g.record_logits = modes.size() > 1 && logit_bytes <= kMaxLogitBytes;
+
+  std::vector<ModeRun> runs;
+  for (const CacheMode m : modes) runs.push_back({m, model::generate(*llama, ids, m, g)});
+
+  std::vector<Check> checks;
+  bool all_ok = true;
+  for (size_t i = 1; i < runs.size(); ++i) {
+    Check c{runs[i].mode, model::compare_runs(runs[i].result, runs[0].result), true};
+    const bool logits_ok = c.agreement.max_abs_logit_diff <= kLogitTolerance;
+    c.ok = logits_ok && (c.agreement.same_tokens || c.agreement.max_abs_logit_diff >= 0);
+    all_ok = all_ok && c.ok;
+    checks.push_back(c);
+  }
+
+  if (o.json) {
+    print_json(o, cfg, model_src, steps, notices, prompts, *tok, runs, checks);
+  } else {
+    print_human(o, model_desc, steps, prompts, *tok, runs, checks);
+  }
+  std::fflush(stdout);
+  if (!all_ok) {
+    fmt::print(stderr,
+               "pagedkv generate: internal error: the cache modes disagree beyond the logit "
+               "tolerance {}\n",
+               kLogitTolerance);
+    throw ExitStatus{1};
+  }
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app) {
+  auto opts = std::make_shared<Options>();
+  CLI::App* sub = app.add_subcommand(
+      "generate",
+      "Generate text with a Llama model through the paged KV cache, side by side with the "
+      "contiguous cache and with no cache; report time and memory per mode.");
+  sub->add_option("--model", opts->model_path,
+                  "llama2.c checkpoint (e.g. ../shared/models/stories260K.bin); default: the "
+                  "built-in random model")
+      ->check(CLI::ExistingFile);
+  sub->add_option("--tokenizer", opts->tokenizer_path,
+                  "llama2.c tokenizer for --model (e.g. ../shared/models/tok512.bin)")
+      ->check(CLI::ExistingFile);
+  auto* prompt = sub->add_option("--prompt", opts->prompt, "prompt text")->capture_default_str();
+  sub->add_option("--prompts", opts->prompts_path,
+                  "file with one prompt per line (blank lines skipped), generated together as "
+                  "one batch")
+      ->check(CLI::ExistingFile)
+      ->excludes(prompt);
+  sub->add_option("--steps", opts->steps,
+                  "positions per sequence, prompt included (capped at the model's seq_len)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 24));
+  sub->add_option("--temperature", opts->temperature, "0 = greedy argmax; > 0 samples")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0f, 1e6f));
+  sub->add_option("--seed", opts->seed, "sampling seed (used when temperature > 0)")
+      ->capture_default_str();
+  sub->add_option("--cache", opts->cache,
+                  "KV cache: paged, contiguous, none, or all (run each, check agreement)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"paged", "contiguous", "none", "all"}));
+  sub->add_option("--block-size", opts->block_size, "tokens per KV block (paged mode)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  sub->add_flag("--json", opts->json, "print one JSON object instead of text and tables");
+  sub->callback([opts] { run_generate(*opts); });
+}
+
+}  // namespace pagedkv::cli

@@ -1,0 +1,269 @@
+// `pagedkv memory`: KV-cache bytes per token and their growth with context length for a model
+// preset (or explicit --layers/--kv-heads/--head-dim/--dtype), from the formula
+//   bytes = 2 x L x B x T x H_kv x D x sizeof(dtype)   (Kwon et al., SOSP 2023);
+// then a real tiny model runs through the contiguous and the paged cache step by step and the
+// bytes each holds are printed next to the formula: contiguous must equal it, paged must equal
+// it rounded up to whole blocks. Table, --csv, --svg. docs/memory.md explains the output.
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli/commands.hpp"
+#include "model/checkpoint.hpp"
+#include "model/llama.hpp"
+#include "model/tokenizer.hpp"
+#include "pagedkv/error.hpp"
+#include "sim/memory_growth.hpp"
+#include "sim/model_memory.hpp"
+#include "sim/model_preset.hpp"
+#include "sim/svg.hpp"
+#include "sim/units.hpp"
+
+namespace pagedkv::cli {
+
+namespace {
+
+/// Weight seed of the built-in model (any seed gives the same memory figures; this is the one
+/// `pagedkv generate` uses, so the two commands run the same model).
+constexpr uint64_t kBuiltinWeightSeed = 20240229;
+/// Measured run prompt: BOS then the byte tokens of this text (ids 3 + byte exist in both the
+/// llama2.c and the built-in vocabularies). 17 tokens, so the prefill already crosses a
+/// 16-token block boundary.
+constexpr std::string_view kPromptText = "Once upon a time";
+
+struct Options {
+  std::string preset = "llama-3-8b";
+  std::optional<int32_t> layers, kv_heads, head_dim;
+  std::optional<std::string> dtype;
+  std::optional<int64_t> max_context, sliding_window;
+  int64_t batch = 1;
+  int32_t block_size = 16;
+  std::string kv_memory;
+  std::string model_path;
+  int64_t measure_tokens = 0;
+  bool no_measure = false;
+  bool csv = false;
+  std::string svg_path;
+};
+
+std::string mib(int64_t bytes) { return sim::format_bytes(static_cast<double>(bytes)); }
+
+/// Rows of the measured table worth reading: the prefill, both sides of the first block
+/// boundaries, powers of two, and the last step (the CSV has every step).
+bool interesting(const sim::MeasuredStep& m, int32_t bs, bool last) {
+  const int64_t t = m.tokens;
+  const bool pow2 = (t & (t - 1)) == 0;
+  const bool boundary = t <= 4 * static_cast<int64_t>(bs) && (t % bs == 0 || t % bs == 1);
+  return m.step == 0 || last || pow2 || boundary;
+}
+
+void run_memory(const Options& o) {
+  sim::ModelOverrides ov;
+  ov.num_layers = o.layers;
+  ov.num_kv_heads = o.kv_heads;
+  ov.head_dim = o.head_dim;
+  if (o.dtype) ov.dtype = parse_dtype(*o.dtype);
+  ov.max_context = o.max_context;
+  ov.sliding_window = o.sliding_window;
+  const sim::ModelPreset model = sim::apply_overrides(sim::find_preset(o.preset), ov);
+  const int64_t budget = o.kv_memory.empty() ? 0 : sim::parse_bytes(o.kv_memory);
+  const std::vector<int64_t> lengths = sim::growth_lengths(model.max_context);
+  const std::vector<sim::GrowthRow> rows =
+      sim::growth_table(model, o.batch, o.block_size, lengths, budget);
+
+  // The measured run.
+  std::vector<sim::MeasuredStep> measured;
+  std::string measured_desc;
+  if (!o.no_measure) {
+    std::optional<model::LlamaModel> llama;
+    if (o.model_path.empty()) {
+      llama.emplace(model::random_weights(model::builtin_config(), kBuiltinWeightSeed));
+      measured_desc = fmt::format("built-in model ({})", llama->config().describe());
+    } else {
+      llama.emplace(model::load_checkpoint(o.model_path));
+      measured_desc = fmt::format("{} ({})", std::filesystem::path(o.model_path).filename().string(),
+                                  llama->config().describe());
+    }
+    std::vector<TokenId> prompt = {model::kBos};
+    for (char c : kPromptText) prompt.push_back(3 + static_cast<unsigned char>(c));
+    const int64_t positions = o.measure_tokens > 0 ? o.measure_tokens : llama->config().seq_len;
+    if (positions > llama->config().seq_len || positions < static_cast<int64_t>(prompt.size())) {
+      throw Error(fmt::format("--measure-tokens {} must be in [{}, the model's seq_len {}]",
+                              positions, prompt.size(), llama->config().seq_len));
+    }
+    measured = sim::measure_model_growth(*llama, prompt, positions, o.block_size);
+  }
+  int64_t contiguous_bad = 0, paged_bad = 0;
+  for (const sim::MeasuredStep& m : measured) {
+    contiguous_bad += m.contiguous_bytes != m.formula_bytes;
+    paged_bad += m.paged_bytes != m.paged_expected_bytes;
+  }
+
+  if (o.csv) {
+    fmt::print(
+        "table,step,tokens,formula_bytes,window_bytes,paged_bytes,contiguous_max_bytes,"
+        "paged_fit,contiguous_fit,contiguous_measured_bytes,paged_measured_bytes\n");
+    for (const sim::GrowthRow& r : rows) {
+      fmt::print("growth,,{},{},{},{},{},{},{},,\n", r.tokens, r.formula_bytes, r.window_bytes,
+                 r.paged_bytes, r.contiguous_max_bytes, r.paged_fit, r.contiguous_fit);
+    }
+    for (const sim::MeasuredStep& m : measured) {
+      fmt::print("measured,{},{},{},,{},,,,{},{}\n", m.step, m.tokens, m.formula_bytes,
+                 m.paged_expected_bytes, m.contiguous_bytes, m.paged_bytes);
+    }
+  } else {
+    fmt::print("model: {} - {} layers, {} kv heads, head_dim {}, {}, max context {}{}\n",
+               model.display, model.num_layers, model.num_kv_heads, model.head_dim,
+               dtype_name(model.dtype), model.max_context,
+               model.sliding_window > 0 ? fmt::format(", sliding window {}", model.sliding_window)
+                                        : std::string());
+    fmt::print("source: {}\n", model.source);
+    const int64_t per_token = sim::kv_bytes_per_token(model);
+    fmt::print(
+        "KV bytes per token = 2 x L x H_kv x D x sizeof(dtype) = 2 x {} x {} x {} x {} = "
+        "{} bytes ({})\n",
+        model.num_layers, model.num_kv_heads, model.head_dim, dtype_size(model.dtype), per_token,
+        mib(per_token));
+    fmt::print(
+        "formula: bytes = 2 (K and V) x L x B x T x H_kv x D x sizeof(dtype) "
+        "(Kwon et al., \"Efficient Memory Management for Large Language Model Serving "
+        "with PagedAttention\", SOSP 2023)\n\n");
+    fmt::print(
+        "Growth for B = {} sequence(s); paged = whole {}-token blocks; contiguous-max = "
+        "{} positions reserved per sequence{}\n\n",
+        o.batch, o.block_size, model.max_context,
+        budget > 0 ? fmt::format("; fits = sequences in {}", mib(budget)) : std::string());
+    fmt::print("| tokens | formula | paged bs={} | contiguous-max |{}{}\n", o.block_size,
+               model.sliding_window > 0 ? " window |" : "",
+               budget > 0 ? " fits paged | fits contiguous-max |" : "");
+    fmt::print("| ---: | ---: | ---: | ---: |{}{}\n", model.sliding_window > 0 ? " ---: |" : "",
+               budget > 0 ? " ---: | ---: |" : "");
+    for (const sim::GrowthRow& r : rows) {
+      fmt::print("| {} | {} | {} | {} |", r.tokens, mib(r.formula_bytes), mib(r.paged_bytes),
+                 mib(r.contiguous_max_bytes));
+      if (model.sliding_window > 0) fmt::print(" {} |", mib(r.window_bytes));
+      if (budget > 0) fmt::print(" {} | {} |", r.paged_fit, r.contiguous_fit);
+      fmt::print("\n");
+    }
+    if (!measured.empty()) {
+      fmt::print(
+          "\nMeasured: {}; prompt of {} tokens prefilled in one step, then greedy decode; "
+          "fp32 caches, paged block size {} (every step in --csv)\n\n",
+          measured_desc, measured.front().tokens, o.block_size);
+      fmt::print(
+          "| step | tokens | formula | contiguous measured | paged measured | formula "
+          "rounded up to blocks |\n| ---: | ---: | ---: | ---: | ---: | ---: |\n");
+      for (size_t i = 0; i < measured.size(); ++i) {
+        const sim::MeasuredStep& m = measured[i];
+        if (!interesting(m, o.block_size, i + 1 == measured.size())) continue;
+        fmt::print("| {} | {} | {} | {} | {} | {} |\n", m.step, m.tokens, m.formula_bytes,
+                   m.contiguous_bytes, m.paged_bytes, m.paged_expected_bytes);
+      }
+      fmt::print(
+          "\ncheck: contiguous == formula at {}/{} steps; paged == formula rounded up to "
+          "{}-token blocks at {}/{} steps\n",
+          measured.size() - contiguous_bad, measured.size(), o.block_size,
+          measured.size() - paged_bad, measured.size());
+    }
+  }
+
+  if (!o.svg_path.empty()) {
+    std::vector<sim::SvgPanel> panels;
+    sim::SvgPanel growth{
+        fmt::format("{}: KV cache bytes for B = {} vs context length", model.display, o.batch),
+        "tokens per sequence",
+        "KV cache (MiB)",
+        {},
+        true,
+        0.0};
+    sim::SvgSeries formula{"formula (exact)", {}, false, false};
+    sim::SvgSeries paged{fmt::format("paged, {}-token blocks", o.block_size), {}, true, false};
+    sim::SvgSeries cmax{"contiguous-max reservation", {}, true, false};
+    sim::SvgSeries window{"sliding window", {}, false, false};
+    for (const sim::GrowthRow& r : rows) {
+      const double t = static_cast<double>(r.tokens);
+      formula.points.emplace_back(t, static_cast<double>(r.formula_bytes) / (1 << 20));
+      paged.points.emplace_back(t, static_cast<double>(r.paged_bytes) / (1 << 20));
+      cmax.points.emplace_back(t, static_cast<double>(r.contiguous_max_bytes) / (1 << 20));
+      window.points.emplace_back(t, static_cast<double>(r.window_bytes) / (1 << 20));
+    }
+    growth.series = {formula, paged, cmax};
+    if (model.sliding_window > 0) growth.series.push_back(window);
+    panels.push_back(std::move(growth));
+    if (!measured.empty()) {
+      sim::SvgPanel m{
+          "Measured: " + measured_desc, "tokens cached", "KV cache (KiB)", {}, true, 0.0};
+      sim::SvgSeries f{"formula", {}, true, false};
+      sim::SvgSeries c{"contiguous, measured", {}, false, false};
+      sim::SvgSeries p{fmt::format("paged bs={}, measured", o.block_size), {}, false, false};
+      for (const sim::MeasuredStep& s : measured) {
+        const double t = static_cast<double>(s.tokens);
+        f.points.emplace_back(t, static_cast<double>(s.formula_bytes) / 1024.0);
+        c.points.emplace_back(t, static_cast<double>(s.contiguous_bytes) / 1024.0);
+        p.points.emplace_back(t, static_cast<double>(s.paged_bytes) / 1024.0);
+      }
+      m.series = {c, p, f};
+      panels.push_back(std::move(m));
+    }
+    sim::write_text_file(o.svg_path, sim::render_svg(panels));
+    if (!o.csv) fmt::print("plot: {}\n", o.svg_path);
+  }
+  if (contiguous_bad > 0 || paged_bad > 0) {
+    fmt::print(stderr,
+               "pagedkv memory: measured bytes differ from the formula (contiguous at {} steps, "
+               "paged at {} steps)\n",
+               contiguous_bad, paged_bad);
+    throw ExitStatus{1};
+  }
+}
+
+}  // namespace
+
+void add_memory_command(CLI::App& app) {
+  auto opts = std::make_shared<Options>();
+  CLI::App* sub = app.add_subcommand(
+      "memory",
+      "KV-cache bytes per token and growth with context length for a model preset, and the "
+      "bytes a real tiny model's contiguous and paged caches hold step by step vs the formula.");
+  sub->add_option("--preset", opts->preset, "model preset: " + sim::preset_names())
+      ->capture_default_str();
+  sub->add_option("--layers", opts->layers, "override: transformer layers L")
+      ->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--kv-heads", opts->kv_heads, "override: K/V heads H_kv")
+      ->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--head-dim", opts->head_dim, "override: head dimension D")
+      ->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--dtype", opts->dtype, "override: KV dtype (fp32, fp16, bf16)");
+  sub->add_option("--max-context", opts->max_context, "override: max positions per sequence")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 32));
+  sub->add_option("--sliding-window", opts->sliding_window,
+                  "override: attention window in tokens (0 = full attention)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 32));
+  sub->add_option("--batch", opts->batch, "sequences B in the growth table")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  sub->add_option("--block-size", opts->block_size, "tokens per KV block (paged)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--kv-memory", opts->kv_memory,
+                  "KV budget (e.g. 40GiB): adds how many sequences of each length fit");
+  sub->add_option("--model", opts->model_path,
+                  "llama2.c checkpoint for the measured run (e.g. "
+                  "../shared/models/stories260K.bin); default: the built-in model")
+      ->check(CLI::ExistingFile);
+  sub->add_option("--measure-tokens", opts->measure_tokens,
+                  "positions of the measured run (default: the model's seq_len)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  sub->add_flag("--no-measure", opts->no_measure, "skip the measured model run");
+  sub->add_flag("--csv", opts->csv,
+                "print one CSV (growth rows and every measured step) instead of tables");
+  sub->add_option("--svg", opts->svg_path, "write the growth and measured plots to this SVG");
+  sub->callback([opts] { run_memory(*opts); });
+}
+
+}  // namespace pagedkv::cli

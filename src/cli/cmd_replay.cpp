@@ -1,0 +1,213 @@
+// `pagedkv replay`: replays a production request trace (Azure CSV or Mooncake JSONL) through the
+// continuous-batching simulation on the real KVCacheManager, for every memory strategy side by
+// side under one KV budget, and reports utilization, concurrency, preemptions, throughput and
+// queueing delay (table, --json, SVG). docs/memory.md explains the output.
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli/commands.hpp"
+#include "pagedkv/error.hpp"
+#include "sim/model_preset.hpp"
+#include "sim/replay.hpp"
+#include "sim/report.hpp"
+#include "sim/svg.hpp"
+#include "sim/trace.hpp"
+#include "sim/units.hpp"
+
+namespace pagedkv::cli {
+
+namespace {
+
+struct Options {
+  std::string trace_path;
+  std::string preset = "llama-3-8b";
+  std::optional<int32_t> layers, kv_heads, head_dim;
+  std::optional<std::string> dtype;
+  std::optional<int64_t> max_context;
+  std::string kv_memory = "40GiB";
+  std::vector<std::string> strategies;
+  double step_ms = 25.0;
+  int64_t max_batch_tokens = 8192;
+  int32_t max_seqs = 256;
+  double watermark = 0.01;
+  int64_t limit = 0;
+  bool strict = false;
+  bool json = false;
+  std::string svg_path;
+  bool no_progress = false;
+};
+
+/// Progress on stderr, only when stderr is a terminal (logs and pipes stay clean).
+class ProgressBar {
+ public:
+  explicit ProgressBar(bool enabled) : enabled_(enabled && isatty(STDERR_FILENO) != 0) {}
+  sim::ProgressFn callback(std::string label) {
+    if (!enabled_) return {};
+    return [this, label = std::move(label)](int64_t done, int64_t total) {
+      constexpr int kWidth = 30;
+      const double f = total > 0 ? static_cast<double>(done) / static_cast<double>(total) : 1.0;
+      const int filled = static_cast<int>(f * kWidth);
+      fmt::print(stderr, "\r{:<18} [{}{}] {:5.1f}% ({}/{})", label, std::string(filled, '#'),
+                 std::string(kWidth - filled, '.'), 100.0 * f, done, total);
+      std::fflush(stderr);
+      drawn_ = true;
+    };
+  }
+  void clear() {
+    if (drawn_) fmt::print(stderr, "\r{:80}\r", "");
+    drawn_ = false;
+  }
+
+ private:
+  bool enabled_;
+  bool drawn_ = false;
+};
+
+void run_replay(const Options& o) {
+  sim::ModelOverrides ov;
+  ov.num_layers = o.layers;
+  ov.num_kv_heads = o.kv_heads;
+  ov.head_dim = o.head_dim;
+  if (o.dtype) ov.dtype = parse_dtype(*o.dtype);
+  ov.max_context = o.max_context;
+  const sim::ModelPreset model = sim::apply_overrides(sim::find_preset(o.preset), ov);
+
+  sim::ReplayConfig config;
+  config.kv_memory_bytes = sim::parse_bytes(o.kv_memory);
+  config.kv_bytes_per_token = sim::kv_bytes_per_token(model);
+  config.max_context = model.max_context;
+  config.step_ms = o.step_ms;
+  config.max_batch_tokens = o.max_batch_tokens;
+  config.max_seqs = o.max_seqs;
+  config.watermark = o.watermark;
+  sim::validate(config);
+
+  std::vector<sim::Strategy> strategies;
+  if (o.strategies.empty()) {
+    strategies = sim::default_strategies();
+  } else {
+    for (const std::string& s : o.strategies) strategies.push_back(sim::parse_strategy(s));
+  }
+
+  sim::Trace trace = sim::read_trace(o.trace_path, {.strict = o.strict});
+  for (const std::string& w : trace.warnings)
+    fmt::print(stderr, "pagedkv replay: warning: {}\n", w);
+  for (const sim::TraceProblem& p : trace.problems) {
+    fmt::print(stderr, "pagedkv replay: skipped {}\n", p.message);
+  }
+  if (trace.rows_skipped > static_cast<int64_t>(trace.problems.size())) {
+    fmt::print(stderr, "pagedkv replay: ... and {} more skipped rows\n",
+               trace.rows_skipped - static_cast<int64_t>(trace.problems.size()));
+  }
+  if (o.limit > 0 && static_cast<int64_t>(trace.requests.size()) > o.limit) {
+    trace.requests.resize(static_cast<size_t>(o.limit));
+  }
+  if (trace.requests.empty()) {
+    throw Error(fmt::format("trace '{}' has no valid request ({} rows read, {} skipped)",
+                            o.trace_path, trace.rows_read, trace.rows_skipped));
+  }
+
+  ProgressBar bar(!o.no_progress && !o.json);
+  std::vector<sim::ReplayResult> results;
+  for (const sim::Strategy& s : strategies) {
+    results.push_back(sim::replay(trace, config, s, bar.callback(s.name())));
+    bar.clear();
+  }
+
+  if (!o.svg_path.empty()) {
+    const std::string title = fmt::format("{} on {}", model.display, o.trace_path);
+    sim::write_text_file(o.svg_path, sim::render_svg(sim::replay_panels(results, title)));
+  }
+  if (o.json) {
+    fmt::print("{}\n", sim::replay_to_json(trace, model, config, results, true).dump(2));
+    return;
+  }
+  fmt::print(
+      "model: {} ({} layers, {} kv heads, head_dim {}, {}): {} per token (2 x L x H_kv x "
+      "D x bytes; Kwon et al., SOSP 2023)\n",
+      model.display, model.num_layers, model.num_kv_heads, model.head_dim, dtype_name(model.dtype),
+      sim::format_bytes(static_cast<double>(config.kv_bytes_per_token)));
+  fmt::print(
+      "KV budget: {} = {} token positions; max context {} tokens; step {} ms, {} tokens/"
+      "step, {} seqs max, watermark {}\n",
+      sim::format_bytes(static_cast<double>(config.kv_memory_bytes)),
+      config.kv_memory_bytes / config.kv_bytes_per_token, config.max_context, config.step_ms,
+      config.max_batch_tokens, config.max_seqs, config.watermark);
+  fmt::print("{}\n", sim::format_trace_summary(trace));
+  if (!results.empty()) {
+    const sim::ReplayResult& r0 = results.front();
+    if (r0.rejected_too_long > 0) {
+      fmt::print(
+          "{} requests have prompt + output > max context {} and are rejected by every "
+          "strategy\n",
+          r0.rejected_too_long, config.max_context);
+    }
+  }
+  fmt::print("\n{}", sim::format_replay_table(results));
+  if (!o.svg_path.empty()) fmt::print("\nplot: {}\n", o.svg_path);
+}
+
+}  // namespace
+
+void add_replay_command(CLI::App& app) {
+  auto opts = std::make_shared<Options>();
+  CLI::App* sub = app.add_subcommand(
+      "replay",
+      "Replay a request trace (Azure LLM inference CSV or Mooncake JSONL) through a "
+      "continuous-batching scheduler simulation on the block manager, comparing contiguous "
+      "reservation with paging (and prefix caching) under one KV memory budget.");
+  sub->add_option("--trace", opts->trace_path,
+                  "trace file: .csv (TIMESTAMP,ContextTokens,GeneratedTokens) or .jsonl "
+                  "(timestamp, input_length, output_length, hash_ids)")
+      ->required();
+  sub->add_option("--preset", opts->preset, "model preset: " + sim::preset_names())
+      ->capture_default_str();
+  sub->add_option("--layers", opts->layers, "override: transformer layers")
+      ->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--kv-heads", opts->kv_heads, "override: K/V heads")
+      ->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--head-dim", opts->head_dim, "override: head dimension")
+      ->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--dtype", opts->dtype, "override: KV dtype (fp32, fp16, bf16)");
+  sub->add_option("--max-context", opts->max_context,
+                  "override: max positions per request (contiguous-max reserves this many)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 32));
+  sub->add_option("--kv-memory", opts->kv_memory, "KV cache budget, e.g. 40GiB, 80GB, 512MiB")
+      ->capture_default_str();
+  sub->add_option("--strategies", opts->strategies,
+                  "comma-separated subset of contiguous-max, contiguous-exact, paged-<bs>, "
+                  "prefix-<bs> (default: contiguous-max, contiguous-exact, paged-1/8/16/32/128, "
+                  "prefix-16)")
+      ->delimiter(',');
+  sub->add_option("--step-ms", opts->step_ms, "simulated duration of one scheduler step, ms")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-3, 1e6));
+  sub->add_option("--max-batch-tokens", opts->max_batch_tokens,
+                  "tokens (prefill chunks + decodes) per step")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  sub->add_option("--max-seqs", opts->max_seqs, "running requests at most")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--watermark", opts->watermark, "fraction of blocks paged admission keeps free")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.99));
+  sub->add_option("--limit", opts->limit, "replay only the first N requests (0 = all)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_flag("--strict", opts->strict,
+                "fail (exit 2) on the first bad row or unknown column instead of skipping it");
+  sub->add_flag("--json", opts->json, "print one JSON object (with time series) instead of text");
+  sub->add_option("--svg", opts->svg_path,
+                  "write utilization and concurrency over time to this SVG file");
+  sub->add_flag("--no-progress", opts->no_progress, "no progress bar on stderr");
+  sub->callback([opts] { run_replay(*opts); });
+}
+
+}  // namespace pagedkv::cli

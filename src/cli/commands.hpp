@@ -1,0 +1,36 @@
+#pragma once
+/// @file commands.hpp
+/// The subcommands of the `pagedkv` executable. main.cpp builds the CLI::App and calls every
+/// add_*_command below; each registers its options and a callback that does the work.
+///
+/// Contract for a command's callback (main.cpp enforces the exit codes):
+///  - bad input (a flag value, a missing or corrupt file): throw pagedkv::Error with a one-line
+///    message naming the value -> "pagedkv <command>: <message>" on stderr, exit 2;
+///    CLI::ParseError / CLI::ValidationError are reported the same way;
+///  - any other exception is an internal failure: one line on stderr, exit 1;
+///  - a command that wants another exit status throws cli::ExitStatus after printing.
+/// Adding a command: declare add_<name>_command here, define it in src/cli/cmd_<name>.cpp (the
+/// CMakeLists globs cmd_*.cpp), call it from main.cpp.
+
+#include <CLI/CLI.hpp>
+
+namespace pagedkv::cli {
+
+/// Thrown by a command that has already reported its outcome and wants exit status `code`.
+struct ExitStatus {
+  int code;
+};
+
+/// `pagedkv generate`: run a Llama model (built-in or llama2.c files) through the paged,
+/// contiguous and no-cache modes; see docs/cli.md.
+void add_generate_command(CLI::App& app);
+
+/// `pagedkv memory`: KV bytes per token and growth table for a model preset, plus a real tiny
+/// model's measured cache bytes vs the formula; see docs/memory.md.
+void add_memory_command(CLI::App& app);
+
+/// `pagedkv replay`: request-trace replay through the scheduler simulation, contiguous vs paged
+/// vs prefix caching under one KV budget; see docs/memory.md.
+void add_replay_command(CLI::App& app);
+
+}  // namespace pagedkv::cli

@@ -1,0 +1,268 @@
+#include "model/generate.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+#include "model/tokenizer.hpp"
+#include "pagedkv/error.hpp"
+#include "pagedkv/kv_cache_config.hpp"
+
+namespace pagedkv::model {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+/// Token sampler of one sequence. Greedy is argmax with the first maximum winning (as the
+/// reference runtime). With a temperature it is the runtime's multinomial sampler: softmax of
+/// logits / T, then the first index whose cumulative probability exceeds a uniform coin from
+/// its xorshift* generator (Marsaglia 2003; Vigna 2016).
+class Sampler {
+ public:
+  Sampler(uint64_t seed, uint64_t stream) {
+    // splitmix64 of (seed, stream): distinct non-zero xorshift states for every sequence.
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull * (stream + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    state_ = (z ^ (z >> 31)) | 1;
+  }
+
+  TokenId sample(const float* logits, int32_t vocab, float temperature) {
+    if (temperature == 0.0f) {
+      return static_cast<TokenId>(std::max_element(logits, logits + vocab) - logits);
+    }
+    probs_.assign(logits, logits + vocab);
+    const float max = *std::max_element(probs_.begin(), probs_.end());
+    float sum = 0.0f;
+    for (float& p : probs_) {
+      p = std::exp((p - max) / temperature);
+      sum += p;
+    }
+    const float coin = next_f32() * sum;  // scale the coin instead of normalizing
+    float cdf = 0.0f;
+    for (int32_t i = 0; i < vocab; ++i) {
+      cdf += probs_[static_cast<size_t>(i)];
+      if (coin < cdf) return i;
+    }
+    return vocab - 1;  // rounding
+  }
+
+ private:
+  float next_f32() {
+    state_ ^= state_ >> 12;
+    state_ ^= state_ << 25;
+    state_ ^= state_ >> 27;
+    const auto u = static_cast<uint32_t>((state_ * 0x2545F4914F6CDD1Dull) >> 32);
+    return static_cast<float>(u >> 8) / 16777216.0f;
+  }
+  uint64_t state_;
+  std::vector<float> probs_;
+};
+
+}  // namespace
+
+double RunStats::tokens_per_s() const {
+  return total_ms > 0 ? static_cast<double>(tokens_generated) / (total_ms / 1000.0) : 0.0;
+}
+
+double RunStats::wasted_share() const {
+  if (contiguous_reservation_bytes <= 0) return 0.0;
+  return 1.0 -
+         static_cast<double>(kv_bytes_in_use) / static_cast<double>(contiguous_reservation_bytes);
+}
+
+Summary summarize(std::vector<double> values) {
+  Summary s;
+  if (values.empty()) return s;
+  std::sort(values.begin(), values.end());
+  s.mean = std::accumulate(values.begin(), values.end(), 0.0) / static_cast<double>(values.size());
+  auto rank = [&](double q) {
+    // Nearest rank: the smallest value with at least q of the sample at or below it.
+    const auto r = static_cast<size_t>(std::ceil(q * static_cast<double>(values.size())));
+    return values[std::clamp<size_t>(r, 1, values.size()) - 1];
+  };
+  s.p50 = rank(0.50);
+  s.p99 = rank(0.99);
+  return s;
+}
+
+GenerateResult generate(LlamaModel& model, const std::vector<std::vector<TokenId>>& prompts,
+                        CacheMode mode, const GenerateOptions& opt) {
+  const LlamaConfig& c = model.config();
+  if (prompts.empty()) throw Error("generate: no prompt");
+  if (opt.steps < 1) throw Error(fmt::format("generate: steps {} must be >= 1", opt.steps));
+  if (opt.block_size < 1) {
+    throw Error(fmt::format("generate: block size {} must be >= 1", opt.block_size));
+  }
+  if (!(opt.temperature >= 0.0f) || !std::isfinite(opt.temperature)) {
+    throw Error(fmt::format("generate: temperature {} must be finite and >= 0", opt.temperature));
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto& p = prompts[i];
+    if (p.empty()) throw Error(fmt::format("generate: prompt {} has no token", i));
+    if (static_cast<int64_t>(p.size()) > opt.steps) {
+      throw Error(
+          fmt::format("generate: prompt {} has {} tokens, more than the {} positions "
+                      "to run (--steps)",
+                      i, p.size(), opt.steps));
+    }
+    for (const TokenId t : p) {
+      if (t < 0 || t >= c.vocab_size) {
+        throw Error(
+            fmt::format("generate: prompt {} has token id {} outside [0, {})", i, t, c.vocab_size));
+      }
+    }
+  }
+
+  const auto num_seqs = static_cast<int64_t>(prompts.size());
+  const int32_t vocab = c.vocab_size;
+  // Each sequence forwards at most `steps` positions, so this pool never runs out.
+  const int64_t blocks = num_seqs * blocks_for_tokens(opt.steps, opt.block_size);
+  if (blocks > (int64_t{1} << 30)) {
+    throw Error(fmt::format("generate: {} sequences x {} positions need {} blocks, too many",
+                            num_seqs, opt.steps, blocks));
+  }
+  auto backend =
+      make_kv_backend(mode, model.backend_config(opt.block_size, static_cast<int32_t>(blocks)));
+
+  GenerateResult result;
+  RunStats& st = result.stats;
+  st.mode = mode;
+  st.contiguous_reservation_bytes =
+      num_seqs *
+      kv_bytes_for_tokens(c.n_layers, c.n_kv_heads, c.head_size(), DType::kF32, c.seq_len);
+  if (mode != CacheMode::kContiguous) {
+    st.pool_bytes = blocks * kv_bytes_for_tokens(c.n_layers, c.n_kv_heads, c.head_size(),
+                                                 DType::kF32, opt.block_size);
+  }
+
+  result.seqs.resize(static_cast<size_t>(num_seqs));
+  std::vector<Sampler> samplers;
+  std::vector<uint8_t> active(static_cast<size_t>(num_seqs), 1);
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    auto& s = result.seqs[static_cast<size_t>(i)];
+    s.prompt_ids = prompts[static_cast<size_t>(i)];
+    s.ids = s.prompt_ids;
+    samplers.emplace_back(opt.seed, static_cast<uint64_t>(i));
+    backend->add_sequence(i);
+  }
+
+  std::vector<SeqId> seqs;
+  std::vector<int64_t> n_new;
+  std::vector<TokenId> tokens;
+  const auto t_start = Clock::now();
+  for (bool first = true;; first = false) {
+    seqs.clear();
+    n_new.clear();
+    tokens.clear();
+    for (int64_t i = 0; i < num_seqs; ++i) {
+      if (!active[static_cast<size_t>(i)]) continue;
+      const auto& s = result.seqs[static_cast<size_t>(i)];
+      // Cached modes feed what is not cached yet (the prompt, then the last token); none feeds
+      // everything forwarded so far plus the new position.
+      const int64_t from = backend->caches() ? s.positions_run : 0;
+      const int64_t to = first ? static_cast<int64_t>(s.prompt_ids.size()) : s.positions_run + 1;
+      seqs.push_back(i);
+      n_new.push_back(to - from);
+      tokens.insert(tokens.end(), s.ids.begin() + from, s.ids.begin() + to);
+    }
+    if (seqs.empty()) break;
+
+    const auto t_step = Clock::now();
+    // Prompt rows are only needed to record them; later steps have one new position each.
+    const bool all_rows = opt.record_logits && first;
+    const std::span<const float> logits =
+        model.forward(*backend, StepInput{seqs, n_new, tokens}, all_rows);
+
+    int64_t row = -1;
+    for (size_t b = 0; b < seqs.size(); ++b) {
+      auto& s = result.seqs[static_cast<size_t>(seqs[b])];
+      const int64_t new_positions = first ? n_new[b] : 1;
+      row += all_rows ? n_new[b] : 1;
+      const float* last = logits.data() + row * vocab;
+      if (opt.record_logits) {
+        const float* from = all_rows ? last - (new_positions - 1) * vocab : last;
+        s.logits.insert(s.logits.end(), from, last + vocab);
+      }
+      s.positions_run += new_positions;
+      const TokenId next =
+          samplers[static_cast<size_t>(seqs[b])].sample(last, vocab, opt.temperature);
+      if (next == kBos) {
+        s.stopped_on_bos = true;
+        active[static_cast<size_t>(seqs[b])] = 0;
+        continue;
+      }
+      s.ids.push_back(next);
+      ++s.num_generated;
+      ++st.tokens_generated;
+      if (s.positions_run >= opt.steps) active[static_cast<size_t>(seqs[b])] = 0;
+    }
+    const double ms = ms_since(t_step);
+    if (first) {
+      st.ttft_ms = ms;
+    } else {
+      st.tpot_ms.push_back(ms);
+    }
+  }
+  st.total_ms = ms_since(t_start);
+
+  st.kv_bytes_in_use = backend->bytes_in_use();
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    st.kv_tokens_in_use += backend->num_tokens(i);
+    backend->free_sequence(i);
+  }
+  return result;
+}
+
+Agreement compare_runs(const GenerateResult& a, const GenerateResult& b) {
+  Agreement g;
+  if (a.seqs.size() != b.seqs.size()) {
+    g.same_tokens = false;
+    g.diverge_seq = static_cast<int64_t>(std::min(a.seqs.size(), b.seqs.size()));
+    g.diverge_index = 0;
+    return g;
+  }
+  bool logits = true;
+  double max_diff = 0;
+  for (size_t i = 0; i < a.seqs.size(); ++i) {
+    const auto& sa = a.seqs[i];
+    const auto& sb = b.seqs[i];
+    const size_t n = std::min(sa.ids.size(), sb.ids.size());
+    size_t same = 0;  // length of the common prefix of ids
+    while (same < n && sa.ids[same] == sb.ids[same]) ++same;
+    const bool equal =
+        same == sa.ids.size() && same == sb.ids.size() && sa.stopped_on_bos == sb.stopped_on_bos;
+    if (!equal && g.same_tokens) {
+      g.same_tokens = false;
+      g.diverge_seq = static_cast<int64_t>(i);
+      g.diverge_index = static_cast<int64_t>(same);
+    }
+    if (sa.logits.empty() || sb.logits.empty()) {
+      logits = false;
+      continue;
+    }
+    // Row p depends on ids[0..p]: comparable while those agree.
+    const size_t vocab = sa.logits.size() / static_cast<size_t>(sa.positions_run);
+    const auto rows =
+        std::min<int64_t>({static_cast<int64_t>(same), sa.positions_run, sb.positions_run});
+    for (int64_t p = 0; p < rows; ++p) {
+      for (size_t v = 0; v < vocab; ++v) {
+        const size_t at = static_cast<size_t>(p) * vocab + v;
+        max_diff = std::max(max_diff, static_cast<double>(std::abs(sa.logits[at] - sb.logits[at])));
+      }
+    }
+    g.positions_compared += rows;
+  }
+  g.max_abs_logit_diff = logits ? max_diff : -1.0;
+  return g;
+}
+
+}  // namespace pagedkv::model

@@ -1,0 +1,89 @@
+#pragma once
+/// @file generate.hpp
+/// Autoregressive generation for a batch of prompts with one cache mode, with the timings and
+/// memory figures `pagedkv generate` reports, and the cross-mode agreement check.
+///
+/// Counting follows the llama2.c reference runtime (run.c generate()): `steps` is the number of
+/// positions forwarded per sequence, prompt included. Position p's logits predict token p + 1;
+/// for p < prompt_len - 1 that token is forced from the prompt, afterwards it is sampled. A
+/// sequence stops when it samples BOS (id 1, not appended) or after `steps` positions, so it
+/// ends with at most steps + 1 tokens. The prompt is prefilled in one forward pass (all
+/// sequences together), then every unfinished sequence advances one token per decode step.
+
+#include <cstdint>
+#include <vector>
+
+#include "model/kv_backend.hpp"
+#include "model/llama.hpp"
+#include "pagedkv/types.hpp"
+
+namespace pagedkv::model {
+
+struct GenerateOptions {
+  int32_t steps = 256;         ///< positions per sequence, prompt included; >= prompt length
+  float temperature = 0.0f;    ///< 0 = greedy argmax (first maximum); > 0 samples softmax(l / T)
+  uint64_t seed = 42;          ///< sampling seed (sequence i draws from its own stream)
+  int32_t block_size = 16;     ///< paged / none modes, tokens per block
+  bool record_logits = false;  ///< keep the logits of every forwarded position
+};
+
+struct SequenceOutput {
+  std::vector<TokenId> prompt_ids;  ///< as given (normally BOS first)
+  std::vector<TokenId> ids;         ///< prompt then generated tokens (a final BOS is not kept)
+  int64_t positions_run = 0;        ///< positions forwarded (<= steps)
+  int64_t num_generated = 0;        ///< sampled tokens kept: ids.size() - prompt_ids.size()
+  bool stopped_on_bos = false;
+  /// [positions_run, vocab] when GenerateOptions::record_logits; row p = logits at position p.
+  std::vector<float> logits;
+};
+
+/// Timing and memory of one run. Units: ms, bytes, tokens.
+struct RunStats {
+  CacheMode mode = CacheMode::kPaged;
+  double ttft_ms = 0;           ///< the prefill step, first tokens sampled
+  std::vector<double> tpot_ms;  ///< one entry per decode step (one token per active sequence)
+  double total_ms = 0;
+  int64_t tokens_generated = 0;  ///< sampled tokens kept, all sequences
+  int64_t kv_bytes_in_use = 0;   ///< what the cache holds at the end (before freeing)
+  int64_t kv_tokens_in_use = 0;  ///< positions cached at the end, all sequences
+  /// What a contiguous cache reserving seq_len positions per sequence up front would take.
+  int64_t contiguous_reservation_bytes = 0;
+  int64_t pool_bytes = 0;  ///< paged/none: the page pool allocated; contiguous: 0
+
+  [[nodiscard]] double tokens_per_s() const;
+  /// Share of the max-length reservation not holding a token: 1 - kv_bytes_in_use / reservation.
+  [[nodiscard]] double wasted_share() const;
+};
+
+/// mean, p50, p99 (nearest rank) of a sample; zeros when empty.
+struct Summary {
+  double mean = 0, p50 = 0, p99 = 0;
+};
+[[nodiscard]] Summary summarize(std::vector<double> values);
+
+struct GenerateResult {
+  std::vector<SequenceOutput> seqs;
+  RunStats stats;
+};
+
+/// Generates for every prompt, as one batch, with cache `mode`.
+/// Errors: throws pagedkv::Error if prompts is empty, a prompt is empty or longer than steps,
+/// steps < 1, block_size < 1, temperature < 0 or not finite, or a token id is out of range.
+[[nodiscard]] GenerateResult generate(LlamaModel& model,
+                                      const std::vector<std::vector<TokenId>>& prompts,
+                                      CacheMode mode, const GenerateOptions& options);
+
+/// How two runs of the same prompts agree.
+struct Agreement {
+  bool same_tokens = true;  ///< every sequence's ids and stop reason are equal
+  /// First (sequence, index in ids) where they differ; -1 when same_tokens.
+  int64_t diverge_seq = -1;
+  int64_t diverge_index = -1;
+  /// Largest |logit_a - logit_b| over positions both runs forwarded with identical inputs;
+  /// -1 when either run did not record logits.
+  double max_abs_logit_diff = -1;
+  int64_t positions_compared = 0;
+};
+[[nodiscard]] Agreement compare_runs(const GenerateResult& a, const GenerateResult& b);
+
+}  // namespace pagedkv::model

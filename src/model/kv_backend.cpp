@@ -1,0 +1,188 @@
+#include "model/kv_backend.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "pagedkv/error.hpp"
+#include "pagedkv/kv_cache_config.hpp"
+
+namespace pagedkv::model {
+
+namespace {
+
+AttentionParams attention_params(const KVBackendConfig& c) {
+  AttentionParams p;
+  p.num_heads = c.num_heads;
+  p.num_kv_heads = c.num_kv_heads;
+  p.head_dim = c.head_dim;
+  return p;  // scale 0: 1/sqrt(head_dim), as Llama
+}
+
+void check_step(std::span<const SeqId> seqs, std::span<const int64_t> n_new) {
+  if (seqs.size() != n_new.size()) {
+    throw Error(
+        fmt::format("kv backend: {} sequences but {} new-token counts", seqs.size(), n_new.size()));
+  }
+}
+
+class PagedBackend : public KVBackend {
+ public:
+  explicit PagedBackend(const KVBackendConfig& c)
+      : params_(attention_params(c)),
+        manager_(KVCacheManagerConfig{c.num_blocks, c.block_size}),
+        cache_(KVCacheConfig{c.num_layers, c.num_blocks, c.block_size, c.num_kv_heads, c.head_dim,
+                             DType::kF32, KVLayout::kHND}),
+        block_bytes_(kv_bytes_for_tokens(c.num_layers, c.num_kv_heads, c.head_dim, DType::kF32,
+                                         c.block_size)) {}
+
+  CacheMode mode() const override { return CacheMode::kPaged; }
+  void add_sequence(SeqId seq) override { manager_.add_sequence(seq); }
+  void free_sequence(SeqId seq) override { manager_.free_sequence(seq); }
+  int64_t num_tokens(SeqId seq) const override { return manager_.num_tokens(seq); }
+
+  void begin_step(std::span<const SeqId> seqs, std::span<const int64_t> n_new) override {
+    check_step(seqs, n_new);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      auto r = manager_.append_slots(seqs[i], n_new[i]);
+      if (!r) {
+        throw Error(
+            fmt::format("paged KV pool exhausted: sequence {} needs {} more blocks, {} of {} free",
+                        seqs[i], manager_.blocks_needed_to_append(seqs[i], n_new[i]),
+                        manager_.num_free_blocks(), manager_.num_total_blocks()));
+      }
+      // No sequence is forked here, so there is never a shared block to copy; honoring the
+      // contract keeps this correct if one ever is.
+      if (!r->copies.empty()) cache_.copy_blocks(r->copies);
+    }
+    meta_ = manager_.batch_metadata(seqs, n_new);
+    decode_ = std::all_of(n_new.begin(), n_new.end(), [](int64_t n) { return n == 1; });
+  }
+
+  void attend(int32_t layer, std::span<const float> q, std::span<const float> k,
+              std::span<const float> v, std::span<float> out) override {
+    cache_.write(layer, meta_.slot_mapping, k, v);
+    const KVLayerView view = cache_.layer(layer);
+    if (decode_) {
+      paged_decode_attention(params_, view, meta_.padded.view(), q, out);
+    } else {
+      paged_prefill_attention(params_, view, meta_.padded.view(), meta_.query_start, q, out);
+    }
+  }
+
+  int64_t bytes_in_use() const override {
+    const int64_t used = manager_.num_total_blocks() - manager_.num_free_blocks();
+    return used * block_bytes_;
+  }
+
+ protected:
+  AttentionParams params_;
+  KVCacheManager manager_;
+  HostKVCache cache_;
+  int64_t block_bytes_;
+  BatchMetadata meta_;
+  bool decode_ = false;
+};
+
+/// No cache: every step is a full prefill of each sequence's history into a scratch pool that
+/// end_step() empties again, so nothing survives from one step to the next.
+class NoCacheBackend final : public PagedBackend {
+ public:
+  using PagedBackend::PagedBackend;
+  CacheMode mode() const override { return CacheMode::kNone; }
+
+  void begin_step(std::span<const SeqId> seqs, std::span<const int64_t> n_new) override {
+    step_seqs_.assign(seqs.begin(), seqs.end());
+    PagedBackend::begin_step(seqs, n_new);
+  }
+
+  void end_step() override {
+    for (const SeqId s : step_seqs_) {
+      manager_.free_sequence(s);
+      manager_.add_sequence(s);
+    }
+    step_seqs_.clear();
+  }
+
+ private:
+  std::vector<SeqId> step_seqs_;
+};
+
+class ContiguousBackend final : public KVBackend {
+ public:
+  explicit ContiguousBackend(const KVBackendConfig& c)
+      : params_(attention_params(c)), cache_(c.num_layers, c.num_kv_heads, c.head_dim) {}
+
+  CacheMode mode() const override { return CacheMode::kContiguous; }
+  void add_sequence(SeqId seq) override { cache_.add_sequence(seq); }
+  void free_sequence(SeqId seq) override { cache_.free_sequence(seq); }
+  int64_t num_tokens(SeqId seq) const override { return cache_.num_tokens(seq, 0); }
+
+  void begin_step(std::span<const SeqId> seqs, std::span<const int64_t> n_new) override {
+    check_step(seqs, n_new);
+    for (const SeqId s : seqs) {
+      if (!cache_.has_sequence(s)) throw Error(fmt::format("kv backend: unknown sequence {}", s));
+    }
+    seqs_.assign(seqs.begin(), seqs.end());
+    n_new_.assign(n_new.begin(), n_new.end());
+  }
+
+  void attend(int32_t layer, std::span<const float> q, std::span<const float> k,
+              std::span<const float> v, std::span<float> out) override {
+    const size_t q_row = static_cast<size_t>(params_.num_heads) * params_.head_dim;
+    const size_t kv_row = static_cast<size_t>(params_.num_kv_heads) * params_.head_dim;
+    size_t row = 0;
+    for (size_t i = 0; i < seqs_.size(); ++i) {
+      const auto n = static_cast<size_t>(n_new_[i]);
+      cache_.append(seqs_[i], layer, k.subspan(row * kv_row, n * kv_row),
+                    v.subspan(row * kv_row, n * kv_row));
+      reference_attention(params_, q.subspan(row * q_row, n * q_row), cache_.keys(seqs_[i], layer),
+                          cache_.values(seqs_[i], layer), cache_.num_tokens(seqs_[i], layer),
+                          out.subspan(row * q_row, n * q_row));
+      row += n;
+    }
+  }
+
+  int64_t bytes_in_use() const override { return cache_.bytes_in_use(); }
+
+ private:
+  AttentionParams params_;
+  ContiguousKVCache cache_;
+  std::vector<SeqId> seqs_;
+  std::vector<int64_t> n_new_;
+};
+
+}  // namespace
+
+std::string_view cache_mode_name(CacheMode mode) {
+  switch (mode) {
+    case CacheMode::kPaged:
+      return "paged";
+    case CacheMode::kContiguous:
+      return "contiguous";
+    case CacheMode::kNone:
+      return "none";
+  }
+  return "?";
+}
+
+std::optional<CacheMode> parse_cache_mode(std::string_view name) {
+  for (const CacheMode m : {CacheMode::kPaged, CacheMode::kContiguous, CacheMode::kNone}) {
+    if (name == cache_mode_name(m)) return m;
+  }
+  return std::nullopt;
+}
+
+std::unique_ptr<KVBackend> make_kv_backend(CacheMode mode, const KVBackendConfig& config) {
+  switch (mode) {
+    case CacheMode::kPaged:
+      return std::make_unique<PagedBackend>(config);
+    case CacheMode::kContiguous:
+      return std::make_unique<ContiguousBackend>(config);
+    case CacheMode::kNone:
+      return std::make_unique<NoCacheBackend>(config);
+  }
+  throw Error("kv backend: unknown cache mode");
+}
+
+}  // namespace pagedkv::model

@@ -1,0 +1,85 @@
+#pragma once
+/// @file kv_backend.hpp
+/// Where the model's keys and values live and how attention reads them: the three cache modes
+/// of `pagedkv generate`, each built only on pagedkv's public API.
+///
+///  - paged:      KVCacheManager::append_slots -> HostKVCache::write with the slot mapping ->
+///                paged_prefill_attention (a prompt, in one pass) or paged_decode_attention
+///                (one token per sequence);
+///  - contiguous: ContiguousKVCache::append -> reference_attention (the ground truth);
+///  - none:       no cache: the caller feeds every sequence's whole history each step; K/V go
+///                to a scratch pool that is emptied after the step, attention is the same
+///                paged prefill kernel, so none vs paged measures the caching alone.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "pagedkv/attention.hpp"
+#include "pagedkv/host_kv_cache.hpp"
+#include "pagedkv/kv_cache_manager.hpp"
+#include "pagedkv/reference.hpp"
+
+namespace pagedkv::model {
+
+enum class CacheMode : uint8_t { kPaged, kContiguous, kNone };
+
+/// "paged", "contiguous", "none".
+[[nodiscard]] std::string_view cache_mode_name(CacheMode mode);
+/// Inverse of cache_mode_name; empty for anything else.
+[[nodiscard]] std::optional<CacheMode> parse_cache_mode(std::string_view name);
+
+/// Geometry a backend needs from the model.
+struct KVBackendConfig {
+  int32_t num_layers = 1;
+  int32_t num_heads = 1;
+  int32_t num_kv_heads = 1;
+  int32_t head_dim = 2;
+  int32_t block_size = 16;  ///< tokens per block (paged and none)
+  /// Pool size of the paged and none modes, blocks; the caller sizes it for the whole run.
+  int32_t num_blocks = 1;
+};
+
+/// One forward step's attention for a batch of sequences.
+/// Protocol per step: begin_step(seqs, n_new), then attend() once per layer in order, then
+/// end_step(). Sequence i contributes n_new[i] consecutive new tokens, appended after its
+/// cached ones (none mode: after nothing, since it caches nothing between steps).
+class KVBackend {
+ public:
+  virtual ~KVBackend() = default;
+  [[nodiscard]] virtual CacheMode mode() const = 0;
+  /// False for none: the caller must feed each sequence's whole history every step.
+  [[nodiscard]] bool caches() const { return mode() != CacheMode::kNone; }
+
+  /// Errors: throws pagedkv::Error if `seq` exists.
+  virtual void add_sequence(SeqId seq) = 0;
+  /// Errors: throws pagedkv::Error if `seq` is unknown.
+  virtual void free_sequence(SeqId seq) = 0;
+  /// Tokens cached for `seq` (0 for none between steps).
+  [[nodiscard]] virtual int64_t num_tokens(SeqId seq) const = 0;
+
+  /// Reserves room for the new tokens. Errors: throws pagedkv::Error on unknown sequences,
+  /// size mismatches, or when the pool cannot hold them (the caller sized it too small).
+  virtual void begin_step(std::span<const SeqId> seqs, std::span<const int64_t> n_new) = 0;
+
+  /// Stores the new tokens' K/V for `layer` and computes their attention outputs.
+  /// Shapes: q, out [N, num_heads, head_dim]; k, v [N, num_kv_heads, head_dim] fp32, with
+  /// N = sum n_new and rows in batch order (sequence by sequence, positions ascending).
+  virtual void attend(int32_t layer, std::span<const float> q, std::span<const float> k,
+                      std::span<const float> v, std::span<float> out) = 0;
+
+  virtual void end_step() {}
+
+  /// K/V bytes held now (paged: blocks in use x block bytes; contiguous: stored tokens; none:
+  /// 0 between steps). Units: bytes.
+  [[nodiscard]] virtual int64_t bytes_in_use() const = 0;
+};
+
+/// Creates the backend for `mode`. Errors: throws pagedkv::Error on an invalid geometry.
+[[nodiscard]] std::unique_ptr<KVBackend> make_kv_backend(CacheMode mode,
+                                                         const KVBackendConfig& config);
+
+}  // namespace pagedkv::model
