@@ -14,9 +14,15 @@ int64_t bytes(const ModelPreset& p, int64_t tokens) {
 }  // namespace
 
 std::vector<int64_t> growth_lengths(int64_t max_context) {
-  std::vector<int64_t> out = {1};
+  // Powers of two (block-aligned for every power-of-two block size) plus lengths that are not
+  // (17, 100, 1000, ...), where paging's rounding to whole blocks shows.
+  std::vector<int64_t> out = {1, 17};
   for (int64_t t = 16; t < max_context; t *= 2) out.push_back(t);
-  if (max_context > 1) out.push_back(max_context);
+  for (int64_t t = 100; t < max_context; t *= 10) out.push_back(t);
+  out.push_back(max_context);
+  std::erase_if(out, [&](int64_t t) { return t > max_context; });
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
 

@@ -29,8 +29,8 @@ struct GrowthRow {
   int64_t contiguous_fit = 0;
 };
 
-/// Context lengths for a table: 1, then powers of two from 16 up to max_context, and
-/// max_context itself. Precondition: max_context >= 1.
+/// Context lengths for a table, ascending, each <= max_context: 1, 17, powers of two from 16,
+/// powers of ten from 100, and max_context itself. Precondition: max_context >= 1.
 [[nodiscard]] std::vector<int64_t> growth_lengths(int64_t max_context);
 
 /// The growth table of `preset` for `batch` sequences at each of `lengths`.

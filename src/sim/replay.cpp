@@ -158,7 +158,6 @@ class PagedPool final : public Pool {
     r.cached = r.target;
     r.computed = added->num_computed_tokens;
     r.tokens = {};
-    live_ += r.cached;
     waste_ += waste(r.cached);
     return Admit::kOk;
   }
@@ -175,7 +174,6 @@ class PagedPool final : public Pool {
     }
     if (!appended) return false;
     waste_ += waste(r.cached + 1) - waste(r.cached);
-    ++live_;
     return true;
   }
 
@@ -188,7 +186,8 @@ class PagedPool final : public Pool {
     forget(r);
   }
 
-  int64_t live() const override { return live_; }
+  // Physical positions holding a token: a block shared by several requests counts once.
+  int64_t live() const override { return reserved() - waste_; }
   int64_t reserved() const override {
     return static_cast<int64_t>(manager_.allocator().num_used()) * block_size_;
   }
@@ -210,10 +209,7 @@ class PagedPool final : public Pool {
   int64_t waste(int64_t tokens) const {
     return blocks_for_tokens(tokens, block_size_) * block_size_ - tokens;
   }
-  void forget(Active& r) {
-    live_ -= r.cached;
-    waste_ -= waste(r.cached);
-  }
+  void forget(Active& r) { waste_ -= waste(r.cached); }
 
   const Trace& trace_;
   int32_t vocab_size_;
@@ -221,8 +217,7 @@ class PagedPool final : public Pool {
   bool prefix_;
   KVCacheManager manager_;
   std::vector<TokenId> zeros_;
-  int64_t live_ = 0;
-  int64_t waste_ = 0;
+  int64_t waste_ = 0;  // sum over running requests of waste(cached)
 };
 
 // ---- metrics -----------------------------------------------------------------------------------
@@ -318,6 +313,9 @@ class Accumulator {
 
   void sample(int64_t step, int64_t count, int64_t running, int64_t waiting, int64_t live,
               int64_t reserved) {
+    PAGEDKV_CHECK(0 <= live && live <= reserved,
+                  "replay: internal error at step {}: {} live positions but {} reserved", step, live,
+                  reserved);
     const bool has_util = reserved > 0;
     const double util = has_util ? static_cast<double>(live) / static_cast<double>(reserved) : 0;
     if (has_util) {

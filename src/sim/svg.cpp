@@ -35,6 +35,12 @@ std::string escape(const std::string& s) {
   return out;
 }
 
+/// `s` cut to at most `max_chars` characters, ending in "..." when cut (ASCII text assumed).
+std::string shorten(const std::string& s, size_t max_chars) {
+  if (s.size() <= max_chars || max_chars < 4) return s;
+  return s.substr(0, max_chars - 3) + "...";
+}
+
 /// Tick step of about `target` intervals over `span`: 1, 2 or 5 times a power of ten.
 double nice_step(double span, int target) {
   if (!(span > 0)) return 1.0;
@@ -56,7 +62,7 @@ std::string tick_label(double v, double step) {
 }
 
 void render_panel(std::string& out, const SvgPanel& p, int width, int top, int height) {
-  const double left = 70, right = 190, pad_top = 30, pad_bottom = 45;
+  const double left = 70, right = 250, pad_top = 30, pad_bottom = 45;
   const double x0 = left, x1 = width - right, y0 = top + height - pad_bottom, y1 = top + pad_top;
 
   double xmin = std::numeric_limits<double>::infinity(), xmax = -xmin;
@@ -71,7 +77,10 @@ void render_panel(std::string& out, const SvgPanel& p, int width, int top, int h
     }
   }
   if (!std::isfinite(xmin)) xmin = 0, xmax = 1, ymin = 0, ymax = 1;
-  if (p.y_from_zero) ymin = std::min(ymin, 0.0);
+  if (p.y_from_zero) {
+    ymin = std::min(ymin, 0.0);
+    xmin = std::min(xmin, 0.0);
+  }
   if (p.y_max > 0) ymax = p.y_max;
   if (xmax <= xmin) xmax = xmin + 1;
   if (ymax <= ymin) ymax = ymin + 1;
@@ -84,7 +93,8 @@ void render_panel(std::string& out, const SvgPanel& p, int width, int top, int h
 
   out += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"15\" font-weight=\"bold\">{}"
                      "</text>\n",
-                     x0, top + 20.0, escape(p.title));
+                     x0, top + 20.0,
+                     escape(shorten(p.title, static_cast<size_t>((width - x0) / 8.5))));
   // Grid and ticks.
   for (double y = ymin; y <= ymax + ystep * 1e-6; y += ystep) {
     out += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" "
@@ -146,7 +156,7 @@ void render_panel(std::string& out, const SvgPanel& p, int width, int top, int h
                        x1 + 12, ly, x1 + 36, ly, colour,
                        s.dashed ? " stroke-dasharray=\"6 4\"" : "");
     out += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\">{}</text>\n", x1 + 42,
-                       ly + 4, escape(s.label));
+                       ly + 4, escape(shorten(s.label, 32)));
   }
 }
 

@@ -24,13 +24,14 @@ struct SvgPanel {
   std::string x_label;
   std::string y_label;
   std::vector<SvgSeries> series;
-  bool y_from_zero = true;  ///< the y axis starts at 0 even if the data do not
+  bool y_from_zero = true;  ///< the y axis starts at 0 even if the data do not (x too)
   double y_max = 0;         ///< fixed upper bound when > 0 (e.g. 1 for a ratio)
 };
 
 /// Renders panels stacked vertically into one SVG document, `width` pixels wide and
 /// `panel_height` pixels per panel. Series colours come from a fixed 10-colour palette in series
-/// order. Panels without data points are drawn with empty axes.
+/// order. Panels without data points are drawn with empty axes. Titles longer than the plot
+/// width and legend labels longer than 32 characters are shortened with "...".
 [[nodiscard]] std::string render_svg(const std::vector<SvgPanel>& panels, int width = 900,
                                      int panel_height = 360);
 
