@@ -1,0 +1,554 @@
+// CUDA decode attention: the split-K heuristic, workspace sizing and index math (host-only,
+// run everywhere); rejection of unsupported configurations before any CUDA call (no GPU
+// needed); and, on a GPU, the paged and contiguous kernels against the CPU
+// pagedkv::paged_decode_attention on the same cache, across the supported configurations.
+
+#include "pagedkv/cuda/decode_attention.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cuda_test_util.hpp"
+#include "detail/cuda_launch.hpp"
+#include "paged_scenario.hpp"
+#include "pagedkv/attention.hpp"
+#include "pagedkv/config.hpp"
+#include "pagedkv/error.hpp"
+
+#if PAGEDKV_WITH_CUDA
+#include "pagedkv/cuda/device_decode_runner.hpp"
+#include "pagedkv/cuda/device_kv_cache.hpp"
+#endif
+
+namespace pagedkv::cuda {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string message_of(auto&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+
+// ---- the split-K heuristic (host only) ---------------------------------------------------------
+
+DecodePlanInput h200(int32_t num_seqs, int32_t num_heads, int32_t num_kv_heads, int64_t ctx,
+                     int32_t ctas_per_sm = 3) {
+  DecodePlanInput in;
+  in.num_seqs = num_seqs;
+  in.num_heads = num_heads;
+  in.num_kv_heads = num_kv_heads;
+  in.max_context_len = ctx;
+  in.sm_count = 132;
+  in.ctas_per_sm = ctas_per_sm;
+  return in;
+}
+
+TEST(PlanDecode, DocumentedExamples) {
+  // decode_attention.hpp: 132 SMs x 3 CTAs, 8 kv heads, GQA 4.
+  EXPECT_EQ(plan_decode(h200(1, 32, 8, 32768)), (DecodePlan{47, 704}));
+  EXPECT_EQ(plan_decode(h200(32, 32, 8, 4096)), (DecodePlan{3, 1408}));
+  EXPECT_EQ(plan_decode(h200(64, 32, 8, 4096)), (DecodePlan{1, 0}));
+}
+
+TEST(PlanDecode, OnePassWhenTheGridAlreadyFillsTheDevice) {
+  // 264 slots at 2 CTAs/SM: 256 CTAs of one pass beat any split.
+  EXPECT_FALSE(plan_decode(h200(32, 32, 8, 4096, 2)).split_k());
+  EXPECT_FALSE(plan_decode(h200(256, 32, 8, 32768, 2)).split_k());
+}
+
+TEST(PlanDecode, OnePassForShortContexts) {
+  EXPECT_FALSE(plan_decode(h200(1, 32, 8, 0)).split_k());
+  EXPECT_FALSE(plan_decode(h200(1, 32, 8, 1)).split_k());
+  EXPECT_FALSE(plan_decode(h200(1, 32, 8, kMinSplitTokens)).split_k());
+  EXPECT_FALSE(plan_decode(h200(1, 32, 8, 300, 2)).split_k());
+}
+
+TEST(PlanDecode, Batch1LongContextFillsOneWave) {
+  const DecodePlan p = plan_decode(h200(1, 32, 8, 32768, 2));
+  EXPECT_EQ(p, (DecodePlan{32, 1024}));
+  const DecodePlan mqa = plan_decode(h200(1, 8, 2, 32768, 2));
+  EXPECT_EQ(mqa, (DecodePlan{128, 256}));
+}
+
+TEST(PlanDecode, LargeGroupsCountHeadChunks) {
+  // group 16 -> 2 CTAs per kv head: twice the CTAs of group 8, fewer splits needed.
+  const DecodePlan g8 = plan_decode(h200(1, 64, 8, 32768, 2));
+  const DecodePlan g16 = plan_decode(h200(1, 128, 8, 32768, 2));
+  EXPECT_GE(g8.num_splits, g16.num_splits);
+}
+
+TEST(PlanDecode, InvariantsOverAGrid) {
+  for (int32_t seqs : {1, 2, 7, 32, 100, 256}) {
+    for (int64_t ctx : {0, 1, 255, 256, 257, 1000, 4097, 32768, 131072}) {
+      for (int32_t per_sm : {1, 2, 4}) {
+        const DecodePlan p = plan_decode(h200(seqs, 32, 8, ctx, per_sm));
+        SCOPED_TRACE("seqs " + std::to_string(seqs) + " ctx " + std::to_string(ctx));
+        ASSERT_GE(p.num_splits, 1);
+        ASSERT_LE(p.num_splits, kMaxSplits);
+        if (!p.split_k()) continue;
+        EXPECT_EQ(p.chunk_tokens % kSplitGranularity, 0);
+        EXPECT_GE(p.chunk_tokens, kMinSplitTokens / 2);
+        // Exactly covers the context: no empty split, nothing left for the last one.
+        EXPECT_GE(int64_t{p.num_splits} * p.chunk_tokens, ctx);
+        EXPECT_LT(int64_t{p.num_splits - 1} * p.chunk_tokens, ctx);
+      }
+    }
+  }
+}
+
+TEST(PlanDecode, RejectsBadInput) {
+  EXPECT_THAT(message_of([] { (void)plan_decode(h200(0, 32, 8, 10)); }),
+              HasSubstr("num_seqs must be >= 1, got 0"));
+  EXPECT_THAT(message_of([] { (void)plan_decode(h200(1, 30, 8, 10)); }),
+              HasSubstr("num_heads 30 is not a positive multiple of num_kv_heads 8"));
+  EXPECT_THAT(message_of([] { (void)plan_decode(h200(1, 32, 8, -1)); }),
+              HasSubstr("max_context_len must be >= 0, got -1"));
+  DecodePlanInput in = h200(1, 32, 8, 10);
+  in.sm_count = 0;
+  EXPECT_THAT(message_of([&] { (void)plan_decode(in); }), HasSubstr("sm_count must be >= 1"));
+}
+
+TEST(MakeSplitPlan, CoversTheContext) {
+  EXPECT_EQ(make_split_plan(1000, 1), (DecodePlan{1, 0}));
+  EXPECT_EQ(make_split_plan(1000, 3), (DecodePlan{3, 334}));
+  EXPECT_EQ(make_split_plan(0, 4), (DecodePlan{4, 1}));
+  EXPECT_THROW((void)make_split_plan(100, 0), Error);
+  EXPECT_THROW((void)make_split_plan(100, kMaxSplits + 1), Error);
+}
+
+TEST(DecodeWorkspace, BytesArePartialsPlusAlignedLse) {
+  EXPECT_EQ(decode_workspace_bytes(4, 32, 128, DecodePlan{}), 0);
+  // 2 seqs x 8 heads x 3 splits = 48 rows: 48 x 64 x 4 = 12288 (aligned) + 192 -> 256.
+  EXPECT_EQ(decode_workspace_bytes(2, 8, 64, DecodePlan{3, 512}), 12288 + 256);
+}
+
+TEST(ContiguousView, DenseStrides) {
+  const ContiguousKVView v = make_contiguous_view(nullptr, nullptr, DType::kF16, 3, 100, 4, 128);
+  EXPECT_EQ(v.token_stride, 128);
+  EXPECT_EQ(v.head_stride, 12800);
+  EXPECT_EQ(v.seq_stride, 51200);
+}
+
+// ---- kernel index math (host-testable __host__ __device__ helpers) ----------------------------
+
+TEST(DecodeIndexMath, PagedRowFollowsTheBlockTable) {
+  // HND, block_size 16, 4 kv heads, head_dim 128: block 8192, head 2048, token 128 elements.
+  const int32_t table[] = {7, 3, 11, /*seq 1:*/ 5, 2, 0};
+  detail::PagedKV kv;
+  kv.block_tables = table;
+  kv.max_blocks_per_seq = 3;
+  kv.log2_block_size = 4;
+  layout_strides(KVLayout::kHND, 16, 4, 128, &kv.block_stride, &kv.head_stride, &kv.token_stride);
+  EXPECT_EQ(kv.row(0, 0, 0), 7 * 8192);
+  EXPECT_EQ(kv.row(0, 2, 17), 3 * 8192 + 2 * 2048 + 1 * 128);
+  EXPECT_EQ(kv.row(1, 3, 47), 0 * 8192 + 3 * 2048 + 15 * 128);
+  // int64: a block id near 2^20 with 8192-element blocks passes 2^31.
+  const int32_t big[] = {(1 << 20) - 1};
+  kv.block_tables = big;
+  EXPECT_EQ(kv.row(0, 0, 0), int64_t{(1 << 20) - 1} * 8192);
+}
+
+TEST(DecodeIndexMath, ContiguousRowIsDense) {
+  const ContiguousKVView v = make_contiguous_view(nullptr, nullptr, DType::kF32, 2, 50, 2, 64);
+  detail::ContiguousKV kv{nullptr, nullptr, v.seq_stride, v.head_stride, v.token_stride};
+  EXPECT_EQ(kv.row(1, 1, 49), 1 * 6400 + 1 * 3200 + 49 * 64);
+}
+
+// ---- rejection before any CUDA call (no GPU needed) --------------------------------------------
+
+#if PAGEDKV_WITH_CUDA
+
+/// A view and tables with fake, aligned, non-null pointers: a launcher that rejects the call
+/// must do so on the host before touching them.
+struct FakeProblem {
+  KVLayerView view;
+  AttentionParams params;
+  int32_t table[1] = {0};
+  int32_t ctx[1] = {1};
+  BlockTableView tables{table, ctx, 1, 1};
+  float* q = reinterpret_cast<float*>(uintptr_t{0x10000});
+  float* out = reinterpret_cast<float*>(uintptr_t{0x20000});
+
+  FakeProblem(DType dtype, int32_t head_dim, int32_t block_size) {
+    view.k = reinterpret_cast<void*>(uintptr_t{0x30000});
+    view.v = reinterpret_cast<void*>(uintptr_t{0x40000});
+    view.dtype = dtype;
+    view.num_blocks = 4;
+    view.block_size = block_size;
+    view.num_kv_heads = 2;
+    view.head_dim = head_dim;
+    layout_strides(KVLayout::kHND, block_size, 2, head_dim, &view.block_stride,
+                   &view.head_stride, &view.token_stride);
+    params.num_heads = 8;
+    params.num_kv_heads = 2;
+    params.head_dim = head_dim;
+  }
+};
+
+struct Unsupported {
+  DType dtype;
+  int32_t head_dim;
+  int32_t block_size;
+  std::string message;
+};
+
+TEST(DecodeRejection, UnsupportedConfigurationsFailOnTheHost) {
+  const Unsupported cases[] = {
+      {DType::kF16, 96, 16, "head_dim 96 is not supported (supported: 64, 128, 256)"},
+      {DType::kF32, 32, 16, "head_dim 32 is not supported (supported: 64, 128, 256)"},
+      {DType::kBF16, 512, 8, "head_dim 512 is not supported (supported: 64, 128, 256)"},
+      {DType::kF16, 128, 64, "block_size 64 is not supported (supported: 8, 16, 32)"},
+      {DType::kF32, 64, 1, "block_size 1 is not supported (supported: 8, 16, 32)"},
+      {DType::kBF16, 256, 7, "block_size 7 is not supported (supported: 8, 16, 32)"},
+      {static_cast<DType>(9), 128, 16, "dtype 9 is not supported (supported: fp32, fp16, bf16)"},
+  };
+  for (const Unsupported& c : cases) {
+    FakeProblem f(c.dtype, c.head_dim, c.block_size);
+    EXPECT_THAT(message_of([&] { paged_decode_attention(f.params, f.view, f.tables, f.q, f.out); }),
+                HasSubstr("CUDA decode attention: " + c.message));
+  }
+  // The contiguous kernel has no block size; head_dim and dtype are checked the same way.
+  ContiguousKVView cv = make_contiguous_view(reinterpret_cast<void*>(uintptr_t{0x30000}),
+                                             reinterpret_cast<void*>(uintptr_t{0x40000}),
+                                             DType::kF16, 1, 16, 2, 80);
+  FakeProblem f(DType::kF16, 80, 16);
+  EXPECT_THAT(message_of([&] { contiguous_decode_attention(f.params, cv, f.ctx, f.q, f.out); }),
+              HasSubstr("head_dim 80 is not supported (supported: 64, 128, 256)"));
+}
+
+TEST(DecodeRejection, BadArgumentsFailOnTheHost) {
+  {
+    FakeProblem f(DType::kF16, 128, 16);
+    f.params.num_heads = 8;
+    f.params.num_kv_heads = 4;
+    EXPECT_THAT(message_of([&] { paged_decode_attention(f.params, f.view, f.tables, f.q, f.out); }),
+                HasSubstr("num_kv_heads 4 != cache num_kv_heads 2"));
+  }
+  {
+    FakeProblem f(DType::kF16, 128, 16);
+    EXPECT_THAT(
+        message_of([&] { paged_decode_attention(f.params, f.view, f.tables, nullptr, f.out); }),
+        HasSubstr("q is null"));
+    EXPECT_THAT(message_of([&] {
+                  paged_decode_attention(f.params, f.view, f.tables, f.q + 1, f.out);
+                }),
+                HasSubstr("is not 16-byte aligned"));
+  }
+  {
+    FakeProblem f(DType::kF16, 128, 16);
+    DecodeLaunch launch;
+    launch.plan = DecodePlan{4, 64};
+    launch.workspace = reinterpret_cast<void*>(uintptr_t{0x50000});
+    launch.workspace_bytes = 100;
+    EXPECT_THAT(message_of([&] {
+                  paged_decode_attention(f.params, f.view, f.tables, f.q, f.out, launch);
+                }),
+                HasSubstr("workspace of 100 bytes is smaller than the"));
+    launch.plan = DecodePlan{kMaxSplits + 1, 64};
+    EXPECT_THAT(message_of([&] {
+                  paged_decode_attention(f.params, f.view, f.tables, f.q, f.out, launch);
+                }),
+                HasSubstr("plan.num_splits 257 outside [1, 256]"));
+  }
+  {
+    FakeProblem f(DType::kF16, 128, 16);
+    f.tables.num_seqs = 70000;
+    EXPECT_THAT(message_of([&] { paged_decode_attention(f.params, f.view, f.tables, f.q, f.out); }),
+                HasSubstr("num_seqs 70000 exceeds the grid limit 65535"));
+  }
+}
+
+// ---- GPU: kernels vs the CPU implementation ----------------------------------------------------
+
+using testing::make_scenario;
+using testing::max_abs_diff;
+using testing::PagedScenario;
+using testing::rel_error;
+using testing::SeqSpec;
+
+struct GpuCase {
+  std::string name;
+  DType dtype = DType::kF16;
+  int32_t head_dim = 128;
+  int32_t block_size = 16;
+  int32_t num_kv_heads = 2;
+  int32_t group = 4;
+  KVLayout layout = KVLayout::kHND;
+  int32_t window_left = -1;
+  int32_t sink_tokens = 0;
+  std::vector<int32_t> contexts;
+};
+
+std::string gpu_case_name(const GpuCase& c) {
+  std::string name = std::string(dtype_name(c.dtype)) + "_d" + std::to_string(c.head_dim) +
+                     "_bs" + std::to_string(c.block_size) + "_gqa" + std::to_string(c.group) +
+                     "_kv" + std::to_string(c.num_kv_heads);
+  if (c.layout == KVLayout::kNHD) name += "_nhd";
+  if (c.window_left >= 0) name += "_win" + std::to_string(c.window_left);
+  if (c.sink_tokens > 0) name += "_sink" + std::to_string(c.sink_tokens);
+  if (c.contexts.size() == 1) name += "_ctx" + std::to_string(c.contexts[0]);
+  return name;
+}
+
+PagedScenario scenario_for(const GpuCase& c, uint32_t seed) {
+  KVCacheConfig geometry;
+  geometry.block_size = c.block_size;
+  geometry.num_kv_heads = c.num_kv_heads;
+  geometry.head_dim = c.head_dim;
+  geometry.dtype = c.dtype;
+  geometry.layout = c.layout;
+  AttentionParams params;
+  params.num_kv_heads = c.num_kv_heads;
+  params.num_heads = c.num_kv_heads * c.group;
+  params.head_dim = c.head_dim;
+  params.window_left = c.window_left;
+  params.sink_tokens = c.sink_tokens;
+  std::vector<SeqSpec> seqs;
+  for (int32_t ctx : c.contexts) seqs.push_back({ctx, 1});
+  return make_scenario(geometry, params, seqs, seed);
+}
+
+void expect_close(DType dtype, const std::vector<float>& out, const std::vector<float>& ref,
+                  const std::string& what) {
+  const double abs_err = max_abs_diff(out, ref);
+  if (dtype == DType::kF32) {
+    EXPECT_LE(abs_err, testing::kCudaF32MaxAbs) << what;
+  } else {
+    EXPECT_LE(rel_error(out, ref), testing::kCudaLowPrecisionRel) << what;
+    // Same rounded K/V on both sides: only the summation order differs.
+    EXPECT_LE(abs_err, 1e-4) << what;
+  }
+}
+
+class CudaDecodeVsCpu : public ::testing::TestWithParam<GpuCase> {};
+
+TEST_P(CudaDecodeVsCpu, MatchesCpuPagedDecode) {
+  PAGEDKV_REQUIRE_CUDA_DEVICE();
+  const GpuCase& c = GetParam();
+  const PagedScenario s = scenario_for(c, 1234u + static_cast<uint32_t>(c.head_dim));
+  std::vector<float> cpu(s.q.size());
+  paged_decode_attention(s.params, s.layer(), s.view(), s.q, cpu);  // CPU: pagedkv::
+
+  DeviceKVCache device(s.config);
+  device.upload(*s.cache);  // layer 0 and unused blocks stay NaN-poisoned on the device too
+  DeviceDecodeRunner runner;
+  const int64_t max_ctx = *std::max_element(c.contexts.begin(), c.contexts.end());
+
+  std::vector<float> automatic = testing::nan_filled(s.q.size());
+  runner.decode(s.params, device, PagedScenario::kLayer, s.view(), s.q, automatic);
+  expect_close(c.dtype, automatic, cpu, "auto plan " + std::to_string(runner.last_plan().num_splits));
+  if (max_ctx >= 4097 && c.contexts.size() <= 8) {
+    EXPECT_TRUE(runner.last_plan().split_k()) << "a long context at a small batch must split";
+  }
+
+  std::vector<float> one_pass = testing::nan_filled(s.q.size());
+  runner.decode(s.params, device, PagedScenario::kLayer, s.view(), s.q, one_pass, DecodePlan{});
+  expect_close(c.dtype, one_pass, cpu, "one pass");
+
+  // A forced split count whose chunks are not tile multiples and leave short rows with empty
+  // splits (lse = -inf in the merge).
+  std::vector<float> split = testing::nan_filled(s.q.size());
+  runner.decode(s.params, device, PagedScenario::kLayer, s.view(), s.q, split,
+                make_split_plan(max_ctx, 13));
+  expect_close(c.dtype, split, cpu, "13 splits");
+}
+
+std::vector<GpuCase> supported_grid() {
+  std::vector<GpuCase> cases;
+  for (DType dtype : kDecodeDTypes) {
+    for (int32_t d : kDecodeHeadDims) {
+      for (int32_t bs : kDecodeBlockSizes) {
+        GpuCase c;
+        c.dtype = dtype;
+        c.head_dim = d;
+        c.block_size = bs;
+        c.contexts = {1, bs, bs + 1, 4097, 32768};
+        cases.push_back(c);
+      }
+    }
+  }
+  return cases;
+}
+
+std::vector<GpuCase> shape_cases() {
+  std::vector<GpuCase> cases;
+  auto add = [&](DType dtype, int32_t d, int32_t bs, int32_t kv, int32_t group, KVLayout layout,
+                 std::vector<int32_t> contexts) {
+    GpuCase c;
+    c.dtype = dtype;
+    c.head_dim = d;
+    c.block_size = bs;
+    c.num_kv_heads = kv;
+    c.group = group;
+    c.layout = layout;
+    c.contexts = std::move(contexts);
+    cases.push_back(c);
+  };
+  add(DType::kF16, 128, 16, 4, 1, KVLayout::kHND, {0, 5, 300, 2000});      // MHA + padding row
+  add(DType::kBF16, 128, 16, 2, 8, KVLayout::kHND, {17, 1031, 4097});      // GQA 8
+  add(DType::kF16, 64, 16, 2, 16, KVLayout::kHND, {1, 333, 4097});         // 2 head chunks
+  add(DType::kF32, 128, 8, 1, 6, KVLayout::kHND, {3, 1031, 2049});         // MQA, group 6
+  add(DType::kF32, 64, 32, 3, 3, KVLayout::kHND, {100, 0, 65});            // 3 kv heads
+  add(DType::kF16, 128, 16, 2, 4, KVLayout::kNHD, {1, 16, 17, 4097});      // NHD layout
+  add(DType::kBF16, 256, 8, 2, 2, KVLayout::kNHD, {9, 1031});
+  add(DType::kF32, 64, 16, 4, 5, KVLayout::kNHD, {33, 500});
+  std::vector<int32_t> many;  // a wide batch of mixed lengths: one-pass territory
+  for (int32_t i = 0; i < 64; ++i) many.push_back(1 + (i * 97) % 700);
+  add(DType::kF16, 128, 16, 2, 4, KVLayout::kHND, many);
+  return cases;
+}
+
+std::vector<GpuCase> mask_cases() {
+  std::vector<GpuCase> cases;
+  const std::pair<int32_t, int32_t> masks[] = {{0, 0}, {0, 3}, {1, 0}, {100, 0}, {64, 4}, {2000, 0}};
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (auto [window, sinks] : masks) {
+      GpuCase c;
+      c.dtype = dtype;
+      c.block_size = 8;
+      c.window_left = window;
+      c.sink_tokens = sinks;
+      c.contexts = {1, 17, 1031, 4097};
+      cases.push_back(c);
+    }
+  }
+  return cases;
+}
+
+template <typename F>
+std::vector<GpuCase> named(F make) {
+  std::vector<GpuCase> cases = make();
+  for (GpuCase& c : cases) c.name = gpu_case_name(c);
+  // Cases with the same geometry differ by their contexts: keep names unique.
+  for (size_t i = 0; i < cases.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (cases[j].name == cases[i].name) cases[i].name += "_" + std::to_string(i);
+    }
+  }
+  return cases;
+}
+
+std::string param_name(const ::testing::TestParamInfo<GpuCase>& info) { return info.param.name; }
+
+INSTANTIATE_TEST_SUITE_P(Supported, CudaDecodeVsCpu, ::testing::ValuesIn(named(supported_grid)),
+                         param_name);
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaDecodeVsCpu, ::testing::ValuesIn(named(shape_cases)),
+                         param_name);
+INSTANTIATE_TEST_SUITE_P(Masks, CudaDecodeVsCpu, ::testing::ValuesIn(named(mask_cases)),
+                         param_name);
+
+/// The scenario's stored (rounded) K/V repacked as a dense [num_seqs, H, max_len, D] cache of
+/// the same dtype, on the device.
+struct DenseCopy {
+  DeviceBuffer k;
+  DeviceBuffer v;
+  ContiguousKVView view;
+};
+
+DenseCopy dense_copy(const PagedScenario& s, int32_t max_len) {
+  const KVCacheConfig& c = s.config;
+  const auto num_seqs = static_cast<int32_t>(s.seqs.size());
+  const int64_t elems = int64_t{num_seqs} * c.num_kv_heads * max_len * c.head_dim;
+  std::vector<std::byte> hk(static_cast<size_t>(elems * dtype_size(c.dtype)));
+  std::vector<std::byte> hv(hk.size());
+  const ContiguousKVView layout =
+      make_contiguous_view(nullptr, nullptr, c.dtype, num_seqs, max_len, c.num_kv_heads,
+                           c.head_dim);
+  for (int32_t i = 0; i < num_seqs; ++i) {
+    const std::vector<float> ks = s.stored(static_cast<size_t>(i), false);
+    const std::vector<float> vs = s.stored(static_cast<size_t>(i), true);
+    for (int64_t p = 0; p < s.seqs[static_cast<size_t>(i)].context_len; ++p) {
+      for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+        for (int32_t d = 0; d < c.head_dim; ++d) {
+          const int64_t src = (p * c.num_kv_heads + h) * c.head_dim + d;
+          const int64_t dst = i * layout.seq_stride + h * layout.head_stride +
+                              p * layout.token_stride + d;
+          store_from_f32(hk.data(), c.dtype, dst, ks[static_cast<size_t>(src)]);
+          store_from_f32(hv.data(), c.dtype, dst, vs[static_cast<size_t>(src)]);
+        }
+      }
+    }
+  }
+  DenseCopy out{DeviceBuffer(static_cast<int64_t>(hk.size())),
+                DeviceBuffer(static_cast<int64_t>(hv.size())), {}};
+  out.k.upload(std::span<const std::byte>(hk));
+  out.v.upload(std::span<const std::byte>(hv));
+  out.view = make_contiguous_view(out.k.data(), out.v.data(), c.dtype, num_seqs, max_len,
+                                  c.num_kv_heads, c.head_dim);
+  return out;
+}
+
+class CudaContiguousDecode : public ::testing::TestWithParam<GpuCase> {};
+
+TEST_P(CudaContiguousDecode, SameBodyAsPaged) {
+  PAGEDKV_REQUIRE_CUDA_DEVICE();
+  const GpuCase& c = GetParam();
+  const PagedScenario s = scenario_for(c, 77u);
+  std::vector<float> cpu(s.q.size());
+  paged_decode_attention(s.params, s.layer(), s.view(), s.q, cpu);
+  DeviceKVCache device(s.config);
+  device.upload(*s.cache);
+  const int32_t max_len = *std::max_element(c.contexts.begin(), c.contexts.end()) + 5;
+  DenseCopy dense = dense_copy(s, max_len);
+  DeviceDecodeRunner runner;
+  for (const DecodePlan& plan : {DecodePlan{}, make_split_plan(max_len, 9)}) {
+    SCOPED_TRACE("splits " + std::to_string(plan.num_splits));
+    std::vector<float> paged = testing::nan_filled(s.q.size());
+    std::vector<float> contiguous = testing::nan_filled(s.q.size());
+    runner.decode(s.params, device, PagedScenario::kLayer, s.view(), s.q, paged, plan);
+    runner.decode_contiguous(s.params, dense.view, s.context_lens, s.q, contiguous, plan);
+    expect_close(c.dtype, contiguous, cpu, "contiguous vs CPU");
+    // Same kernel body, same tiles, same order: the two layouts agree to rounding noise.
+    EXPECT_LE(max_abs_diff(contiguous, paged), 1e-6);
+  }
+}
+
+std::vector<GpuCase> contiguous_cases() {
+  std::vector<GpuCase> cases;
+  for (auto [dtype, d, bs] : {std::tuple{DType::kF16, 128, 16}, std::tuple{DType::kBF16, 64, 8},
+                              std::tuple{DType::kF32, 256, 32}}) {
+    GpuCase c;
+    c.dtype = dtype;
+    c.head_dim = d;
+    c.block_size = bs;
+    c.contexts = {1, bs + 1, 0, 4097};
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, CudaContiguousDecode,
+                         ::testing::ValuesIn(named(contiguous_cases)), param_name);
+
+TEST(CudaDecode, ZeroSequencesIsANoOp) {
+  PAGEDKV_REQUIRE_CUDA_DEVICE();
+  KVCacheConfig config;
+  config.num_blocks = 4;
+  config.head_dim = 64;
+  config.dtype = DType::kF16;
+  DeviceKVCache device(config);
+  AttentionParams params;
+  params.head_dim = 64;
+  paged_decode_attention(params, device.layer(0), BlockTableView{}, nullptr, nullptr);
+  synchronize(nullptr);
+}
+
+#else  // !PAGEDKV_WITH_CUDA
+
+TEST(CudaDecode, SkippedWithoutCuda) { GTEST_SKIP() << "no CUDA device (built without CUDA)"; }
+
+#endif  // PAGEDKV_WITH_CUDA
+
+}  // namespace
+}  // namespace pagedkv::cuda

@@ -1,0 +1,202 @@
+// DeviceKVCache: construction errors (some need no GPU), host mirror round trip, layer views,
+// copy-on-write copies and swap out/in, bit-identical against HostKVCache.
+
+#include "pagedkv/cuda/device_kv_cache.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.hpp"
+#include "pagedkv/config.hpp"
+#include "pagedkv/error.hpp"
+#include "pagedkv/host_kv_cache.hpp"
+
+namespace pagedkv::cuda {
+namespace {
+
+#if PAGEDKV_WITH_CUDA
+
+using ::testing::HasSubstr;
+
+std::string message_of(auto&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+
+KVCacheConfig config_of(DType dtype, KVLayout layout = KVLayout::kHND) {
+  KVCacheConfig c;
+  c.num_layers = 3;
+  c.num_blocks = 16;
+  c.block_size = 8;
+  c.num_kv_heads = 2;
+  c.head_dim = 64;
+  c.dtype = dtype;
+  c.layout = layout;
+  return c;
+}
+
+void fill_random(HostKVCache& h, uint32_t seed) {
+  const KVCacheConfig& c = h.config();
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  const int64_t n = int64_t{c.num_blocks} * c.block_size;
+  std::vector<Slot> slots(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) slots[static_cast<size_t>(i)] = i;
+  std::vector<float> k(static_cast<size_t>(n * c.num_kv_heads * c.head_dim));
+  std::vector<float> v(k.size());
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    for (float& x : k) x = uni(rng);
+    for (float& x : v) x = uni(rng);
+    h.write(l, slots, k, v);
+  }
+}
+
+TEST(DeviceKVCacheErrors, InvalidArgumentsBeforeAnyDeviceCall) {
+  KVCacheConfig bad = config_of(DType::kF16);
+  bad.num_blocks = 0;
+  EXPECT_THROW(DeviceKVCache{bad}, Error);
+  EXPECT_THAT(message_of([] { DeviceKVCache cache(config_of(DType::kF16), -1); }),
+              HasSubstr("num_host_blocks must be >= 0, got -1"));
+}
+
+TEST(DeviceKVCacheErrors, NoDeviceIsAClearError) {
+  if (device_available()) GTEST_SKIP() << "a CUDA device is present";
+  EXPECT_THAT(message_of([] { DeviceKVCache cache(config_of(DType::kF16)); }),
+              HasSubstr("no CUDA device"));
+}
+
+TEST(DeviceKVCache, GeometryMatchesHost) {
+  PAGEDKV_REQUIRE_CUDA_DEVICE();
+  for (KVLayout layout : {KVLayout::kHND, KVLayout::kNHD}) {
+    const KVCacheConfig c = config_of(DType::kBF16, layout);
+    DeviceKVCache device(c, 4);
+    HostKVCache host(c);
+    EXPECT_EQ(device.bytes(), host.bytes());
+    EXPECT_EQ(device.pool_block_bytes(), 8 * 2 * 64 * 2);
+    EXPECT_EQ(device.block_bytes(), 2 * 3 * device.pool_block_bytes());
+    EXPECT_EQ(static_cast<int64_t>(host.block_bytes(0).size()), device.block_bytes());
+    for (int32_t l = 0; l < c.num_layers; ++l) {
+      const KVLayerView d = device.layer(l);
+      const KVLayerView h = host.layer(l);
+      EXPECT_EQ(d.block_stride, h.block_stride);
+      EXPECT_EQ(d.head_stride, h.head_stride);
+      EXPECT_EQ(d.token_stride, h.token_stride);
+      EXPECT_EQ(static_cast<std::byte*>(d.v) - static_cast<std::byte*>(d.k),
+                static_cast<std::byte*>(h.v) - static_cast<std::byte*>(h.k));
+    }
+    EXPECT_THAT(message_of([&] { (void)device.layer(3); }),
+                HasSubstr("layer 3 out of range [0, 3)"));
+  }
+}
+
+TEST(DeviceKVCache, UploadDownloadRoundTrip) {
+  PAGEDKV_REQUIRE_CUDA_DEVICE();
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const KVCacheConfig c = config_of(dtype);
+    HostKVCache host(c);
+    fill_random(host, 3);
+    DeviceKVCache device(c);
+    device.upload(host);
+    HostKVCache back(c);
+    device.download(back);
+    for (BlockId b = 0; b < c.num_blocks; ++b) EXPECT_EQ(back.block_bytes(b), host.block_bytes(b));
+    KVCacheConfig other = c;
+    other.head_dim = 128;
+    HostKVCache wrong(other);
+    EXPECT_THAT(message_of([&] { device.upload(wrong); }), HasSubstr("head_dim 64 != 128"));
+  }
+}
+
+TEST(DeviceKVCache, SwapRoundTripIsBitIdenticalAtNewIds) {
+  PAGEDKV_REQUIRE_CUDA_DEVICE();
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (KVLayout layout : {KVLayout::kHND, KVLayout::kNHD}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + (layout == KVLayout::kHND ? " HND" : " NHD"));
+      const KVCacheConfig c = config_of(dtype, layout);
+      HostKVCache original(c);
+      fill_random(original, 21);
+      DeviceKVCache device(c, /*num_host_blocks=*/6);
+      device.upload(original);
+
+      // Blocks 3, 4, 5 (one run: one 2D copy per pool) and 9 go to host blocks 0..3.
+      const std::vector<BlockCopy> out = {{3, 0}, {4, 1}, {5, 2}, {9, 3}};
+      device.swap_out(out);
+      synchronize(nullptr);
+      for (const BlockCopy& p : out) {
+        const std::span<const std::byte> swapped = device.host_block(p.dst);
+        const std::vector<std::byte> expected = original.block_bytes(p.src);
+        EXPECT_TRUE(std::equal(swapped.begin(), swapped.end(), expected.begin(), expected.end()))
+            << "host block " << p.dst;
+      }
+
+      // Preemption frees the device blocks; they come back at other ids.
+      device.zero();
+      const std::vector<BlockCopy> in = {{0, 12}, {1, 13}, {2, 14}, {3, 1}};
+      device.swap_in(in);
+      synchronize(nullptr);
+      HostKVCache back(c);
+      device.download(back);
+      const std::vector<std::byte> zeros(static_cast<size_t>(device.block_bytes()), std::byte{0});
+      for (BlockId b = 0; b < c.num_blocks; ++b) {
+        BlockId from = -1;
+        for (size_t i = 0; i < in.size(); ++i) {
+          if (in[i].dst == b) from = out[static_cast<size_t>(in[i].src)].src;
+        }
+        EXPECT_EQ(back.block_bytes(b), from < 0 ? zeros : original.block_bytes(from))
+            << "device block " << b;
+      }
+    }
+  }
+}
+
+TEST(DeviceKVCache, SwapRejectsBadPairsAndChangesNothing) {
+  PAGEDKV_REQUIRE_CUDA_DEVICE();
+  const KVCacheConfig c = config_of(DType::kF16);
+  DeviceKVCache device(c, 2);
+  EXPECT_THAT(message_of([&] { device.swap_out(std::vector<BlockCopy>{{16, 0}}); }),
+              HasSubstr("source device block 16 out of range [0, 16)"));
+  EXPECT_THAT(message_of([&] { device.swap_out(std::vector<BlockCopy>{{1, 0}, {2, 2}}); }),
+              HasSubstr("destination host block 2 out of range [0, 2)"));
+  EXPECT_THAT(message_of([&] { device.swap_out(std::vector<BlockCopy>{{1, 0}, {2, 0}}); }),
+              HasSubstr("destination host block 0 appears twice"));
+  EXPECT_THAT(message_of([&] { device.swap_in(std::vector<BlockCopy>{{2, 0}}); }),
+              HasSubstr("source host block 2 out of range [0, 2)"));
+  EXPECT_THAT(message_of([&] { (void)device.host_block(2); }),
+              HasSubstr("block 2 out of range [0, 2)"));
+}
+
+TEST(DeviceKVCache, CopyBlocksRejectsOverlapsBeforeCopying) {
+  PAGEDKV_REQUIRE_CUDA_DEVICE();
+  const KVCacheConfig c = config_of(DType::kF32);
+  HostKVCache host(c);
+  fill_random(host, 9);
+  DeviceKVCache device(c);
+  device.upload(host);
+  EXPECT_THAT(message_of([&] { device.copy_blocks(std::vector<BlockCopy>{{1, 2}, {3, 2}}); }),
+              HasSubstr("destination block 2 appears twice"));
+  EXPECT_THAT(message_of([&] { device.copy_blocks(std::vector<BlockCopy>{{1, 2}, {2, 3}}); }),
+              HasSubstr("block 2 is both a source and a destination"));
+  EXPECT_THAT(message_of([&] { device.copy_blocks(std::vector<BlockCopy>{{1, 16}}); }),
+              HasSubstr("destination block 16 out of range [0, 16)"));
+  HostKVCache back(c);
+  device.download(back);
+  for (BlockId b = 0; b < c.num_blocks; ++b) EXPECT_EQ(back.block_bytes(b), host.block_bytes(b));
+}
+
+#else  // !PAGEDKV_WITH_CUDA
+
+TEST(DeviceKVCache, SkippedWithoutCuda) { GTEST_SKIP() << "no CUDA device (built without CUDA)"; }
+
+#endif  // PAGEDKV_WITH_CUDA
+
+}  // namespace
+}  // namespace pagedkv::cuda

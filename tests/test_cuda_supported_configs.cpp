@@ -1,0 +1,85 @@
+// The one list of supported CUDA decode configurations: lookups and rejection messages.
+// Pure host code: runs on every machine, with or without CUDA or a GPU.
+
+#include "pagedkv/cuda/supported_configs.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "pagedkv/error.hpp"
+
+namespace pagedkv::cuda {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string message_of(auto&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+
+TEST(SupportedConfigs, EveryListedCombinationIsSupported) {
+  int count = 0;
+  for (DType dtype : kDecodeDTypes) {
+    for (int32_t d : kDecodeHeadDims) {
+      EXPECT_TRUE(is_supported_decode_config(dtype, d)) << dtype_name(dtype) << " d" << d;
+      for (int32_t bs : kDecodeBlockSizes) {
+        EXPECT_TRUE(is_supported_decode_config(dtype, d, bs));
+        EXPECT_NO_THROW(check_decode_config(dtype, d, bs));
+        ++count;
+      }
+    }
+  }
+  EXPECT_EQ(count, 27);
+}
+
+TEST(SupportedConfigs, ListsMatchTheIssue) {
+  EXPECT_THAT(kDecodeHeadDims, ::testing::ElementsAre(64, 128, 256));
+  EXPECT_THAT(kDecodeBlockSizes, ::testing::ElementsAre(8, 16, 32));
+  EXPECT_THAT(kDecodeDTypes, ::testing::ElementsAre(DType::kF32, DType::kF16, DType::kBF16));
+  EXPECT_EQ(supported_decode_configs(),
+            "dtype {fp32, fp16, bf16} x head_dim {64, 128, 256} x block_size {8, 16, 32}");
+}
+
+TEST(SupportedConfigs, BlockSizesArePowersOfTwo) {
+  for (int32_t bs : kDecodeBlockSizes) EXPECT_EQ(bs & (bs - 1), 0) << bs;
+}
+
+TEST(SupportedConfigs, UnsupportedHeadDimNamesValueAndSet) {
+  for (int32_t d : {0, 32, 80, 96, 100, 192, 512}) {
+    EXPECT_FALSE(is_supported_decode_config(DType::kF16, d, 16));
+    EXPECT_EQ(message_of([&] { check_decode_config(DType::kF16, d, 16); }),
+              "CUDA decode attention: head_dim " + std::to_string(d) +
+                  " is not supported (supported: 64, 128, 256)");
+  }
+}
+
+TEST(SupportedConfigs, UnsupportedBlockSizeNamesValueAndSet) {
+  for (int32_t bs : {0, 1, 4, 7, 24, 64, 128}) {
+    EXPECT_FALSE(is_supported_decode_config(DType::kBF16, 128, bs));
+    EXPECT_EQ(message_of([&] { check_decode_config(DType::kBF16, 128, bs); }),
+              "CUDA decode attention: block_size " + std::to_string(bs) +
+                  " is not supported (supported: 8, 16, 32)");
+  }
+}
+
+TEST(SupportedConfigs, UnsupportedDTypeNamesSet) {
+  const auto bogus = static_cast<DType>(7);
+  EXPECT_FALSE(is_supported_decode_config(bogus, 128));
+  EXPECT_THAT(message_of([&] { check_decode_config(bogus, 128, 16); }),
+              HasSubstr("dtype 7 is not supported (supported: fp32, fp16, bf16)"));
+}
+
+TEST(SupportedConfigs, ContiguousCheckIgnoresBlockSize) {
+  EXPECT_NO_THROW(check_decode_config(DType::kF32, 64));
+  EXPECT_THROW(check_decode_config(DType::kF32, 72), Error);
+}
+
+}  // namespace
+}  // namespace pagedkv::cuda
