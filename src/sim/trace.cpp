@@ -226,22 +226,25 @@ Trace read_azure_csv(std::istream& in, std::string_view source, const TraceReadO
   constexpr std::array<std::string_view, 3> kRequired = {"TIMESTAMP", "ContextTokens",
                                                          "GeneratedTokens"};
   std::array<int, 3> index = {-1, -1, -1};
+  std::vector<bool> known(columns.size(), false);
   for (size_t c = 0; c < columns.size(); ++c) {
-    bool known = false;
     for (size_t k = 0; k < kRequired.size(); ++k) {
       if (iequals(columns[c], kRequired[k]) && index[k] < 0) {
         index[k] = static_cast<int>(c);
-        known = true;
+        known[c] = true;
       }
     }
-    if (!known) sink.warn(1, fmt::format("ignoring unknown column '{}'", columns[c]));
   }
+  // A missing column is the more useful message, so it comes before unknown-column notes.
   for (size_t k = 0; k < kRequired.size(); ++k) {
     if (index[k] < 0) {
       throw Error(fmt::format("{}:1: missing column '{}' (found: {}; expected "
                               "TIMESTAMP,ContextTokens,GeneratedTokens)",
                               trace.source, kRequired[k], fmt::join(columns, ",")));
     }
+  }
+  for (size_t c = 0; c < columns.size(); ++c) {
+    if (!known[c]) sink.warn(1, fmt::format("ignoring unknown column '{}'", columns[c]));
   }
 
   std::vector<std::string_view> fields;
