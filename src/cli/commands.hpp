@@ -33,4 +33,8 @@ void add_memory_command(CLI::App& app);
 /// vs prefix caching under one KV budget; see docs/memory.md.
 void add_replay_command(CLI::App& app);
 
+/// `pagedkv ops`: run a script of KV-cache manager operations, JSON results; see
+/// docs/ops-script.md.
+void add_ops_command(CLI::App& app);
+
 }  // namespace pagedkv::cli

@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   pagedkv::cli::add_generate_command(app);
   pagedkv::cli::add_memory_command(app);
   pagedkv::cli::add_replay_command(app);
+  pagedkv::cli::add_ops_command(app);
 
   try {
     app.parse(argc, argv);
