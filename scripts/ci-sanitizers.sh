@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Sanitizer jobs of CI (issue 8; docs/reliability.md):
+#   asan: the whole test suite built with AddressSanitizer + UndefinedBehaviorSanitizer
+#         (-fno-sanitize-recover: any report fails), leak detection on (a leak fails the run);
+#   tsan: the concurrency stress test (SynchronizedKVCacheManager) under ThreadSanitizer.
+# Usage: scripts/ci-sanitizers.sh [asan|tsan|all]   (default all)
+# Environment: JOBS (default 2), PAGEDKV_ASAN_DIR (build-asan), PAGEDKV_TSAN_DIR (build-tsan).
+# Host-only: CUDA and benchmarks are off; the CLI and model layer are built (bad-input tests).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+what=${1:-all}
+jobs=${JOBS:-2}
+asan_dir=${PAGEDKV_ASAN_DIR:-build-asan}
+tsan_dir=${PAGEDKV_TSAN_DIR:-build-tsan}
+
+# -O1 keeps the sanitizers' run time reasonable while leaving stack traces readable; Debug keeps
+# assert() and the expensive debug-only checks on.
+common=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g" -DPAGEDKV_ENABLE_CUDA=OFF
+        -DPAGEDKV_BUILD_BENCHMARKS=OFF -DPAGEDKV_BUILD_TESTS=ON)
+
+# Tests excluded under ASan, and why:
+#   package.*  the packaging test installs the library and links an uninstrumented consumer
+#              against it, which cannot link the instrumented static library (the plain CI
+#              build runs it).
+asan_exclude=${PAGEDKV_ASAN_EXCLUDE:-'^package\.'}
+
+stamp() { date +%s; }
+
+run_asan() {
+  local t0; t0=$(stamp)
+  echo "ci-sanitizers: ASan+UBSan build in ${asan_dir}"
+  cmake -S . -B "${asan_dir}" "${common[@]}" -DPAGEDKV_SANITIZE=ON -DPAGEDKV_TSAN=OFF >/dev/null
+  cmake --build "${asan_dir}" -j"${jobs}"
+  local t1; t1=$(stamp)
+  # halt_on_error / abort_on_error: the first report fails the test; detect_leaks: a leaked
+  # block table or file buffer fails the run; check_initialization_order and
+  # detect_stack_use_after_return catch the subtler lifetime bugs.
+  ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:abort_on_error=1:check_initialization_order=1:detect_stack_use_after_return=1:strict_string_checks=1 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir "${asan_dir}" --output-on-failure -j"${jobs}" -E "${asan_exclude}" \
+      --timeout 600
+  echo "ci-sanitizers: asan build $((t1 - t0)) s, tests $(( $(stamp) - t1 )) s"
+}
+
+run_tsan() {
+  local t0; t0=$(stamp)
+  echo "ci-sanitizers: TSan build in ${tsan_dir}"
+  # Only the library and the stress test: the rest of the suite is single-threaded metadata or
+  # OpenMP kernels (libgomp is not TSan-instrumented, so those would only give false reports).
+  cmake -S . -B "${tsan_dir}" "${common[@]}" -DPAGEDKV_TSAN=ON -DPAGEDKV_SANITIZE=OFF \
+    -DPAGEDKV_BUILD_CLI=OFF >/dev/null
+  cmake --build "${tsan_dir}" -j"${jobs}" --target test_synchronized_manager
+  local t1; t1=$(stamp)
+  # halt_on_error: a data race report fails the test (TSan exits 66 otherwise only at the end).
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+    ctest --test-dir "${tsan_dir}" --output-on-failure -R '^SynchronizedKVCacheManager\.' \
+      --no-tests=error --timeout 300
+  echo "ci-sanitizers: tsan build $((t1 - t0)) s, tests $(( $(stamp) - t1 )) s"
+}
+
+start=$(stamp)
+case "${what}" in
+  asan) run_asan ;;
+  tsan) run_tsan ;;
+  all) run_asan; run_tsan ;;
+  *) echo "usage: $0 [asan|tsan|all]" >&2; exit 2 ;;
+esac
+echo "ci-sanitizers: ${what} done in $(( $(stamp) - start )) s"

@@ -1,0 +1,165 @@
+# Bad-input corpus (issue 8): the built `pagedkv` CLI on every file of tests/data/bad/ must exit
+# 2 with one line on stderr naming the problem, never crash, never allocate for a size the file
+# does not hold, and leave no partial output file. The files are made by
+# tests/data/bad/make_bad_inputs.py (committed, so CI needs no Python). tests/data/bad/ok/ holds
+# valid counterparts: the positive controls prove each case fails for its corruption alone.
+# Cases are added as the subcommands land: generate (--model, --tokenizer), replay (--trace).
+if(NOT TARGET pagedkv_cli)
+  return()
+endif()
+
+set(_bad ${CMAKE_CURRENT_SOURCE_DIR}/data/bad)
+set(_ok ${_bad}/ok)
+set(_driver ${_bad}/check_bad_input.cmake)
+set(_scratch ${CMAKE_CURRENT_BINARY_DIR}/bad-input-scratch)
+file(MAKE_DIRECTORY ${_scratch})
+
+# pagedkv_bad_input(<name> ARGS <cli args...> [REGEX <re>] [EXPECTED <rc>] [OUT_FILE <path>]
+#                   [LAST_LINE] [STDOUT_EMPTY])
+function(pagedkv_bad_input name)
+  cmake_parse_arguments(A "LAST_LINE;STDOUT_EMPTY" "REGEX;EXPECTED;OUT_FILE" "ARGS" ${ARGN})
+  string(REPLACE ";" "\\;" _args "${A_ARGS}")
+  set(_defs "-DEXE=$<TARGET_FILE:pagedkv_cli>" "-DARGS=${_args}")
+  if(DEFINED A_REGEX)
+    list(APPEND _defs "-DREGEX=${A_REGEX}")
+  endif()
+  if(DEFINED A_EXPECTED)
+    list(APPEND _defs "-DEXPECTED=${A_EXPECTED}")
+  endif()
+  if(DEFINED A_OUT_FILE)
+    list(APPEND _defs "-DOUT_FILE=${A_OUT_FILE}")
+  endif()
+  if(A_LAST_LINE)
+    list(APPEND _defs -DLAST_LINE=ON)
+  endif()
+  if(A_STDOUT_EMPTY)
+    list(APPEND _defs -DSTDOUT_EMPTY=ON)
+  endif()
+  if(PAGEDKV_SANITIZE)
+    list(APPEND _defs -DSANITIZED=ON)
+  endif()
+  add_test(NAME bad_input.${name} COMMAND ${CMAKE_COMMAND} ${_defs} -P ${_driver})
+  set_tests_properties(bad_input.${name} PROPERTIES LABELS "bad_input;cli" TIMEOUT 180)
+endfunction()
+
+# Splits "name|regex" at the first '|' (the regex may contain more).
+function(pagedkv_split_case text out_name out_regex)
+  string(FIND "${text}" "|" _at)
+  string(SUBSTRING "${text}" 0 ${_at} _n)
+  math(EXPR _at "${_at} + 1")
+  string(SUBSTRING "${text}" ${_at} -1 _r)
+  set(${out_name} "${_n}" PARENT_SCOPE)
+  set(${out_regex} "${_r}" PARENT_SCOPE)
+endfunction()
+
+# ---- generate --model: corrupt llama2.c checkpoints (the tokenizer is the valid one) ------------
+set(_model_cases
+  "empty|truncated: 0 bytes"
+  "truncated_header|truncated: 12 bytes"
+  "zero_dim|dim is 0"
+  "negative_layers|n_layers is -3"
+  "heads_not_multiple|n_heads 3 is not a multiple of n_kv_heads 2"
+  "odd_head_size|head_size [^\n]*odd"
+  "huge_dims|(too large|implies)"
+  "huge_vocab|(too large|implies)"
+  "int_min_vocab|vocab_size"
+  "truncated_weights|truncated: [0-9]+ bytes, but its header"
+  "trailing_bytes|length mismatch: [0-9]+ bytes, but its header"
+  "text_file|[a-z]")
+foreach(_case IN LISTS _model_cases)
+  pagedkv_split_case("${_case}" _name _what)
+  pagedkv_bad_input(generate.model.${_name} STDOUT_EMPTY
+    ARGS generate --model ${_bad}/model/${_name}.bin --tokenizer ${_ok}/tokenizer.bin --steps 4
+    REGEX "^pagedkv generate: model file [^\n]*${_name}.bin: [^\n]*${_what}[^\n]*\n$")
+endforeach()
+
+# ---- generate --tokenizer: corrupt tokenizers for the valid 16-token model ----------------------
+set(_tokenizer_cases
+  "empty|truncated"
+  "truncated_header|truncated"
+  "zero_max_len|max_token_length 0"
+  "negative_length|length -7"
+  "length_over_max|length 9, outside"
+  "huge_piece_length|truncated"
+  "truncated_mid_token|truncated"
+  "too_few_tokens|truncated"
+  "trailing_bytes|3 bytes after token 15")
+foreach(_case IN LISTS _tokenizer_cases)
+  pagedkv_split_case("${_case}" _name _what)
+  pagedkv_bad_input(generate.tokenizer.${_name} STDOUT_EMPTY
+    ARGS generate --model ${_ok}/model.bin --tokenizer ${_bad}/tokenizer/${_name}.bin --steps 4
+    REGEX "^pagedkv generate: tokenizer file [^\n]*${_name}.bin: [^\n]*${_what}[^\n]*\n$")
+endforeach()
+
+# Missing files and a directory where a file is expected.
+pagedkv_bad_input(generate.model.missing STDOUT_EMPTY
+  ARGS generate --model ${_bad}/model/does_not_exist.bin --tokenizer ${_ok}/tokenizer.bin
+  REGEX "^pagedkv generate: [^\n]*does_not_exist.bin[^\n]*\n$")
+pagedkv_bad_input(generate.model.directory STDOUT_EMPTY
+  ARGS generate --model ${_bad}/model --tokenizer ${_ok}/tokenizer.bin
+  REGEX "^pagedkv generate: [^\n]*model[^\n]*\n$")
+pagedkv_bad_input(generate.tokenizer.directory STDOUT_EMPTY
+  ARGS generate --model ${_ok}/model.bin --tokenizer ${_bad}/tokenizer
+  REGEX "^pagedkv generate: [^\n]*tokenizer[^\n]*\n$")
+
+# Positive control: the valid pair runs.
+pagedkv_bad_input(generate.ok_control EXPECTED 0
+  ARGS generate --model ${_ok}/model.bin --tokenizer ${_ok}/tokenizer.bin --prompt "once a"
+       --steps 8)
+
+# ---- replay --trace: broken rows and files; --svg must not be left behind ---------------------
+# Strict mode: the first broken row is an error naming its line.
+set(_strict_cases
+  "azure_wrong_field_count.csv|:3: "
+  "azure_non_numeric.csv|:3: [^\n]*abc"
+  "azure_negative_tokens.csv|:3: [^\n]*-5"
+  "azure_zero_prompt.csv|:3: "
+  "azure_time_backwards.csv|:3: "
+  "azure_huge_tokens.csv|:2: "
+  "azure_bad_timestamp.csv|:2: [^\n]*yesterday"
+  "mooncake_invalid_json.jsonl|:2: "
+  "mooncake_hash_ids_wrong_length.jsonl|:1: [^\n]*hash_ids"
+  "mooncake_negative_output.jsonl|:1: [^\n]*-1"
+  "mooncake_wrong_types.jsonl|:1: "
+  "mooncake_binary_garbage.jsonl|:1: ")
+foreach(_case IN LISTS _strict_cases)
+  pagedkv_split_case("${_case}" _file _what)
+  string(REGEX REPLACE "\\.[a-z]+$" "" _name "${_file}")
+  pagedkv_bad_input(replay.strict.${_name} STDOUT_EMPTY
+    ARGS replay --trace ${_bad}/trace/${_file} --strict --no-progress
+         --svg ${_scratch}/${_name}.svg
+    OUT_FILE ${_scratch}/${_name}.svg
+    REGEX "^pagedkv replay: [^\n]*${_file}${_what}[^\n]*\n$")
+endforeach()
+# File-level problems fail in either mode.
+pagedkv_bad_input(replay.empty_file STDOUT_EMPTY
+  ARGS replay --trace ${_bad}/trace/azure_empty.csv --no-progress --svg ${_scratch}/empty.svg
+  OUT_FILE ${_scratch}/empty.svg
+  REGEX "^pagedkv replay: [^\n]*azure_empty.csv:1: [^\n]*empty[^\n]*\n$")
+pagedkv_bad_input(replay.missing_column STDOUT_EMPTY
+  ARGS replay --trace ${_bad}/trace/azure_missing_column.csv --no-progress
+       --svg ${_scratch}/missing_column.svg
+  OUT_FILE ${_scratch}/missing_column.svg
+  REGEX "^pagedkv replay: [^\n]*azure_missing_column.csv:1: [^\n]*GeneratedTokens[^\n]*\n$")
+pagedkv_bad_input(replay.missing_file STDOUT_EMPTY
+  ARGS replay --trace ${_bad}/trace/does_not_exist.csv --no-progress
+  REGEX "^pagedkv replay: [^\n]*does_not_exist.csv[^\n]*no such file[^\n]*\n$")
+pagedkv_bad_input(replay.directory STDOUT_EMPTY
+  ARGS replay --trace ${_bad}/trace --no-progress
+  REGEX "^pagedkv replay: [^\n]*is a directory[^\n]*\n$")
+# Lenient mode with every row broken: the skipped rows are listed (one line each), then the
+# error; the last line names the problem.
+pagedkv_bad_input(replay.all_rows_bad LAST_LINE STDOUT_EMPTY
+  ARGS replay --trace ${_bad}/trace/azure_all_rows_bad.csv --no-progress
+       --svg ${_scratch}/all_rows_bad.svg
+  OUT_FILE ${_scratch}/all_rows_bad.svg
+  REGEX "^pagedkv replay: [^\n]*no valid request[^\n]*\n$")
+
+# Positive controls: the valid traces replay and write their plot.
+pagedkv_bad_input(replay.ok_control_azure EXPECTED 0
+  ARGS replay --trace ${_ok}/azure.csv --strict --no-progress --svg ${_scratch}/ok_azure.svg
+  OUT_FILE ${_scratch}/ok_azure.svg)
+pagedkv_bad_input(replay.ok_control_mooncake EXPECTED 0
+  ARGS replay --trace ${_ok}/mooncake.jsonl --strict --no-progress
+       --svg ${_scratch}/ok_mooncake.svg
+  OUT_FILE ${_scratch}/ok_mooncake.svg)

@@ -1,0 +1,346 @@
+// libFuzzer target: the input decodes into a KVCacheManager configuration and a sequence of
+// scheduler operations (add, append, fork, free, swap, preempt, batch metadata, heavy-hitter
+// scores, prefix-cache reset, copies). After every operation:
+//  - check_invariants() holds (ref counts, conservation, prefix entries, host pool, stats);
+//  - a can_* query agrees with the operation it predicts (success, empty, or throw);
+//  - an operation that returned empty or threw pagedkv::Error changed nothing observable
+//    (strong guarantee);
+// and at the end, freeing every sequence returns the whole pool. Any other exception type
+// escapes and is reported by libFuzzer as a crash.
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "fuzz_util.hpp"
+#include "pagedkv/error.hpp"
+#include "pagedkv/kv_cache_manager.hpp"
+
+namespace pagedkv::fuzz {
+namespace {
+
+/// Everything a caller can observe of a manager's state (cumulative counters included: a failed
+/// operation must not count a hit, a miss or a preemption).
+struct Observed {
+  std::vector<SeqId> seqs;
+  std::vector<int64_t> tokens;
+  std::vector<std::vector<BlockId>> tables;
+  std::vector<bool> swapped;
+  KVCacheStats stats;
+  int32_t available = 0;
+
+  bool operator==(const Observed& o) const {
+    const KVCacheStats& a = stats;
+    const KVCacheStats& b = o.stats;
+    return seqs == o.seqs && tokens == o.tokens && tables == o.tables && swapped == o.swapped &&
+           available == o.available && a.free_blocks == b.free_blocks &&
+           a.used_blocks == b.used_blocks && a.cached_blocks == b.cached_blocks &&
+           a.num_swapped_sequences == b.num_swapped_sequences &&
+           a.prefix_query_tokens == b.prefix_query_tokens &&
+           a.prefix_hit_tokens == b.prefix_hit_tokens && a.prefix_hits == b.prefix_hits &&
+           a.prefix_misses == b.prefix_misses && a.prefix_evictions == b.prefix_evictions &&
+           a.prefix_cached_entries == b.prefix_cached_entries && a.preemptions == b.preemptions &&
+           a.swapped_out_blocks == b.swapped_out_blocks &&
+           a.swapped_in_blocks == b.swapped_in_blocks && a.host_used_blocks == b.host_used_blocks &&
+           a.released_blocks == b.released_blocks && a.evicted_tokens == b.evicted_tokens;
+  }
+};
+
+Observed observe(const KVCacheManager& m) {
+  Observed o;
+  o.seqs = m.sequences();
+  for (SeqId s : o.seqs) {
+    o.tokens.push_back(m.num_tokens(s));
+    const std::span<const BlockId> t = m.block_table(s);
+    o.tables.emplace_back(t.begin(), t.end());
+    o.swapped.push_back(m.is_swapped(s));
+  }
+  o.stats = m.stats();
+  o.available = m.num_free_blocks();
+  return o;
+}
+
+/// Outcome of a query or an operation: threw pagedkv::Error, failed (empty / false), succeeded.
+enum class Outcome { kThrew, kFailed, kOk };
+
+const char* name(Outcome o) {
+  return o == Outcome::kThrew ? "threw" : o == Outcome::kFailed ? "failed" : "ok";
+}
+
+template <typename Fn>
+Outcome outcome_of(Fn&& fn) {
+  try {
+    return fn() ? Outcome::kOk : Outcome::kFailed;
+  } catch (const Error&) {
+    return Outcome::kThrew;
+  }
+}
+
+std::optional<KVCacheManagerConfig> decode_config(ByteReader& in) {
+  KVCacheManagerConfig c;
+  c.block_size = 1 + static_cast<int32_t>(in.below(8));
+  c.num_blocks = 1 + static_cast<int32_t>(in.below(32));
+  const uint8_t flags = in.byte();
+  c.enable_prefix_caching = (flags & 1) != 0;
+  c.enable_events = (flags & 2) != 0;
+  c.num_host_blocks = (flags & 4) != 0 ? static_cast<int32_t>(in.below(16)) : 0;
+  c.watermark = 0.1 * static_cast<double>(in.below(4));
+  c.max_model_len = (flags & 8) != 0 ? 1 + static_cast<int64_t>(in.below(64)) : 0;
+  switch (in.below(4)) {
+    case 0:
+      break;
+    case 1:
+      c.eviction = {.kind = EvictionKind::kSlidingWindow, .window = 1 + int32_t(in.below(12))};
+      break;
+    case 2:
+      c.eviction = {.kind = EvictionKind::kAttentionSinks,
+                    .window = 1 + int32_t(in.below(12)),
+                    .sinks = 1 + int32_t(in.below(4))};
+      break;
+    default:
+      c.eviction = {.kind = EvictionKind::kHeavyHitters,
+                    .recent = 1 + int32_t(in.below(6)),
+                    .heavy = int32_t(in.below(6))};
+      break;
+  }
+  // Occasionally an invalid field, so the constructor's checks run too.
+  if ((flags & 0xF0) == 0xF0) c.block_size = 0;
+  return c;
+}
+
+/// Sequence ids -1 (kPaddingSeq, always invalid) .. 7: a small space so operations collide.
+SeqId seq_id(ByteReader& in) { return static_cast<SeqId>(in.below(9)) - 1; }
+
+/// Tokens from a 4-letter alphabet, so prompts share prefixes and the prefix cache hits.
+std::vector<TokenId> tokens(ByteReader& in, int32_t max_len) {
+  std::vector<TokenId> t(in.below(static_cast<uint32_t>(max_len) + 1));
+  for (TokenId& x : t) x = static_cast<TokenId>(in.below(4));
+  return t;
+}
+
+void expect_unchanged(const KVCacheManager& m, const Observed& before, const char* op, Outcome o) {
+  PAGEDKV_FUZZ_CHECK(observe(m) == before, "%s %s but changed the manager's state", op, name(o));
+}
+
+/// Runs a mutating operation whose success a query predicts; checks agreement and the strong
+/// guarantee on failure.
+template <typename Query, typename Op>
+void predicted(KVCacheManager& m, const char* op, Query&& query, Op&& run) {
+  const Outcome predicted = outcome_of(query);
+  const Observed before = observe(m);
+  const Outcome got = outcome_of(run);
+  PAGEDKV_FUZZ_CHECK(predicted == got, "%s: query predicted '%s', operation %s", op,
+                     name(predicted), name(got));
+  if (got != Outcome::kOk) expect_unchanged(m, before, op, got);
+}
+
+/// Runs an operation without a predicting query; checks the strong guarantee when it throws.
+template <typename Op>
+void guarded(KVCacheManager& m, const char* op, Op&& run) {
+  const Observed before = observe(m);
+  const Outcome got = outcome_of(run);
+  if (got == Outcome::kThrew) expect_unchanged(m, before, op, got);
+}
+
+void step(KVCacheManager& m, ByteReader& in) {
+  const int32_t bs = m.config().block_size;
+  switch (in.below(16)) {
+    case 0: {
+      const SeqId s = seq_id(in);
+      guarded(m, "add_sequence", [&] {
+        m.add_sequence(s);
+        return true;
+      });
+      break;
+    }
+    case 1: {
+      const SeqId s = seq_id(in);
+      const std::vector<TokenId> prompt = tokens(in, 3 * bs);
+      const uint64_t extra = in.below(2);
+      // can_add_sequence does not know `s`; an existing or padding id throws instead.
+      const bool bad_id = s == kPaddingSeq || m.has_sequence(s);
+      predicted(
+          m, "add_sequence(prompt)",
+          [&] {
+            if (bad_id) throw Error("bad id");
+            return m.can_add_sequence(prompt, extra) == Admission::kOk;
+          },
+          [&] { return m.add_sequence(s, prompt, extra).has_value(); });
+      break;
+    }
+    case 2: {
+      const SeqId s = seq_id(in);
+      const uint8_t b = in.byte();  // 255: a negative count, which must throw
+      const int64_t n = b == 255 ? -1 : static_cast<int64_t>(b % (3 * bs + 1));
+      predicted(
+          m, "append_slots", [&] { return m.can_append(s, n); },
+          [&] {
+            const auto r = m.append_slots(s, n);
+            if (r) PAGEDKV_FUZZ_CHECK(static_cast<int64_t>(r->slots.size()) == n, "slots");
+            return r.has_value();
+          });
+      break;
+    }
+    case 3: {
+      const SeqId s = seq_id(in);
+      const std::vector<TokenId> t = tokens(in, 2 * bs);
+      predicted(
+          m, "append_tokens", [&] { return m.can_append(s, static_cast<int64_t>(t.size())); },
+          [&] { return m.append_tokens(s, t).has_value(); });
+      break;
+    }
+    case 4: {
+      const SeqId parent = seq_id(in);
+      const SeqId child = seq_id(in);
+      guarded(m, "fork", [&] {
+        m.fork(parent, child);
+        return true;
+      });
+      break;
+    }
+    case 5: {
+      const SeqId s = seq_id(in);
+      guarded(m, "free_sequence", [&] {
+        m.free_sequence(s);
+        return true;
+      });
+      break;
+    }
+    case 6: {
+      const SeqId s = seq_id(in);
+      predicted(
+          m, "swap_out", [&] { return m.can_swap_out(s); },
+          [&] { return m.swap_out(s).has_value(); });
+      break;
+    }
+    case 7: {
+      const SeqId s = seq_id(in);
+      predicted(
+          m, "swap_in", [&] { return m.can_swap_in(s); }, [&] { return m.swap_in(s).has_value(); });
+      break;
+    }
+    case 8: {
+      const SeqId s = seq_id(in);
+      guarded(m, "preempt", [&] {
+        const int64_t n = m.has_sequence(s) ? m.num_tokens(s) : -1;
+        const PreemptedSequence p = m.preempt(s);
+        PAGEDKV_FUZZ_CHECK(p.seq == s && p.num_tokens == n && !m.has_sequence(s), "preempt");
+        return true;
+      });
+      break;
+    }
+    case 9: {
+      // Read-only: batch metadata over a few ids (padding rows included) must be consistent.
+      std::vector<SeqId> seqs(in.below(4));
+      std::vector<int64_t> num_new(seqs.size());
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        seqs[i] = seq_id(in);
+        num_new[i] = static_cast<int64_t>(in.below(3));
+      }
+      guarded(m, "batch_metadata", [&] {
+        const BatchMetadata b = m.batch_metadata(seqs, num_new);
+        (void)b;
+        return true;
+      });
+      break;
+    }
+    case 10: {
+      std::vector<SeqId> seqs(in.below(3));
+      for (SeqId& s : seqs) s = seq_id(in);
+      guarded(m, "kept_tokens", [&] {
+        const KeptTokens k = m.kept_tokens(seqs);
+        PAGEDKV_FUZZ_CHECK(k.indptr.size() == seqs.size() + 1, "indptr size");
+        PAGEDKV_FUZZ_CHECK(k.slots.size() == static_cast<size_t>(k.indptr.back()) &&
+                               k.positions.size() == k.slots.size(),
+                           "kept sizes");
+        return true;
+      });
+      break;
+    }
+    case 11: {
+      const SeqId s = seq_id(in);
+      const bool wrong_size = in.below(8) == 0;
+      guarded(m, "accumulate_attention", [&] {
+        const SeqId one[] = {s};
+        const KeptTokens k = m.kept_tokens(one);
+        std::vector<float> w(k.slots.size() + (wrong_size ? 1 : 0));
+        for (float& x : w) x = static_cast<float>(in.below(16)) / 8.0f;
+        m.accumulate_attention(s, w);
+        return true;
+      });
+      break;
+    }
+    case 12:
+      m.reset_prefix_cache();
+      break;
+    case 13: {
+      const std::vector<KVCacheEvent> events = m.take_events();
+      PAGEDKV_FUZZ_CHECK(m.config().enable_events || events.empty(), "events while disabled");
+      break;
+    }
+    case 14: {
+      // Copies and moves are deep and faithful.
+      const Observed before = observe(m);
+      KVCacheManager copy(m);
+      PAGEDKV_FUZZ_CHECK(observe(copy) == before, "copy differs");
+      m = std::move(copy);
+      PAGEDKV_FUZZ_CHECK(observe(m) == before, "move-assign differs");
+      break;
+    }
+    default: {
+      // blocks_needed_to_append and can_append agree on errors, and a pool with at least that
+      // many available blocks (watermark aside) means the append fits.
+      const SeqId s = seq_id(in);
+      const int64_t n = static_cast<int64_t>(in.below(3 * bs + 1));
+      int32_t needed = -1;
+      const Outcome a = outcome_of([&] {
+        needed = m.blocks_needed_to_append(s, n);
+        return true;
+      });
+      const Outcome b = outcome_of([&] { return m.can_append(s, n) || true; });
+      // can_append also throws past max_model_len, which blocks_needed_to_append does not check.
+      if (b == Outcome::kOk) {
+        PAGEDKV_FUZZ_CHECK(a == Outcome::kOk, "blocks_needed_to_append threw, can_append did not");
+        PAGEDKV_FUZZ_CHECK(needed >= 0, "negative blocks needed %d", needed);
+      }
+      break;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pagedkv::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace pagedkv;
+  fuzz::ByteReader in(data, size);
+  const std::optional<KVCacheManagerConfig> config = fuzz::decode_config(in);
+  std::optional<KVCacheManager> manager;
+  try {
+    manager.emplace(*config);
+  } catch (const Error&) {
+    return 0;  // an invalid configuration is rejected up front: nothing else to check
+  }
+  KVCacheManager& m = *manager;
+  for (int ops = 0; !in.empty() && ops < 2000; ++ops) {
+    fuzz::step(m, in);
+    try {
+      m.check_invariants();
+    } catch (const Error& e) {
+      PAGEDKV_FUZZ_CHECK(false, "invariant broken after op %d: %s", ops, e.what());
+    }
+  }
+  // Abort every request: the whole pool (and the host pool) must come back.
+  for (SeqId s : m.sequences()) m.free_sequence(s);
+  m.check_invariants();
+  const KVCacheStats st = m.stats();
+  PAGEDKV_FUZZ_CHECK(st.used_blocks == 0 && st.host_used_blocks == 0 && st.num_sequences == 0,
+                     "blocks leaked: used %d, host used %d", st.used_blocks, st.host_used_blocks);
+  PAGEDKV_FUZZ_CHECK(m.num_free_blocks() == m.num_total_blocks(), "available %d of %d",
+                     m.num_free_blocks(), m.num_total_blocks());
+  m.reset_prefix_cache();
+  PAGEDKV_FUZZ_CHECK(m.stats().free_blocks == m.num_total_blocks(), "cached blocks remain");
+  return 0;
+}
