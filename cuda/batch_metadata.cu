@@ -4,8 +4,8 @@
 
 #include <cuda_runtime.h>
 
-#include <cub/device/device_scan.cuh>
 #include <cstdint>
+#include <cub/device/device_scan.cuh>
 
 #include "detail/cuda_launch.hpp"
 
@@ -38,7 +38,8 @@ __global__ void copy_counts_kernel(const int32_t* __restrict__ num_new, int32_t 
 // grid: (n); block: 128 threads striding over the row's blocks
 __global__ void scatter_csr_kernel(const int32_t* __restrict__ tables, int32_t stride,
                                    const int32_t* __restrict__ context_lens, int32_t block_size,
-                                   const int32_t* __restrict__ indptr, int32_t* __restrict__ indices,
+                                   const int32_t* __restrict__ indptr,
+                                   int32_t* __restrict__ indices,
                                    int32_t* __restrict__ last_page_len) {
   const int32_t i = static_cast<int32_t>(blockIdx.x);
   const int32_t begin = indptr[i];
@@ -109,7 +110,7 @@ void launch_build_csr(const MetadataBuffers& m, int32_t block_size, int32_t* ind
   const auto s = static_cast<cudaStream_t>(stream);
   const int32_t n = m.max_seqs;
   count_blocks_kernel<<<blocks_for(n + 1, 256), 256, 0, s>>>(m.context_lens, n, block_size,
-                                                            m.counts);
+                                                             m.counts);
   check(cudaGetLastError(), "count_blocks_kernel launch");
   auto temp_bytes = static_cast<size_t>(m.cub_temp_bytes);
   check(cub::DeviceScan::ExclusiveSum(m.cub_temp, temp_bytes, m.counts, indptr, n + 1, s),
@@ -133,7 +134,8 @@ void launch_build_slot_mapping(const MetadataBuffers& m, const int32_t* num_new_
       m.block_tables, m.stride, m.context_lens, block_size, num_new_tokens, query_start,
       slot_mapping);
   check(cudaGetLastError(), "slot_mapping_kernel launch");
-  const unsigned pad_blocks = blocks_for(max_tokens, 256) < 1024 ? blocks_for(max_tokens, 256) : 1024;
+  const unsigned pad_blocks =
+      blocks_for(max_tokens, 256) < 1024 ? blocks_for(max_tokens, 256) : 1024;
   pad_slots_kernel<<<pad_blocks, 256, 0, s>>>(query_start + n, slot_mapping, max_tokens);
   check(cudaGetLastError(), "pad_slots_kernel launch");
 }

@@ -71,8 +71,12 @@ template <typename Src>
 void launch_write_for_dst(const CacheWrite& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.num_tokens));
   switch (a.dtype) {
-    case DType::kF32: reshape_and_cache_kernel<Src, float><<<grid, 128, 0, stream>>>(a); return;
-    case DType::kF16: reshape_and_cache_kernel<Src, __half><<<grid, 128, 0, stream>>>(a); return;
+    case DType::kF32:
+      reshape_and_cache_kernel<Src, float><<<grid, 128, 0, stream>>>(a);
+      return;
+    case DType::kF16:
+      reshape_and_cache_kernel<Src, __half><<<grid, 128, 0, stream>>>(a);
+      return;
     case DType::kBF16:
       reshape_and_cache_kernel<Src, __nv_bfloat16><<<grid, 128, 0, stream>>>(a);
       return;
@@ -90,9 +94,15 @@ void launch_reshape_and_cache(const CacheWrite& args, void* stream) {
   if (args.num_tokens == 0) return;
   const auto s = static_cast<cudaStream_t>(stream);
   switch (args.src_dtype) {
-    case DType::kF32: launch_write_for_dst<float>(args, s); break;
-    case DType::kF16: launch_write_for_dst<__half>(args, s); break;
-    case DType::kBF16: launch_write_for_dst<__nv_bfloat16>(args, s); break;
+    case DType::kF32:
+      launch_write_for_dst<float>(args, s);
+      break;
+    case DType::kF16:
+      launch_write_for_dst<__half>(args, s);
+      break;
+    case DType::kBF16:
+      launch_write_for_dst<__nv_bfloat16>(args, s);
+      break;
   }
   check_launch("reshape_and_cache_kernel launch");
 }

@@ -83,13 +83,13 @@ __device__ __forceinline__ void decode_body(const DecodeProblem& p, const KV& kv
   constexpr int kDup = kLanes / kHeads;  // lanes holding the same head's score
   constexpr int kHeadsPerWarp = kHeads / Tr::kWarps;
 
-  T* k_tiles = reinterpret_cast<T*>(smem);       // [2][kTile][D]
-  T* v_tiles = k_tiles + 2 * kTileElems;         // [2][kTile][D]
+  T* k_tiles = reinterpret_cast<T*>(smem);         // [2][kTile][D]
+  T* v_tiles = k_tiles + 2 * kTileElems;           // [2][kTile][D]
   float* reduce = reinterpret_cast<float*>(smem);  // [kGroups][kHeads][D], after the loop
   float* scores = reinterpret_cast<float*>(smem + Tr::kTileBufferBytes);  // [kTile][kHeads]
-  float* alpha_s = scores + Tr::kScoreFloats;    // [kHeads]
-  float* m_s = alpha_s + kHeads;                 // [kHeads]
-  float* l_s = m_s + kHeads;                     // [kHeads]
+  float* alpha_s = scores + Tr::kScoreFloats;                             // [kHeads]
+  float* m_s = alpha_s + kHeads;                                          // [kHeads]
+  float* l_s = m_s + kHeads;                                              // [kHeads]
 
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid / 32;
@@ -298,7 +298,8 @@ __device__ __forceinline__ void decode_body(const DecodeProblem& p, const KV& kv
       for (int c = 0; c < kChunksPerLane; ++c) {
         const int d0 = (tx + c * kLanes) * kVec;
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) reduce[(tg * kHeads + h) * D + d0 + e] = acc[h][c * kVec + e];
+        for (int e = 0; e < kVec; ++e)
+          reduce[(tg * kHeads + h) * D + d0 + e] = acc[h][c * kVec + e];
       }
     }
   }
@@ -316,14 +317,16 @@ __device__ __forceinline__ void decode_body(const DecodeProblem& p, const KV& kv
       p.out[row * D + d] = o;
     } else {
       p.partial_o[(row * p.num_splits + split) * D + d] = o;
-      if (d == 0) p.partial_lse[row * p.num_splits + split] = l > 0.f ? m_s[h] + log2f(l) : -INFINITY;
+      if (d == 0)
+        p.partial_lse[row * p.num_splits + split] = l > 0.f ? m_s[h] + log2f(l) : -INFINITY;
     }
   }
 }
 
 /// Occupancy floor handed to ptxas. With 8 heads of fp32 q and accumulators per lane the
 /// fp16/bf16 kernels use ~220 registers: 2 CTAs (8 warps) per SM with
-/// no spills, 32 KiB of K/V in flight per SM; 3 forces ~168 registers and spills 60-116 bytes. Measured choice: docs/cuda.md.
+/// no spills, 32 KiB of K/V in flight per SM; 3 forces ~168 registers and spills 60-116 bytes.
+/// Measured choice: docs/cuda.md.
 constexpr int kDecodeMinCtasPerSm = 2;
 
 // grid: (num_kv_heads * head_chunks, num_seqs, num_splits); block: kDecodeThreads
@@ -337,10 +340,11 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinCtasPerSm)
 // Split-K merge: out = sum_s w_s o_s / sum_s w_s, w_s = 2^(lse_s - max lse) (log2 domain).
 // A row whose splits all saw nothing (lse -inf everywhere) outputs zeros.
 // grid: (num_heads, num_seqs); block: 128 threads striding over head_dim
-__global__ void merge_kernel(const float* __restrict__ partial_o,    // [num_seqs, num_heads, num_splits, head_dim]
-                             const float* __restrict__ partial_lse,  // [num_seqs, num_heads, num_splits]
-                             float* __restrict__ out,                // [num_seqs, num_heads, head_dim]
-                             int32_t num_splits, int32_t head_dim) {
+__global__ void merge_kernel(
+    const float* __restrict__ partial_o,    // [num_seqs, num_heads, num_splits, head_dim]
+    const float* __restrict__ partial_lse,  // [num_seqs, num_heads, num_splits]
+    float* __restrict__ out,                // [num_seqs, num_heads, head_dim]
+    int32_t num_splits, int32_t head_dim) {
   const int64_t row = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
   const float* lse = partial_lse + row * num_splits;
   float m = -INFINITY;
@@ -391,8 +395,8 @@ void dispatch_decode(DType dtype, int32_t head_dim, F&& f) {
     }
     dispatch_decode<kI + 1>(dtype, head_dim, std::forward<F>(f));
   } else {
-    throw_cuda_error(static_cast<int>(cudaErrorInvalidValue), "decode: unsupported dtype",
-                     __FILE__, __LINE__);
+    throw_cuda_error(static_cast<int>(cudaErrorInvalidValue), "decode: unsupported dtype", __FILE__,
+                     __LINE__);
   }
 }
 

@@ -98,8 +98,7 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool f
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const int src_bytes = fill ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-               "r"(src_bytes)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes)
                : "memory");
 #else
   *static_cast<uint4*>(smem) = fill ? *static_cast<const uint4*>(gmem) : make_uint4(0, 0, 0, 0);

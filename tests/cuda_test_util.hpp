@@ -13,11 +13,11 @@
 
 /// Skips the current test unless a CUDA device is usable; gtest prints "Skipped" and the
 /// reason "no CUDA device" (CI has nvcc but no GPU).
-#define PAGEDKV_REQUIRE_CUDA_DEVICE()                                    \
-  do {                                                                   \
-    if (!::pagedkv::cuda::device_available()) {                          \
-      GTEST_SKIP() << "no CUDA device";                                  \
-    }                                                                    \
+#define PAGEDKV_REQUIRE_CUDA_DEVICE()           \
+  do {                                          \
+    if (!::pagedkv::cuda::device_available()) { \
+      GTEST_SKIP() << "no CUDA device";         \
+    }                                           \
   } while (0)
 
 namespace pagedkv::testing {

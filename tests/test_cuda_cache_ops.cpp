@@ -1,8 +1,6 @@
 // CUDA reshape_and_cache and copy_blocks: host-side rejections (no GPU needed), and on a GPU
 // bit-identical agreement with HostKVCache::write / HostKVCache::copy_blocks.
 
-#include "pagedkv/cuda/cache_ops.hpp"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -15,6 +13,7 @@
 
 #include "cuda_test_util.hpp"
 #include "pagedkv/config.hpp"
+#include "pagedkv/cuda/cache_ops.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/host_kv_cache.hpp"
 
@@ -61,8 +60,7 @@ TEST(CacheOpsRejection, ReshapeAndCacheChecksOnTheHost) {
               HasSubstr("null input for 3 tokens"));
   KVLayerView bad = fake_view();
   bad.block_size = 0;
-  EXPECT_THAT(message_of([&] { reshape_and_cache(bad, in); }),
-              HasSubstr("invalid cache view"));
+  EXPECT_THAT(message_of([&] { reshape_and_cache(bad, in); }), HasSubstr("invalid cache view"));
   in.num_tokens = 0;
   EXPECT_NO_THROW(reshape_and_cache(fake_view(), in));  // nothing to do, nothing launched
 }
@@ -196,8 +194,7 @@ std::vector<WriteCase> write_cases() {
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(All, CudaReshapeAndCache, ::testing::ValuesIn(write_cases()),
-                         write_name);
+INSTANTIATE_TEST_SUITE_P(All, CudaReshapeAndCache, ::testing::ValuesIn(write_cases()), write_name);
 
 TEST(CudaCopyBlocks, BitIdenticalToHostCopyBlocks) {
   PAGEDKV_REQUIRE_CUDA_DEVICE();

@@ -3,8 +3,6 @@
 // needed); and, on a GPU, the paged and contiguous kernels against the CPU
 // pagedkv::paged_decode_attention on the same cache, across the supported configurations.
 
-#include "pagedkv/cuda/decode_attention.hpp"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -19,6 +17,7 @@
 #include "paged_scenario.hpp"
 #include "pagedkv/attention.hpp"
 #include "pagedkv/config.hpp"
+#include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/error.hpp"
 
 #if PAGEDKV_WITH_CUDA
@@ -188,8 +187,8 @@ struct FakeProblem {
     view.block_size = block_size;
     view.num_kv_heads = 2;
     view.head_dim = head_dim;
-    layout_strides(KVLayout::kHND, block_size, 2, head_dim, &view.block_stride,
-                   &view.head_stride, &view.token_stride);
+    layout_strides(KVLayout::kHND, block_size, 2, head_dim, &view.block_stride, &view.head_stride,
+                   &view.token_stride);
     params.num_heads = 8;
     params.num_kv_heads = 2;
     params.head_dim = head_dim;
@@ -219,9 +218,9 @@ TEST(DecodeRejection, UnsupportedConfigurationsFailOnTheHost) {
                 HasSubstr("CUDA decode attention: " + c.message));
   }
   // The contiguous kernel has no block size; head_dim and dtype are checked the same way.
-  ContiguousKVView cv = make_contiguous_view(reinterpret_cast<void*>(uintptr_t{0x30000}),
-                                             reinterpret_cast<void*>(uintptr_t{0x40000}),
-                                             DType::kF16, 1, 16, 2, 80);
+  ContiguousKVView cv =
+      make_contiguous_view(reinterpret_cast<void*>(uintptr_t{0x30000}),
+                           reinterpret_cast<void*>(uintptr_t{0x40000}), DType::kF16, 1, 16, 2, 80);
   FakeProblem f(DType::kF16, 80, 16);
   EXPECT_THAT(message_of([&] { contiguous_decode_attention(f.params, cv, f.ctx, f.q, f.out); }),
               HasSubstr("head_dim 80 is not supported (supported: 64, 128, 256)"));
@@ -240,10 +239,9 @@ TEST(DecodeRejection, BadArgumentsFailOnTheHost) {
     EXPECT_THAT(
         message_of([&] { paged_decode_attention(f.params, f.view, f.tables, nullptr, f.out); }),
         HasSubstr("q is null"));
-    EXPECT_THAT(message_of([&] {
-                  paged_decode_attention(f.params, f.view, f.tables, f.q + 1, f.out);
-                }),
-                HasSubstr("is not 16-byte aligned"));
+    EXPECT_THAT(
+        message_of([&] { paged_decode_attention(f.params, f.view, f.tables, f.q + 1, f.out); }),
+        HasSubstr("is not 16-byte aligned"));
   }
   {
     FakeProblem f(DType::kF16, 128, 16);
@@ -251,15 +249,13 @@ TEST(DecodeRejection, BadArgumentsFailOnTheHost) {
     launch.plan = DecodePlan{4, 64};
     launch.workspace = reinterpret_cast<void*>(uintptr_t{0x50000});
     launch.workspace_bytes = 100;
-    EXPECT_THAT(message_of([&] {
-                  paged_decode_attention(f.params, f.view, f.tables, f.q, f.out, launch);
-                }),
-                HasSubstr("workspace of 100 bytes is smaller than the"));
+    EXPECT_THAT(
+        message_of([&] { paged_decode_attention(f.params, f.view, f.tables, f.q, f.out, launch); }),
+        HasSubstr("workspace of 100 bytes is smaller than the"));
     launch.plan = DecodePlan{kMaxSplits + 1, 64};
-    EXPECT_THAT(message_of([&] {
-                  paged_decode_attention(f.params, f.view, f.tables, f.q, f.out, launch);
-                }),
-                HasSubstr("plan.num_splits 257 outside [1, 256]"));
+    EXPECT_THAT(
+        message_of([&] { paged_decode_attention(f.params, f.view, f.tables, f.q, f.out, launch); }),
+        HasSubstr("plan.num_splits 257 outside [1, 256]"));
   }
   {
     FakeProblem f(DType::kF16, 128, 16);
@@ -291,9 +287,9 @@ struct GpuCase {
 };
 
 std::string gpu_case_name(const GpuCase& c) {
-  std::string name = std::string(dtype_name(c.dtype)) + "_d" + std::to_string(c.head_dim) +
-                     "_bs" + std::to_string(c.block_size) + "_gqa" + std::to_string(c.group) +
-                     "_kv" + std::to_string(c.num_kv_heads);
+  std::string name = std::string(dtype_name(c.dtype)) + "_d" + std::to_string(c.head_dim) + "_bs" +
+                     std::to_string(c.block_size) + "_gqa" + std::to_string(c.group) + "_kv" +
+                     std::to_string(c.num_kv_heads);
   if (c.layout == KVLayout::kNHD) name += "_nhd";
   if (c.window_left >= 0) name += "_win" + std::to_string(c.window_left);
   if (c.sink_tokens > 0) name += "_sink" + std::to_string(c.sink_tokens);
@@ -347,7 +343,8 @@ TEST_P(CudaDecodeVsCpu, MatchesCpuPagedDecode) {
 
   std::vector<float> automatic = testing::nan_filled(s.q.size());
   runner.decode(s.params, device, PagedScenario::kLayer, s.view(), s.q, automatic);
-  expect_close(c.dtype, automatic, cpu, "auto plan " + std::to_string(runner.last_plan().num_splits));
+  expect_close(c.dtype, automatic, cpu,
+               "auto plan " + std::to_string(runner.last_plan().num_splits));
   if (max_ctx >= 4097 && c.contexts.size() <= 8) {
     EXPECT_TRUE(runner.last_plan().split_k()) << "a long context at a small batch must split";
   }
@@ -395,12 +392,12 @@ std::vector<GpuCase> shape_cases() {
     c.contexts = std::move(contexts);
     cases.push_back(c);
   };
-  add(DType::kF16, 128, 16, 4, 1, KVLayout::kHND, {0, 5, 300, 2000});      // MHA + padding row
-  add(DType::kBF16, 128, 16, 2, 8, KVLayout::kHND, {17, 1031, 4097});      // GQA 8
-  add(DType::kF16, 64, 16, 2, 16, KVLayout::kHND, {1, 333, 4097});         // 2 head chunks
-  add(DType::kF32, 128, 8, 1, 6, KVLayout::kHND, {3, 1031, 2049});         // MQA, group 6
-  add(DType::kF32, 64, 32, 3, 3, KVLayout::kHND, {100, 0, 65});            // 3 kv heads
-  add(DType::kF16, 128, 16, 2, 4, KVLayout::kNHD, {1, 16, 17, 4097});      // NHD layout
+  add(DType::kF16, 128, 16, 4, 1, KVLayout::kHND, {0, 5, 300, 2000});  // MHA + padding row
+  add(DType::kBF16, 128, 16, 2, 8, KVLayout::kHND, {17, 1031, 4097});  // GQA 8
+  add(DType::kF16, 64, 16, 2, 16, KVLayout::kHND, {1, 333, 4097});     // 2 head chunks
+  add(DType::kF32, 128, 8, 1, 6, KVLayout::kHND, {3, 1031, 2049});     // MQA, group 6
+  add(DType::kF32, 64, 32, 3, 3, KVLayout::kHND, {100, 0, 65});        // 3 kv heads
+  add(DType::kF16, 128, 16, 2, 4, KVLayout::kNHD, {1, 16, 17, 4097});  // NHD layout
   add(DType::kBF16, 256, 8, 2, 2, KVLayout::kNHD, {9, 1031});
   add(DType::kF32, 64, 16, 4, 5, KVLayout::kNHD, {33, 500});
   std::vector<int32_t> many;  // a wide batch of mixed lengths: one-pass territory
@@ -411,7 +408,8 @@ std::vector<GpuCase> shape_cases() {
 
 std::vector<GpuCase> mask_cases() {
   std::vector<GpuCase> cases;
-  const std::pair<int32_t, int32_t> masks[] = {{0, 0}, {0, 3}, {1, 0}, {100, 0}, {64, 4}, {2000, 0}};
+  const std::pair<int32_t, int32_t> masks[] = {{0, 0},   {0, 3},  {1, 0},
+                                               {100, 0}, {64, 4}, {2000, 0}};
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     for (auto [window, sinks] : masks) {
       GpuCase c;
@@ -462,9 +460,8 @@ DenseCopy dense_copy(const PagedScenario& s, int32_t max_len) {
   const int64_t elems = int64_t{num_seqs} * c.num_kv_heads * max_len * c.head_dim;
   std::vector<std::byte> hk(static_cast<size_t>(elems * dtype_size(c.dtype)));
   std::vector<std::byte> hv(hk.size());
-  const ContiguousKVView layout =
-      make_contiguous_view(nullptr, nullptr, c.dtype, num_seqs, max_len, c.num_kv_heads,
-                           c.head_dim);
+  const ContiguousKVView layout = make_contiguous_view(nullptr, nullptr, c.dtype, num_seqs, max_len,
+                                                       c.num_kv_heads, c.head_dim);
   for (int32_t i = 0; i < num_seqs; ++i) {
     const std::vector<float> ks = s.stored(static_cast<size_t>(i), false);
     const std::vector<float> vs = s.stored(static_cast<size_t>(i), true);
@@ -472,8 +469,8 @@ DenseCopy dense_copy(const PagedScenario& s, int32_t max_len) {
       for (int32_t h = 0; h < c.num_kv_heads; ++h) {
         for (int32_t d = 0; d < c.head_dim; ++d) {
           const int64_t src = (p * c.num_kv_heads + h) * c.head_dim + d;
-          const int64_t dst = i * layout.seq_stride + h * layout.head_stride +
-                              p * layout.token_stride + d;
+          const int64_t dst =
+              i * layout.seq_stride + h * layout.head_stride + p * layout.token_stride + d;
           store_from_f32(hk.data(), c.dtype, dst, ks[static_cast<size_t>(src)]);
           store_from_f32(hv.data(), c.dtype, dst, vs[static_cast<size_t>(src)]);
         }
@@ -481,7 +478,8 @@ DenseCopy dense_copy(const PagedScenario& s, int32_t max_len) {
     }
   }
   DenseCopy out{DeviceBuffer(static_cast<int64_t>(hk.size())),
-                DeviceBuffer(static_cast<int64_t>(hv.size())), {}};
+                DeviceBuffer(static_cast<int64_t>(hv.size())),
+                {}};
   out.k.upload(std::span<const std::byte>(hk));
   out.v.upload(std::span<const std::byte>(hv));
   out.view = make_contiguous_view(out.k.data(), out.v.data(), c.dtype, num_seqs, max_len,

@@ -1,7 +1,5 @@
 // Device queries (every build, with or without CUDA or a GPU) and the owning buffers.
 
-#include "pagedkv/cuda/device.hpp"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -13,6 +11,7 @@
 
 #include "cuda_test_util.hpp"
 #include "pagedkv/config.hpp"
+#include "pagedkv/cuda/device.hpp"
 #include "pagedkv/error.hpp"
 
 namespace pagedkv::cuda {
@@ -48,8 +47,7 @@ TEST(CudaDevice, RequireDeviceAgreesWithDeviceAvailable) {
 #if PAGEDKV_WITH_CUDA
 
 TEST(CudaDevice, NegativeSizesAreRejectedWithoutADevice) {
-  EXPECT_THAT(message_of([] { DeviceBuffer b(-5); }),
-              HasSubstr("size must be >= 0, got -5 bytes"));
+  EXPECT_THAT(message_of([] { DeviceBuffer b(-5); }), HasSubstr("size must be >= 0, got -5 bytes"));
   EXPECT_THAT(message_of([] { PinnedHostBuffer b(-1); }), HasSubstr("size must be >= 0"));
   DeviceBuffer empty(0);  // no allocation, no device call
   EXPECT_EQ(empty.data(), nullptr);

@@ -2,8 +2,6 @@
 // slot mappings against the host builders, and a decode step captured once in a CUDA graph and
 // replayed with new metadata.
 
-#include "pagedkv/cuda/device_batch_metadata.hpp"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -16,6 +14,7 @@
 #include "paged_scenario.hpp"
 #include "pagedkv/batch_metadata.hpp"
 #include "pagedkv/config.hpp"
+#include "pagedkv/cuda/device_batch_metadata.hpp"
 #include "pagedkv/error.hpp"
 
 #if PAGEDKV_WITH_CUDA
@@ -45,21 +44,29 @@ template <typename T>
 std::vector<T> download(const T* device, int64_t n) {
   std::vector<T> host(static_cast<size_t>(n));
   if (n > 0) {
-    EXPECT_EQ(cudaMemcpy(host.data(), device, static_cast<size_t>(n) * sizeof(T),
-                         cudaMemcpyDeviceToHost),
-              cudaSuccess);
+    EXPECT_EQ(
+        cudaMemcpy(host.data(), device, static_cast<size_t>(n) * sizeof(T), cudaMemcpyDeviceToHost),
+        cudaSuccess);
   }
   return host;
 }
 
 TEST(DeviceBatchMetadataErrors, CapacityIsCheckedBeforeAnyDeviceCall) {
-  EXPECT_THAT(message_of([] { DeviceBatchMetadata m({0, 4, 4}); }),
+  EXPECT_THAT(message_of([] {
+                DeviceBatchMetadata m({0, 4, 4});
+              }),
               HasSubstr("max_seqs must be >= 1, got 0"));
-  EXPECT_THAT(message_of([] { DeviceBatchMetadata m({4, 0, 4}); }),
+  EXPECT_THAT(message_of([] {
+                DeviceBatchMetadata m({4, 0, 4});
+              }),
               HasSubstr("max_blocks_per_seq must be >= 1, got 0"));
-  EXPECT_THAT(message_of([] { DeviceBatchMetadata m({4, 4, 0}); }),
+  EXPECT_THAT(message_of([] {
+                DeviceBatchMetadata m({4, 4, 0});
+              }),
               HasSubstr("max_tokens must be >= 1, got 0"));
-  EXPECT_THAT(message_of([] { DeviceBatchMetadata m({1 << 20, 1 << 12, 4}); }),
+  EXPECT_THAT(message_of([] {
+                DeviceBatchMetadata m({1 << 20, 1 << 12, 4});
+              }),
               HasSubstr("exceed 2^31 - 1 table entries"));
 }
 
@@ -116,11 +123,17 @@ TEST(DeviceBatchMetadata, UploadPadsToCapacity) {
 TEST(DeviceBatchMetadata, UploadRejectsWhatDoesNotFit) {
   PAGEDKV_REQUIRE_CUDA_DEVICE();
   const BatchMetadata meta = HostBatch{}.metadata();
-  EXPECT_THAT(message_of([&] { DeviceBatchMetadata({2, 6, 8}).upload(meta); }),
+  EXPECT_THAT(message_of([&] {
+                DeviceBatchMetadata({2, 6, 8}).upload(meta);
+              }),
               HasSubstr("3 sequences exceed the capacity of 2"));
-  EXPECT_THAT(message_of([&] { DeviceBatchMetadata({3, 4, 8}).upload(meta); }),
+  EXPECT_THAT(message_of([&] {
+                DeviceBatchMetadata({3, 4, 8}).upload(meta);
+              }),
               HasSubstr("max_blocks_per_seq 5 exceeds the capacity of 4"));
-  EXPECT_THAT(message_of([&] { DeviceBatchMetadata({3, 6, 2}).upload(meta); }),
+  EXPECT_THAT(message_of([&] {
+                DeviceBatchMetadata({3, 6, 2}).upload(meta);
+              }),
               HasSubstr("3 slots exceed the capacity of 2"));
 }
 
@@ -219,8 +232,8 @@ TEST(DeviceBatchMetadata, GraphCapturedDecodeReplaysWithNewMetadata) {
   cudaGraphExec_t exec = nullptr;
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
 
-  for (const std::vector<int>& seqs : {std::vector<int>{0, 1, 2, 3}, std::vector<int>{2, 3, 0},
-                                       std::vector<int>{1}}) {
+  for (const std::vector<int>& seqs :
+       {std::vector<int>{0, 1, 2, 3}, std::vector<int>{2, 3, 0}, std::vector<int>{1}}) {
     const auto [m, qs] = batch(seqs);
     meta.upload(m, stream);
     q.upload(qs.data(), static_cast<int64_t>(qs.size() * 4), 0, stream);

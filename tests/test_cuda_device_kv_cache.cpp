@@ -1,8 +1,6 @@
 // DeviceKVCache: construction errors (some need no GPU), host mirror round trip, layer views,
 // copy-on-write copies and swap out/in, bit-identical against HostKVCache.
 
-#include "pagedkv/cuda/device_kv_cache.hpp"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -13,6 +11,7 @@
 
 #include "cuda_test_util.hpp"
 #include "pagedkv/config.hpp"
+#include "pagedkv/cuda/device_kv_cache.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/host_kv_cache.hpp"
 
@@ -162,13 +161,21 @@ TEST(DeviceKVCache, SwapRejectsBadPairsAndChangesNothing) {
   PAGEDKV_REQUIRE_CUDA_DEVICE();
   const KVCacheConfig c = config_of(DType::kF16);
   DeviceKVCache device(c, 2);
-  EXPECT_THAT(message_of([&] { device.swap_out(std::vector<BlockCopy>{{16, 0}}); }),
+  EXPECT_THAT(message_of([&] {
+                device.swap_out(std::vector<BlockCopy>{{16, 0}});
+              }),
               HasSubstr("source device block 16 out of range [0, 16)"));
-  EXPECT_THAT(message_of([&] { device.swap_out(std::vector<BlockCopy>{{1, 0}, {2, 2}}); }),
+  EXPECT_THAT(message_of([&] {
+                device.swap_out(std::vector<BlockCopy>{{1, 0}, {2, 2}});
+              }),
               HasSubstr("destination host block 2 out of range [0, 2)"));
-  EXPECT_THAT(message_of([&] { device.swap_out(std::vector<BlockCopy>{{1, 0}, {2, 0}}); }),
+  EXPECT_THAT(message_of([&] {
+                device.swap_out(std::vector<BlockCopy>{{1, 0}, {2, 0}});
+              }),
               HasSubstr("destination host block 0 appears twice"));
-  EXPECT_THAT(message_of([&] { device.swap_in(std::vector<BlockCopy>{{2, 0}}); }),
+  EXPECT_THAT(message_of([&] {
+                device.swap_in(std::vector<BlockCopy>{{2, 0}});
+              }),
               HasSubstr("source host block 2 out of range [0, 2)"));
   EXPECT_THAT(message_of([&] { (void)device.host_block(2); }),
               HasSubstr("block 2 out of range [0, 2)"));
@@ -181,11 +188,17 @@ TEST(DeviceKVCache, CopyBlocksRejectsOverlapsBeforeCopying) {
   fill_random(host, 9);
   DeviceKVCache device(c);
   device.upload(host);
-  EXPECT_THAT(message_of([&] { device.copy_blocks(std::vector<BlockCopy>{{1, 2}, {3, 2}}); }),
+  EXPECT_THAT(message_of([&] {
+                device.copy_blocks(std::vector<BlockCopy>{{1, 2}, {3, 2}});
+              }),
               HasSubstr("destination block 2 appears twice"));
-  EXPECT_THAT(message_of([&] { device.copy_blocks(std::vector<BlockCopy>{{1, 2}, {2, 3}}); }),
+  EXPECT_THAT(message_of([&] {
+                device.copy_blocks(std::vector<BlockCopy>{{1, 2}, {2, 3}});
+              }),
               HasSubstr("block 2 is both a source and a destination"));
-  EXPECT_THAT(message_of([&] { device.copy_blocks(std::vector<BlockCopy>{{1, 16}}); }),
+  EXPECT_THAT(message_of([&] {
+                device.copy_blocks(std::vector<BlockCopy>{{1, 16}});
+              }),
               HasSubstr("destination block 16 out of range [0, 16)"));
   HostKVCache back(c);
   device.download(back);

@@ -1,13 +1,12 @@
 // The one list of supported CUDA decode configurations: lookups and rejection messages.
 // Pure host code: runs on every machine, with or without CUDA or a GPU.
 
-#include "pagedkv/cuda/supported_configs.hpp"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <string>
 
+#include "pagedkv/cuda/supported_configs.hpp"
 #include "pagedkv/error.hpp"
 
 namespace pagedkv::cuda {

@@ -25,8 +25,8 @@ void reshape_and_cache(const KVLayerView& cache, const NewKV& input, Stream stre
   if (input.num_tokens == 0) return;
   PAGEDKV_CHECK(cache.k != nullptr && cache.v != nullptr, "{}: cache view has a null pool", kFn);
   PAGEDKV_CHECK(input.k != nullptr && input.v != nullptr && input.slot_mapping != nullptr,
-                "{}: null input for {} tokens (k={}, v={}, slot_mapping={})", kFn,
-                input.num_tokens, input.k, input.v, static_cast<const void*>(input.slot_mapping));
+                "{}: null input for {} tokens (k={}, v={}, slot_mapping={})", kFn, input.num_tokens,
+                input.k, input.v, static_cast<const void*>(input.slot_mapping));
   detail::CacheWrite w;
   w.k = input.k;
   w.v = input.v;
@@ -45,8 +45,8 @@ void reshape_and_cache(const KVLayerView& cache, const NewKV& input, Stream stre
   detail::launch_reshape_and_cache(w, stream);
 }
 
-void copy_blocks(void* const* pools, int32_t num_pools, int64_t block_bytes,
-                 const BlockCopy* pairs, int32_t num_pairs, Stream stream) {
+void copy_blocks(void* const* pools, int32_t num_pools, int64_t block_bytes, const BlockCopy* pairs,
+                 int32_t num_pairs, Stream stream) {
   constexpr const char* kFn = "cuda::copy_blocks";
   PAGEDKV_CHECK(num_pools >= 0 && num_pools <= 65535, "{}: num_pools {} outside [0, 65535]", kFn,
                 num_pools);

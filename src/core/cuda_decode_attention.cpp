@@ -27,18 +27,17 @@ void check_device_ptr(const char* fn, const char* what, const void* p) {
 
 void check_stride(const char* fn, const char* what, int64_t stride, DType dtype) {
   PAGEDKV_CHECK(stride >= 0 && (stride * dtype_size(dtype)) % 16 == 0,
-                "{}: {} {} ({} bytes) is not a non-negative multiple of 16 bytes", fn, what,
-                stride, stride * dtype_size(dtype));
+                "{}: {} {} ({} bytes) is not a non-negative multiple of 16 bytes", fn, what, stride,
+                stride * dtype_size(dtype));
 }
 
 /// The part of the launch common to both layouts. `num_seqs` > 0.
-detail::DecodeProblem make_problem(const char* fn, const AttentionParams& params,
-                                   int32_t num_seqs, const int32_t* context_lens, const float* q,
-                                   float* out, const DecodeLaunch& launch) {
+detail::DecodeProblem make_problem(const char* fn, const AttentionParams& params, int32_t num_seqs,
+                                   const int32_t* context_lens, const float* q, float* out,
+                                   const DecodeLaunch& launch) {
   PAGEDKV_CHECK(num_seqs <= kMaxGridY, "{}: num_seqs {} exceeds the grid limit {}", fn, num_seqs,
                 kMaxGridY);
-  PAGEDKV_CHECK(context_lens != nullptr, "{}: context_lens is null for {} sequences", fn,
-                num_seqs);
+  PAGEDKV_CHECK(context_lens != nullptr, "{}: context_lens is null for {} sequences", fn, num_seqs);
   check_device_ptr(fn, "q", q);
   check_device_ptr(fn, "out", out);
   const DecodePlan& plan = launch.plan;
@@ -110,8 +109,8 @@ void paged_decode_attention(const AttentionParams& params, const KVLayerView& ca
   check_attention_params(params, cache);
   PAGEDKV_CHECK(tables.num_seqs >= 0, "{}: num_seqs must be >= 0, got {}", kFn, tables.num_seqs);
   if (tables.num_seqs == 0) return;
-  PAGEDKV_CHECK(tables.max_blocks_per_seq >= 1, "{}: max_blocks_per_seq must be >= 1, got {}",
-                kFn, tables.max_blocks_per_seq);
+  PAGEDKV_CHECK(tables.max_blocks_per_seq >= 1, "{}: max_blocks_per_seq must be >= 1, got {}", kFn,
+                tables.max_blocks_per_seq);
   PAGEDKV_CHECK(tables.block_tables != nullptr, "{}: block_tables is null", kFn);
   check_device_ptr(kFn, "cache.k", cache.k);
   check_device_ptr(kFn, "cache.v", cache.v);

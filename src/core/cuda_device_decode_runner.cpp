@@ -37,18 +37,18 @@ void DeviceDecodeRunner::write(DeviceKVCache& cache, int32_t layer,
                                std::span<const float> v) {
   constexpr const char* kFn = "DeviceDecodeRunner::write";
   const KVCacheConfig& c = cache.config();
-  PAGEDKV_CHECK(layer >= 0 && layer < c.num_layers, "{}: layer {} out of range [0, {})", kFn,
-                layer, c.num_layers);
+  PAGEDKV_CHECK(layer >= 0 && layer < c.num_layers, "{}: layer {} out of range [0, {})", kFn, layer,
+                c.num_layers);
   const auto num_tokens = static_cast<int64_t>(slot_mapping.size());
   const int64_t expected = num_tokens * c.num_kv_heads * c.head_dim;
-  PAGEDKV_CHECK(static_cast<int64_t>(k.size()) == expected && static_cast<int64_t>(v.size()) ==
-                                                                  expected,
-                "{}: k has {} and v {} elements, expected {} ({} tokens x {} kv heads x {} dims)",
-                kFn, k.size(), v.size(), expected, num_tokens, c.num_kv_heads, c.head_dim);
+  PAGEDKV_CHECK(
+      static_cast<int64_t>(k.size()) == expected && static_cast<int64_t>(v.size()) == expected,
+      "{}: k has {} and v {} elements, expected {} ({} tokens x {} kv heads x {} dims)", kFn,
+      k.size(), v.size(), expected, num_tokens, c.num_kv_heads, c.head_dim);
   const int64_t num_slots = int64_t{c.num_blocks} * c.block_size;
   for (int64_t t = 0; t < num_tokens; ++t) {
-    PAGEDKV_CHECK(slot_mapping[t] < num_slots, "{}: slot {} of token {} out of range [0, {})",
-                  kFn, slot_mapping[t], t, num_slots);
+    PAGEDKV_CHECK(slot_mapping[t] < num_slots, "{}: slot {} of token {} out of range [0, {})", kFn,
+                  slot_mapping[t], t, num_slots);
   }
   if (num_tokens == 0) return;
   ensure(slots_, num_tokens * 8);
@@ -74,8 +74,8 @@ DecodeLaunch DeviceDecodeRunner::prepare(const AttentionParams& params, DType dt
   DecodeLaunch launch;
   launch.stream = stream_;
   launch.plan = plan ? *plan : make_decode_plan(params, dtype, num_seqs, max_context);
-  const int64_t ws = decode_workspace_bytes(num_seqs, params.num_heads, params.head_dim,
-                                            launch.plan);
+  const int64_t ws =
+      decode_workspace_bytes(num_seqs, params.num_heads, params.head_dim, launch.plan);
   if (ws > 0) {
     ensure(workspace_, ws);
     launch.workspace = workspace_.data();

@@ -46,8 +46,8 @@ void check_config_equal(const char* fn, const KVCacheConfig& a, const KVCacheCon
                 b.num_blocks);
   PAGEDKV_CHECK(a.block_size == b.block_size, "{}: block_size {} != {}", fn, a.block_size,
                 b.block_size);
-  PAGEDKV_CHECK(a.num_kv_heads == b.num_kv_heads, "{}: num_kv_heads {} != {}", fn,
-                a.num_kv_heads, b.num_kv_heads);
+  PAGEDKV_CHECK(a.num_kv_heads == b.num_kv_heads, "{}: num_kv_heads {} != {}", fn, a.num_kv_heads,
+                b.num_kv_heads);
   PAGEDKV_CHECK(a.head_dim == b.head_dim, "{}: head_dim {} != {}", fn, a.head_dim, b.head_dim);
   PAGEDKV_CHECK(a.dtype == b.dtype, "{}: dtype {} != {}", fn, dtype_name(a.dtype),
                 dtype_name(b.dtype));
@@ -118,8 +118,7 @@ void DeviceKVCache::copy_blocks(std::span<const BlockCopy> pairs, Stream stream)
                   "{}: source block {} out of range [0, {})", kFn, p.src, config_.num_blocks);
     PAGEDKV_CHECK(p.dst >= 0 && p.dst < config_.num_blocks,
                   "{}: destination block {} out of range [0, {})", kFn, p.dst, config_.num_blocks);
-    PAGEDKV_CHECK(dsts.insert(p.dst).second, "{}: destination block {} appears twice", kFn,
-                  p.dst);
+    PAGEDKV_CHECK(dsts.insert(p.dst).second, "{}: destination block {} appears twice", kFn, p.dst);
     srcs.insert(p.src);
   }
   for (const BlockCopy& p : pairs) {
@@ -154,9 +153,8 @@ void DeviceKVCache::swap(std::span<const BlockCopy> pairs, bool out, Stream stre
   for (const BlockCopy& p : pairs) {
     PAGEDKV_CHECK(p.src >= 0 && p.src < num_src, "{}: source {} block {} out of range [0, {})", fn,
                   src_kind, p.src, num_src);
-    PAGEDKV_CHECK(p.dst >= 0 && p.dst < num_dst,
-                  "{}: destination {} block {} out of range [0, {})", fn, dst_kind, p.dst,
-                  num_dst);
+    PAGEDKV_CHECK(p.dst >= 0 && p.dst < num_dst, "{}: destination {} block {} out of range [0, {})",
+                  fn, dst_kind, p.dst, num_dst);
     PAGEDKV_CHECK(dsts.insert(p.dst).second, "{}: destination {} block {} appears twice", fn,
                   dst_kind, p.dst);
   }
@@ -171,8 +169,8 @@ void DeviceKVCache::swap(std::span<const BlockCopy> pairs, bool out, Stream stre
     const BlockId host_block = out ? first.dst : first.src;
     for (int32_t p = 0; p < 2 * config_.num_layers; ++p) {
       std::byte* dev = pool(p / 2, p % 2 == 1) + int64_t{dev_block} * pool_block_bytes_;
-      std::byte* host = host_pool_.data() + int64_t{host_block} * block_bytes() +
-                        int64_t{p} * pool_block_bytes_;
+      std::byte* host =
+          host_pool_.data() + int64_t{host_block} * block_bytes() + int64_t{p} * pool_block_bytes_;
       if (out) {
         PAGEDKV_CUDA_CHECK(cudaMemcpy2DAsync(host, host_pitch, dev, dev_pitch, dev_pitch,
                                              static_cast<size_t>(run.length),
@@ -197,10 +195,10 @@ void DeviceKVCache::upload(const HostKVCache& host) {
   check_config_equal("DeviceKVCache::upload", config_, host.config());
   for (int32_t l = 0; l < config_.num_layers; ++l) {
     const KVLayerView h = host.layer(l);
-    PAGEDKV_CUDA_CHECK(cudaMemcpy(pool(l, false), h.k, static_cast<size_t>(pool_bytes_),
-                                  cudaMemcpyHostToDevice));
-    PAGEDKV_CUDA_CHECK(cudaMemcpy(pool(l, true), h.v, static_cast<size_t>(pool_bytes_),
-                                  cudaMemcpyHostToDevice));
+    PAGEDKV_CUDA_CHECK(
+        cudaMemcpy(pool(l, false), h.k, static_cast<size_t>(pool_bytes_), cudaMemcpyHostToDevice));
+    PAGEDKV_CUDA_CHECK(
+        cudaMemcpy(pool(l, true), h.v, static_cast<size_t>(pool_bytes_), cudaMemcpyHostToDevice));
   }
 }
 
@@ -208,10 +206,10 @@ void DeviceKVCache::download(HostKVCache& host) const {
   check_config_equal("DeviceKVCache::download", config_, host.config());
   for (int32_t l = 0; l < config_.num_layers; ++l) {
     const KVLayerView h = host.layer(l);
-    PAGEDKV_CUDA_CHECK(cudaMemcpy(h.k, pool(l, false), static_cast<size_t>(pool_bytes_),
-                                  cudaMemcpyDeviceToHost));
-    PAGEDKV_CUDA_CHECK(cudaMemcpy(h.v, pool(l, true), static_cast<size_t>(pool_bytes_),
-                                  cudaMemcpyDeviceToHost));
+    PAGEDKV_CUDA_CHECK(
+        cudaMemcpy(h.k, pool(l, false), static_cast<size_t>(pool_bytes_), cudaMemcpyDeviceToHost));
+    PAGEDKV_CUDA_CHECK(
+        cudaMemcpy(h.v, pool(l, true), static_cast<size_t>(pool_bytes_), cudaMemcpyDeviceToHost));
   }
 }
 

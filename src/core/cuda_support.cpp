@@ -59,13 +59,13 @@ void check_decode_config(DType dtype, int32_t head_dim) {
 void check_decode_config(DType dtype, int32_t head_dim, int32_t block_size) {
   check_decode_config(dtype, head_dim);
   PAGEDKV_CHECK(contains(kDecodeBlockSizes, block_size),
-                "CUDA decode attention: block_size {} is not supported (supported: {})",
-                block_size, join(kDecodeBlockSizes));
+                "CUDA decode attention: block_size {} is not supported (supported: {})", block_size,
+                join(kDecodeBlockSizes));
 }
 
 std::string supported_decode_configs() {
-  return "dtype {" + join_dtypes() + "} x head_dim {" + join(kDecodeHeadDims) +
-         "} x block_size {" + join(kDecodeBlockSizes) + "}";
+  return "dtype {" + join_dtypes() + "} x head_dim {" + join(kDecodeHeadDims) + "} x block_size {" +
+         join(kDecodeBlockSizes) + "}";
 }
 
 DecodePlan plan_decode(const DecodePlanInput& in) {

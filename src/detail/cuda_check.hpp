@@ -7,11 +7,11 @@
 #include "detail/cuda_launch.hpp"
 
 /// Throws pagedkv::Error naming the CUDA error and the failed expression.
-#define PAGEDKV_CUDA_CHECK(expr)                                                           \
-  do {                                                                                     \
-    const cudaError_t pagedkv_cuda_err_ = (expr);                                          \
-    if (pagedkv_cuda_err_ != cudaSuccess) {                                                \
+#define PAGEDKV_CUDA_CHECK(expr)                                                            \
+  do {                                                                                      \
+    const cudaError_t pagedkv_cuda_err_ = (expr);                                           \
+    if (pagedkv_cuda_err_ != cudaSuccess) {                                                 \
       ::pagedkv::cuda::detail::throw_cuda_error(static_cast<int>(pagedkv_cuda_err_), #expr, \
-                                                __FILE__, __LINE__);                       \
-    }                                                                                      \
+                                                __FILE__, __LINE__);                        \
+    }                                                                                       \
   } while (0)

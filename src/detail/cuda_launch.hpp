@@ -19,10 +19,10 @@ inline constexpr int32_t kDecodeThreads = 128;
 
 /// Everything of a decode launch except the K/V addressing. All pointers are device pointers.
 struct DecodeProblem {
-  const float* q = nullptr;             // [num_seqs, num_heads, head_dim]
-  float* out = nullptr;                 // [num_seqs, num_heads, head_dim]
-  float* partial_o = nullptr;           // [num_seqs, num_heads, num_splits, head_dim] (split-K)
-  float* partial_lse = nullptr;         // [num_seqs, num_heads, num_splits], log2 domain
+  const float* q = nullptr;               // [num_seqs, num_heads, head_dim]
+  float* out = nullptr;                   // [num_seqs, num_heads, head_dim]
+  float* partial_o = nullptr;             // [num_seqs, num_heads, num_splits, head_dim] (split-K)
+  float* partial_lse = nullptr;           // [num_seqs, num_heads, num_splits], log2 domain
   const int32_t* context_lens = nullptr;  // [num_seqs], tokens
   int32_t num_seqs = 0;
   int32_t num_heads = 0;
@@ -83,10 +83,10 @@ int32_t decode_ctas_per_sm(DType dtype, int32_t head_dim);
 
 /// Geometry of a reshape_and_cache launch (pools of `dtype`, inputs of src_dtype).
 struct CacheWrite {
-  const void* k = nullptr;               // [num_tokens, num_kv_heads, head_dim] of src_dtype
-  const void* v = nullptr;               // same
+  const void* k = nullptr;                // [num_tokens, num_kv_heads, head_dim] of src_dtype
+  const void* v = nullptr;                // same
   const int64_t* slot_mapping = nullptr;  // [num_tokens]
-  void* k_cache = nullptr;               // [num_blocks, ...] per layout, dtype
+  void* k_cache = nullptr;                // [num_blocks, ...] per layout, dtype
   void* v_cache = nullptr;
   int64_t num_tokens = 0;
   int64_t block_stride = 0;
@@ -109,7 +109,7 @@ struct MetadataBuffers {
   const int32_t* block_tables = nullptr;  // [max_seqs, stride]
   const int32_t* context_lens = nullptr;  // [max_seqs]
   int32_t max_seqs = 0;
-  int32_t stride = 0;  // max_blocks_per_seq
+  int32_t stride = 0;         // max_blocks_per_seq
   int32_t* counts = nullptr;  // [max_seqs + 1] scratch
   void* cub_temp = nullptr;
   int64_t cub_temp_bytes = 0;

@@ -43,7 +43,7 @@ void reshape_and_cache(const KVLayerView& cache, const NewKV& input, Stream stre
 /// and a destination, no destination repeats (pairs run in parallel, not in order).
 /// Errors: throws pagedkv::Error, before any CUDA call, on null pointers with non-zero counts,
 /// negative counts, num_pools > 65535 or block_bytes < 1; CUDA launch errors after.
-void copy_blocks(void* const* pools, int32_t num_pools, int64_t block_bytes,
-                 const BlockCopy* pairs, int32_t num_pairs, Stream stream = nullptr);
+void copy_blocks(void* const* pools, int32_t num_pools, int64_t block_bytes, const BlockCopy* pairs,
+                 int32_t num_pairs, Stream stream = nullptr);
 
 }  // namespace pagedkv::cuda

@@ -93,8 +93,8 @@ struct DecodePlanInput {
 /// Device workspace a launch with this plan needs: partial outputs [num_seqs, num_heads,
 /// num_splits, head_dim] fp32 and log-sum-exps [num_seqs, num_heads, num_splits] fp32, each
 /// 256-byte aligned. 0 for a one-pass plan. Units: bytes.
-[[nodiscard]] int64_t decode_workspace_bytes(int32_t num_seqs, int32_t num_heads,
-                                             int32_t head_dim, const DecodePlan& plan);
+[[nodiscard]] int64_t decode_workspace_bytes(int32_t num_seqs, int32_t num_heads, int32_t head_dim,
+                                             const DecodePlan& plan);
 
 /// A contiguous (unpaged) cache: every sequence owns max_len positions, layout
 /// [num_seqs, num_kv_heads, max_len, head_dim] (HND per sequence) unless strides say otherwise.
@@ -115,14 +115,14 @@ struct ContiguousKVView {
 };
 
 /// View of a dense [num_seqs, num_kv_heads, max_len, head_dim] K and V pair.
-[[nodiscard]] ContiguousKVView make_contiguous_view(void* k, void* v, DType dtype,
-                                                    int32_t num_seqs, int32_t max_len,
-                                                    int32_t num_kv_heads, int32_t head_dim);
+[[nodiscard]] ContiguousKVView make_contiguous_view(void* k, void* v, DType dtype, int32_t num_seqs,
+                                                    int32_t max_len, int32_t num_kv_heads,
+                                                    int32_t head_dim);
 
 /// Everything of a launch that is not the problem itself.
 struct DecodeLaunch {
-  DecodePlan plan;                ///< one-pass by default
-  void* workspace = nullptr;      ///< device; >= decode_workspace_bytes(...) when split_k()
+  DecodePlan plan;            ///< one-pass by default
+  void* workspace = nullptr;  ///< device; >= decode_workspace_bytes(...) when split_k()
   int64_t workspace_bytes = 0;
   Stream stream = nullptr;
 };

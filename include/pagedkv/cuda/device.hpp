@@ -30,11 +30,11 @@ void require_device();
 
 /// Properties of the current device.
 struct DeviceInfo {
-  std::string name;                  ///< e.g. "NVIDIA H200"
-  int32_t compute_capability = 0;    ///< major * 10 + minor, e.g. 90
-  int32_t sm_count = 0;              ///< streaming multiprocessors
-  int64_t global_memory_bytes = 0;   ///< total device memory, bytes
-  int64_t l2_cache_bytes = 0;        ///< bytes
+  std::string name;                 ///< e.g. "NVIDIA H200"
+  int32_t compute_capability = 0;   ///< major * 10 + minor, e.g. 90
+  int32_t sm_count = 0;             ///< streaming multiprocessors
+  int64_t global_memory_bytes = 0;  ///< total device memory, bytes
+  int64_t l2_cache_bytes = 0;       ///< bytes
 };
 
 /// Properties of the current device. Errors: throws pagedkv::Error as require_device().

@@ -70,10 +70,10 @@ class DeviceBatchMetadata {
   [[nodiscard]] int32_t num_seqs() const { return num_seqs_; }
   [[nodiscard]] int64_t num_slots() const { return num_slots_; }
 
-  [[nodiscard]] const int64_t* slot_mapping() const;  ///< [max_tokens]
-  [[nodiscard]] const int32_t* query_start() const;   ///< [max_seqs + 1]
-  [[nodiscard]] const int32_t* csr_indptr() const;    ///< [max_seqs + 1]
-  [[nodiscard]] const int32_t* csr_indices() const;   ///< [max_seqs * max_blocks_per_seq]
+  [[nodiscard]] const int64_t* slot_mapping() const;       ///< [max_tokens]
+  [[nodiscard]] const int32_t* query_start() const;        ///< [max_seqs + 1]
+  [[nodiscard]] const int32_t* csr_indptr() const;         ///< [max_seqs + 1]
+  [[nodiscard]] const int32_t* csr_indices() const;        ///< [max_seqs * max_blocks_per_seq]
   [[nodiscard]] const int32_t* csr_last_page_len() const;  ///< [max_seqs]
 
   /// Builds the CSR tables on the device from the device padded tables and context lengths:
@@ -98,12 +98,12 @@ class DeviceBatchMetadata {
   DeviceBatchCapacity capacity_;
   int32_t num_seqs_ = 0;
   int64_t num_slots_ = 0;
-  DeviceBuffer tables_;        // block_tables, then context_lens
-  DeviceBuffer slots_;         // slot_mapping
-  DeviceBuffer scan_;          // query_start, csr_indptr, csr_indices, csr_last_page_len, counts
-  DeviceBuffer cub_temp_;      // CUB scan temporary storage, sized once
+  DeviceBuffer tables_;    // block_tables, then context_lens
+  DeviceBuffer slots_;     // slot_mapping
+  DeviceBuffer scan_;      // query_start, csr_indptr, csr_indices, csr_last_page_len, counts
+  DeviceBuffer cub_temp_;  // CUB scan temporary storage, sized once
   int64_t cub_temp_bytes_ = 0;
-  PinnedHostBuffer staging_;   // tables + context_lens + slots, packed like the device buffers
+  PinnedHostBuffer staging_;      // tables + context_lens + slots, packed like the device buffers
   void* staging_done_ = nullptr;  // cudaEvent_t recorded after the staging copies
 };
 

@@ -96,7 +96,7 @@ class DeviceKVCache {
   int64_t pool_block_bytes_ = 0;
   int64_t pool_bytes_ = 0;
   DeviceBuffer arena_;
-  DeviceBuffer pool_ptrs_;   // [2 * num_layers] void*
+  DeviceBuffer pool_ptrs_;     // [2 * num_layers] void*
   DeviceBuffer pair_staging_;  // BlockCopy list for copy_blocks()
   PinnedHostBuffer host_pool_;
 };

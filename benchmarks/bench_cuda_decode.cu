@@ -1,0 +1,340 @@
+// CUDA decode attention benchmark (issue 5, item 4): paged vs contiguous decode for batch
+// 1..256, context 512..32k, fp16/bf16, head_dim 128, GQA 4 and 8 (8 kv heads, block_size 16,
+// scattered block tables). Reports the bandwidth achieved on the K/V bytes read, next to the
+// device-to-device copy bandwidth measured at the start of the same run, and the paged /
+// contiguous time ratio. Ends with a Markdown table for docs/benchmarks.md.
+//
+// Goal (H200): >= 80% of the copy bandwidth at batch >= 32 and context >= 4k; paged within 5%
+// of contiguous. Copy bandwidth counts bytes read + written (cudaMemcpyAsync D2D), the usual
+// convention (KINDS.md's ~4.3 TB/s); the kernel's bandwidth counts K/V bytes read.
+//
+// Run: bench_cuda_decode [--benchmark_filter=...]; scripts/gpu_check.sh runs it.
+
+#include <benchmark/benchmark.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <numeric>
+#include <random>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "pagedkv/attention.hpp"
+#include "pagedkv/cuda/decode_attention.hpp"
+#include "pagedkv/cuda/device.hpp"
+#include "pagedkv/kv_layer_view.hpp"
+
+namespace {
+
+using pagedkv::DType;
+namespace pc = pagedkv::cuda;
+
+constexpr int32_t kNumKvHeads = 8;
+constexpr int32_t kHeadDim = 128;
+constexpr int32_t kBlockSize = 16;
+
+#define BENCH_CUDA(expr)                                                      \
+  do {                                                                        \
+    const cudaError_t e_ = (expr);                                            \
+    if (e_ != cudaSuccess) {                                                  \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                           \
+    }                                                                         \
+  } while (0)
+
+double g_copy_bytes_per_s = 0.0;  // read + write, measured once in main()
+std::string g_device_name;
+int64_t g_l2_bytes = 0;
+int64_t g_device_bytes = 0;
+
+struct Row {
+  std::string dtype;
+  int group = 0;
+  int batch = 0;
+  int context = 0;
+  int splits = 0;
+  double paged_us = 0;
+  double contiguous_us = 0;
+  double kv_bytes = 0;
+};
+std::map<std::string, Row> g_rows;  // by arguments; the last (measured) call wins
+
+// Deterministic values in [-1, 1): a hash of the index.
+// grid: (min(ceil(n / 256), 65535)); block: 256, grid-stride
+template <typename T>
+__global__ void fill_kernel(T* __restrict__ p,  // [n]
+                            int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 16;
+    h *= 0x7feb352du;
+    h ^= h >> 15;
+    const float x = static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+    if constexpr (std::is_same_v<T, float>) {
+      p[i] = x;
+    } else if constexpr (std::is_same_v<T, __half>) {
+      p[i] = __float2half_rn(x);
+    } else {
+      p[i] = __float2bfloat16_rn(x);
+    }
+  }
+}
+
+void fill(void* p, DType dtype, int64_t n, uint32_t seed) {
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65535));
+  switch (dtype) {
+    case DType::kF32:
+      fill_kernel<<<blocks, 256>>>(static_cast<float*>(p), n, seed);
+      break;
+    case DType::kF16:
+      fill_kernel<<<blocks, 256>>>(static_cast<__half*>(p), n, seed);
+      break;
+    case DType::kBF16:
+      fill_kernel<<<blocks, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
+      break;
+  }
+  BENCH_CUDA(cudaGetLastError());
+}
+
+/// Device-to-device copy bandwidth, bytes read + written per second, over 1 GiB buffers.
+double measure_copy_bandwidth() {
+  const size_t bytes = size_t{1} << 30;
+  void* a = nullptr;
+  void* b = nullptr;
+  BENCH_CUDA(cudaMalloc(&a, bytes));
+  BENCH_CUDA(cudaMalloc(&b, bytes));
+  BENCH_CUDA(cudaMemset(a, 1, bytes));
+  BENCH_CUDA(cudaMemset(b, 0, bytes));
+  cudaEvent_t start;
+  cudaEvent_t stop;
+  BENCH_CUDA(cudaEventCreate(&start));
+  BENCH_CUDA(cudaEventCreate(&stop));
+  for (int i = 0; i < 3; ++i) BENCH_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+  constexpr int kReps = 20;
+  BENCH_CUDA(cudaEventRecord(start));
+  for (int i = 0; i < kReps; ++i)
+    BENCH_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+  BENCH_CUDA(cudaEventRecord(stop));
+  BENCH_CUDA(cudaEventSynchronize(stop));
+  float ms = 0;
+  BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
+  BENCH_CUDA(cudaEventDestroy(start));
+  BENCH_CUDA(cudaEventDestroy(stop));
+  BENCH_CUDA(cudaFree(a));
+  BENCH_CUDA(cudaFree(b));
+  return 2.0 * static_cast<double>(bytes) * kReps / (ms * 1e-3);
+}
+
+/// Average seconds of one call of `launch` over `reps` back-to-back launches.
+template <typename F>
+double time_launches(F&& launch, int reps) {
+  cudaEvent_t start;
+  cudaEvent_t stop;
+  BENCH_CUDA(cudaEventCreate(&start));
+  BENCH_CUDA(cudaEventCreate(&stop));
+  BENCH_CUDA(cudaEventRecord(start));
+  for (int i = 0; i < reps; ++i) launch();
+  BENCH_CUDA(cudaEventRecord(stop));
+  BENCH_CUDA(cudaEventSynchronize(stop));
+  float ms = 0;
+  BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
+  BENCH_CUDA(cudaEventDestroy(start));
+  BENCH_CUDA(cudaEventDestroy(stop));
+  return ms * 1e-3 / reps;
+}
+
+/// args: dtype (0 fp16, 1 bf16), group, batch, context.
+void BM_Decode(benchmark::State& state) {
+  const DType dtype = state.range(0) == 0 ? DType::kF16 : DType::kBF16;
+  const auto group = static_cast<int32_t>(state.range(1));
+  const auto batch = static_cast<int32_t>(state.range(2));
+  const auto context = static_cast<int32_t>(state.range(3));
+  const int64_t elem = pagedkv::dtype_size(dtype);
+  const int64_t kv_elems_per_pool = int64_t{batch} * context * kNumKvHeads * kHeadDim;
+  const double kv_bytes = 2.0 * static_cast<double>(kv_elems_per_pool * elem);
+  if (2.0 * kv_bytes > 0.85 * static_cast<double>(g_device_bytes)) {
+    state.SkipWithError("does not fit: paged + contiguous caches exceed device memory");
+    return;
+  }
+
+  pagedkv::AttentionParams params;
+  params.num_heads = kNumKvHeads * group;
+  params.num_kv_heads = kNumKvHeads;
+  params.head_dim = kHeadDim;
+
+  // Paged cache with scattered block tables (a seeded permutation of all block ids).
+  const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
+  const int32_t num_blocks = batch * blocks_per_seq;
+  pagedkv::KVLayerView paged;
+  paged.dtype = dtype;
+  paged.num_blocks = num_blocks;
+  paged.block_size = kBlockSize;
+  paged.num_kv_heads = kNumKvHeads;
+  paged.head_dim = kHeadDim;
+  pagedkv::layout_strides(pagedkv::KVLayout::kHND, kBlockSize, kNumKvHeads, kHeadDim,
+                          &paged.block_stride, &paged.head_stride, &paged.token_stride);
+  const int64_t pool_elems = int64_t{num_blocks} * paged.block_stride;
+  pc::DeviceBuffer pk(pool_elems * elem);
+  pc::DeviceBuffer pv(pool_elems * elem);
+  paged.k = pk.data();
+  paged.v = pv.data();
+  fill(pk.data(), dtype, pool_elems, 1);
+  fill(pv.data(), dtype, pool_elems, 2);
+  std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(42));
+  std::vector<int32_t> lens(static_cast<size_t>(batch), context);
+  pc::DeviceBuffer tables(int64_t{num_blocks} * 4);
+  pc::DeviceBuffer context_lens(int64_t{batch} * 4);
+  tables.upload(std::span<const int32_t>(ids));
+  context_lens.upload(std::span<const int32_t>(lens));
+  const pagedkv::BlockTableView table_view{tables.as<const int32_t>(),
+                                           context_lens.as<const int32_t>(), batch, blocks_per_seq};
+
+  // Contiguous peer: [batch, kv heads, context, head_dim].
+  pc::DeviceBuffer ck(kv_elems_per_pool * elem);
+  pc::DeviceBuffer cv(kv_elems_per_pool * elem);
+  fill(ck.data(), dtype, kv_elems_per_pool, 1);
+  fill(cv.data(), dtype, kv_elems_per_pool, 2);
+  const pc::ContiguousKVView contiguous =
+      pc::make_contiguous_view(ck.data(), cv.data(), dtype, batch, context, kNumKvHeads, kHeadDim);
+
+  const int64_t q_elems = int64_t{batch} * params.num_heads * kHeadDim;
+  pc::DeviceBuffer q(q_elems * 4);
+  pc::DeviceBuffer out(q_elems * 4);
+  fill(q.data(), DType::kF32, q_elems, 3);
+  const pc::DecodePlan plan = pc::make_decode_plan(params, dtype, batch, context);
+  pc::DeviceBuffer workspace(
+      std::max<int64_t>(pc::decode_workspace_bytes(batch, params.num_heads, kHeadDim, plan), 1));
+  const pc::DecodeLaunch launch{plan, workspace.data(), workspace.bytes(), nullptr};
+  BENCH_CUDA(cudaDeviceSynchronize());
+
+  auto run_paged = [&] {
+    pc::paged_decode_attention(params, paged, table_view, q.as<const float>(), out.as<float>(),
+                               launch);
+  };
+  auto run_contiguous = [&] {
+    pc::contiguous_decode_attention(params, contiguous, context_lens.as<const int32_t>(),
+                                    q.as<const float>(), out.as<float>(), launch);
+  };
+  // >= ~1 ms of work per measurement, at most 200 launches.
+  const int reps = static_cast<int>(std::clamp(2e9 / kv_bytes, 1.0, 200.0));
+  run_paged();
+  run_contiguous();
+  double paged_s = 0;
+  double contiguous_s = 0;
+  int64_t n = 0;
+  for (auto _ : state) {
+    const double p = time_launches(run_paged, reps);
+    const double c = time_launches(run_contiguous, reps);
+    state.SetIterationTime(p);
+    paged_s += p;
+    contiguous_s += c;
+    ++n;
+  }
+  paged_s /= static_cast<double>(n);
+  contiguous_s /= static_cast<double>(n);
+  const double gbps = kv_bytes / paged_s / 1e9;
+  state.counters["splits"] = plan.num_splits;
+  state.counters["paged_us"] = paged_s * 1e6;
+  state.counters["contig_us"] = contiguous_s * 1e6;
+  state.counters["paged/contig"] = paged_s / contiguous_s;
+  state.counters["kv_GBps"] = gbps;
+  state.counters["pct_of_copy"] = 100.0 * kv_bytes / paged_s / g_copy_bytes_per_s;
+  g_rows[std::to_string(state.range(0)) + '/' + std::to_string(group) + '/' +
+         std::to_string(batch) + '/' + std::to_string(context)] =
+      Row{std::string(pagedkv::dtype_name(dtype)),
+          group,
+          batch,
+          context,
+          plan.num_splits,
+          paged_s * 1e6,
+          contiguous_s * 1e6,
+          kv_bytes};
+}
+
+void decode_args(benchmark::internal::Benchmark* b) {
+  for (int dtype : {0, 1}) {
+    for (int group : {4, 8}) {
+      for (int batch : {1, 8, 32, 64, 128, 256}) {
+        for (int context : {512, 4096, 32768}) b->Args({dtype, group, batch, context});
+      }
+    }
+  }
+}
+
+BENCHMARK(BM_Decode)
+    ->ArgNames({"bf16", "gqa", "batch", "ctx"})
+    ->Apply(decode_args)
+    ->UseManualTime()
+    ->MinTime(0.1)
+    ->Unit(benchmark::kMicrosecond);
+
+void print_markdown() {
+  std::printf("\n### CUDA decode attention: %s\n\n", g_device_name.c_str());
+  std::printf("Device-to-device copy bandwidth (read + write), same run: %.0f GB/s.\n",
+              g_copy_bytes_per_s / 1e9);
+  std::printf("8 kv heads, head_dim 128, block_size 16, scattered tables; q/out fp32.\n\n");
+  std::printf(
+      "| dtype | GQA | batch | context | splits | paged us | contiguous us | "
+      "paged/contig | K/V GB/s | %% of copy |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  double worst_pct = 1e9;
+  double worst_ratio = 0;
+  std::vector<Row> rows;
+  for (const auto& [name, row] : g_rows) rows.push_back(row);
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+    return std::tie(a.dtype, a.group, a.batch, a.context) <
+           std::tie(b.dtype, b.group, b.batch, b.context);
+  });
+  for (const Row& r : rows) {
+    const double gbps = r.kv_bytes / (r.paged_us * 1e-6) / 1e9;
+    const double pct = 100.0 * r.kv_bytes / (r.paged_us * 1e-6) / g_copy_bytes_per_s;
+    const bool in_l2 = r.kv_bytes < 4.0 * static_cast<double>(g_l2_bytes);
+    std::printf("| %s | %d | %d | %d | %d | %.1f | %.1f | %.3f | %.0f | %.1f%s |\n",
+                r.dtype.c_str(), r.group, r.batch, r.context, r.splits, r.paged_us, r.contiguous_us,
+                r.paged_us / r.contiguous_us, gbps, pct, in_l2 ? " (L2)" : "");
+    if (r.batch >= 32 && r.context >= 4096) {
+      worst_pct = std::min(worst_pct, pct);
+      worst_ratio = std::max(worst_ratio, r.paged_us / r.contiguous_us);
+    }
+  }
+  if (worst_ratio > 0) {
+    std::printf(
+        "\nGoal (batch >= 32, context >= 4k): worst %% of copy bandwidth %.1f (goal >= 80: "
+        "%s); worst paged/contiguous %.3f (goal <= 1.05: %s).\n",
+        worst_pct, worst_pct >= 80 ? "met" : "NOT met", worst_ratio,
+        worst_ratio <= 1.05 ? "met" : "NOT met");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!pc::device_available()) {
+    std::printf("bench_cuda_decode: no CUDA device, nothing to measure\n");
+    return 0;
+  }
+  const pc::DeviceInfo info = pc::device_info();
+  g_device_name = info.name + " (sm_" + std::to_string(info.compute_capability) + ", " +
+                  std::to_string(info.sm_count) + " SMs)";
+  g_l2_bytes = info.l2_cache_bytes;
+  g_device_bytes = info.global_memory_bytes;
+  g_copy_bytes_per_s = measure_copy_bandwidth();
+  std::printf("device-to-device copy: %.0f GB/s (read + write)\n", g_copy_bytes_per_s / 1e9);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  print_markdown();
+  return 0;
+}

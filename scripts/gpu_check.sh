@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Runs every CUDA test (tests/test_cuda_*.cpp) and the CUDA decode benchmark on a machine with
+# an NVIDIA GPU, and prints a Markdown section to paste into docs/benchmarks.md.
+#
+# Usage, from the repository root:
+#   scripts/gpu_check.sh                 build build-gpu/ (sm_90) here, then run (needs nvcc,
+#                                        cmake, GTest, Google Benchmark and fmt on this machine)
+#   scripts/gpu_check.sh --bundle        build build-gpu/ (sm_90) and pack the test and benchmark
+#                                        executables plus their non-system shared libraries into
+#                                        build-gpu/bundle/ (do this on the build machine)
+#   scripts/gpu_check.sh --run DIR       run a bundle made by --bundle (do this on the GPU
+#                                        machine; needs only the NVIDIA driver)
+#
+# With the device tool (the H200 image has nvcc and cmake but not GTest/benchmark/fmt):
+#   here:   scripts/gpu_check.sh --bundle
+#   there:  run(command="scripts/gpu_check.sh --run build-gpu/bundle",
+#               carry=["build-gpu/bundle"], timeout_s=480)
+# Expect ~1 minute of tests and ~1-2 minutes of benchmark. Exit status: 0 when every test
+# passed and none was skipped for lack of a device; 1 otherwise.
+#
+# Env: ARCH (default 90) for the build; JOBS (default 2) build parallelism; BUILD (default
+# build-gpu) the build folder; BENCH_FILTER to
+# run a subset of the benchmark (Google Benchmark regex).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+ARCH="${ARCH:-90}"
+JOBS="${JOBS:-2}"
+BUILD="${BUILD:-build-gpu}"
+
+build() {
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
+    -DPAGEDKV_BUILD_CLI=OFF -DPAGEDKV_BUILD_TESTS=ON -DPAGEDKV_BUILD_BENCHMARKS=ON >/dev/null ||
+    return 1
+  local targets=(bench_cuda_decode)
+  for f in tests/test_cuda_*.cpp; do targets+=("$(basename "$f" .cpp)"); done
+  cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}"
+}
+
+bundle() {
+  local out="$BUILD/bundle"
+  rm -rf "$out" && mkdir -p "$out/lib"
+  find "$BUILD/tests" -maxdepth 1 -type f -executable -name 'test_cuda_*' -exec cp {} "$out/" \;
+  cp "$BUILD/benchmarks/bench_cuda_decode" "$out/"
+  # Every shared library a bare CUDA image may lack (fmt, benchmark, hwy, gomp, cudart, ...);
+  # the C and C++ runtimes (glibc, libstdc++, libgcc_s) are left to the target system, which
+  # must be at least as new as this one.
+  for exe in "$out"/test_cuda_* "$out/bench_cuda_decode"; do
+    ldd "$exe" | awk '/=> \// {print $3}' |
+      grep -vE '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
+      xargs -r -I{} cp -L {} "$out/lib/"
+  done
+  cp scripts/gpu_check.sh "$out/"
+  echo "bundle: $out ($(du -sh "$out" | cut -f1)); carry it and run scripts/gpu_check.sh --run $out"
+}
+
+run() {
+  local dir="$1"
+  export LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  local gpu driver
+  gpu=$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1)
+  driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)
+  echo "== GPU: ${gpu:-unknown}; driver ${driver:-unknown}"
+
+  local status=0 summary=""
+  for t in "$dir"/test_cuda_*; do
+    local name log passed failed skipped
+    name=$(basename "$t")
+    log=$(mktemp)
+    "$t" --gtest_brief=1 >"$log" 2>&1
+    local rc=$?
+    passed=$(grep -oE '\[  PASSED  \] [0-9]+' "$log" | grep -oE '[0-9]+$' || echo 0)
+    failed=$(grep -oE '\[  FAILED  \] [0-9]+ test' "$log" | grep -oE '[0-9]+' || echo 0)
+    skipped=$(grep -oE '\[  SKIPPED \] [0-9]+' "$log" | grep -oE '[0-9]+$' || echo 0)
+    echo "== $name: rc $rc, passed ${passed:-0}, failed ${failed:-0}, skipped ${skipped:-0}"
+    if [ "$rc" -ne 0 ]; then
+      status=1
+      grep -E 'Failure|Expected|Which is|actual|FAILED|error' "$log" | head -60
+    fi
+    if grep -q 'no CUDA device' "$log"; then
+      status=1
+      echo "   tests skipped with 'no CUDA device' on a GPU machine"
+    fi
+    summary+="| $name | ${passed:-0} | ${failed:-0} | ${skipped:-0} |"$'\n'
+    rm -f "$log"
+  done
+
+  local bench_log
+  bench_log=$(mktemp)
+  echo "== bench_cuda_decode"
+  "$dir/bench_cuda_decode" ${BENCH_FILTER:+--benchmark_filter="$BENCH_FILTER"} | tee "$bench_log"
+
+  echo
+  echo "================ paste into docs/benchmarks.md ================"
+  echo "## CUDA backend: $(date -u +%Y-%m-%d), ${gpu:-unknown GPU}, driver ${driver:-?}"
+  echo
+  echo "scripts/gpu_check.sh at commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')."
+  echo
+  echo "| test executable | passed | failed | skipped |"
+  echo "|---|---|---|---|"
+  printf '%s' "$summary"
+  sed -n '/^### CUDA decode attention/,$p' "$bench_log"
+  echo "================================================================"
+  rm -f "$bench_log"
+  return "$status"
+}
+
+case "${1:-}" in
+  --bundle) build && bundle ;;
+  --run) run "${2:?usage: gpu_check.sh --run DIR}" ;;
+  "") build && bundle && run "$BUILD/bundle" ;;
+  *) echo "usage: gpu_check.sh [--bundle | --run DIR]" >&2; exit 2 ;;
+esac
