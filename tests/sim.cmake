@@ -21,3 +21,113 @@ foreach(src IN LISTS PAGEDKV_SIM_TEST_SOURCES)
   endif()
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "unit;sim")
 endforeach()
+
+if(NOT TARGET pagedkv_cli)
+  return()
+endif()
+# `pagedkv replay` and `pagedkv memory` end to end: output and the exit-code contract (bad input:
+# one line on stderr, exit 2). Small fixture traces are written at configure time.
+set(_expect ${CMAKE_CURRENT_SOURCE_DIR}/sim/expect_exit.cmake)
+set(_fx ${CMAKE_CURRENT_BINARY_DIR}/sim-fixtures)
+set(_shared ${PROJECT_SOURCE_DIR}/../shared)
+file(WRITE ${_fx}/good.csv "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+  "2023-11-16 18:15:46.1,100,20\n2023-11-16 18:15:46.2,200,10\n2023-11-16 18:15:47,50,5\n")
+file(WRITE ${_fx}/bad_row.csv "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+  "2023-11-16 18:15:46,100,20\n2023-11-16 18:15:47,abc,5\n2023-11-16 18:15:48,50,5\n")
+file(WRITE ${_fx}/out_of_order.jsonl
+  "{\"timestamp\": 100, \"input_length\": 600, \"output_length\": 3, \"hash_ids\": [1, 2]}\n"
+  "{\"timestamp\": 50, \"input_length\": 10, \"output_length\": 3, \"hash_ids\": [3]}\n")
+file(WRITE ${_fx}/no_column.csv "TIMESTAMP,Prompt,GeneratedTokens\n2023-11-16 18:15:46,1,1\n")
+
+add_test(NAME cli.replay.small_trace_all_strategies
+  COMMAND pagedkv_cli replay --trace ${_fx}/good.csv --preset stories260k --kv-memory 1MiB
+          --svg ${_fx}/good.svg)
+set_tests_properties(cli.replay.small_trace_all_strategies PROPERTIES LABELS "cli;sim"
+  PASS_REGULAR_EXPRESSION "3 rows read, 3 requests, 0 skipped.*\\| contiguous-max \\|.*\\| paged-128 \\|.*\\| prefix-16 \\|.*plot: ")
+add_test(NAME cli.replay.skips_bad_row_by_default
+  COMMAND pagedkv_cli replay --trace ${_fx}/bad_row.csv --preset stories260k --kv-memory 1MiB)
+set_tests_properties(cli.replay.skips_bad_row_by_default PROPERTIES LABELS "cli;sim"
+  PASS_REGULAR_EXPRESSION "skipped [^\n]*bad_row.csv:3: ContextTokens 'abc' is not a whole number.*3 rows read, 2 requests, 1 skipped")
+add_test(NAME cli.replay.json
+  COMMAND pagedkv_cli replay --trace ${_fx}/good.csv --preset stories260k --kv-memory 1MiB
+          --strategies paged-16 --json)
+set_tests_properties(cli.replay.json PROPERTIES LABELS "cli;sim"
+  PASS_REGULAR_EXPRESSION "\"strategy\": \"paged-16\"")
+
+# Bad input: exit 2 and one line naming the problem.
+add_test(NAME cli.replay.strict_bad_row
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
+          "-DARGS=replay\;--trace\;${_fx}/bad_row.csv\;--strict"
+          "-DSTDERR_REGEX=^pagedkv replay: [^\n]*bad_row.csv:3: ContextTokens 'abc' is not a whole number \\(--strict\\)\n$"
+          -P ${_expect})
+add_test(NAME cli.replay.strict_out_of_order
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
+          "-DARGS=replay\;--trace\;${_fx}/out_of_order.jsonl\;--strict"
+          "-DSTDERR_REGEX=^pagedkv replay: [^\n]*out_of_order.jsonl:2: timestamp -0.050 s is earlier[^\n]*\n$"
+          -P ${_expect})
+add_test(NAME cli.replay.missing_column
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
+          "-DARGS=replay\;--trace\;${_fx}/no_column.csv"
+          "-DSTDERR_REGEX=^pagedkv replay: [^\n]*no_column.csv:1: missing column 'ContextTokens'[^\n]*\n$"
+          -P ${_expect})
+add_test(NAME cli.replay.missing_file
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
+          "-DARGS=replay\;--trace\;${_fx}/does_not_exist.csv"
+          "-DSTDERR_REGEX=^pagedkv replay: cannot read trace '[^\n]*does_not_exist.csv': no such file\n$"
+          -P ${_expect})
+add_test(NAME cli.replay.directory
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
+          "-DARGS=replay\;--trace\;${_fx}"
+          "-DSTDERR_REGEX=^pagedkv replay: cannot read trace '[^\n]*': is a directory\n$"
+          -P ${_expect})
+add_test(NAME cli.replay.only_bad_rows
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
+          "-DARGS=replay\;--trace\;${_fx}/no_rows.csv" -DBAD_FILE=${_fx}/no_rows.csv
+          "-DBAD_CONTENT=TIMESTAMP,ContextTokens,GeneratedTokens\nx,1,1\n"
+          "-DSTDERR_REGEX=pagedkv replay: trace '[^\n]*no_rows.csv' has no valid request \\(1 rows read, 1 skipped\\)\n$"
+          -P ${_expect})
+add_test(NAME cli.replay.bad_kv_memory
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
+          "-DARGS=replay\;--trace\;${_fx}/good.csv\;--kv-memory\;40XB"
+          "-DSTDERR_REGEX=^pagedkv replay: invalid memory size '40XB': unknown unit 'XB'[^\n]*\n$"
+          -P ${_expect})
+add_test(NAME cli.replay.budget_below_one_block
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
+          "-DARGS=replay\;--trace\;${_fx}/good.csv\;--kv-memory\;1MiB"
+          "-DSTDERR_REGEX=^pagedkv replay: replay: KV memory 1048576 bytes holds no block of 16 tokens[^\n]*\n$"
+          -P ${_expect})
+add_test(NAME cli.replay.unknown_strategy
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
+          "-DARGS=replay\;--trace\;${_fx}/good.csv\;--strategies\;buddy-16"
+          "-DSTDERR_REGEX=^pagedkv replay: unknown strategy 'buddy-16'[^\n]*\n$" -P ${_expect})
+add_test(NAME cli.memory.unknown_preset
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
+          "-DARGS=memory\;--preset\;llama-9" "-DSTDERR_REGEX=^pagedkv memory: unknown model preset 'llama-9'[^\n]*\n$"
+          -P ${_expect})
+set_tests_properties(cli.replay.strict_bad_row cli.replay.strict_out_of_order
+  cli.replay.missing_column cli.replay.missing_file cli.replay.directory cli.replay.only_bad_rows
+  cli.replay.bad_kv_memory cli.replay.budget_below_one_block cli.replay.unknown_strategy
+  cli.memory.unknown_preset PROPERTIES LABELS "cli;sim")
+
+add_test(NAME cli.memory.builtin_measured_matches_formula
+  COMMAND pagedkv_cli memory --preset llama-2-7b --kv-memory 40GiB --measure-tokens 64
+          --svg ${_fx}/memory.svg)
+set_tests_properties(cli.memory.builtin_measured_matches_formula PROPERTIES LABELS "cli;sim"
+  PASS_REGULAR_EXPRESSION "= 2 x 32 x 32 x 128 x 2 = 524288 bytes.*\\| 1000 \\| 500.00 MiB \\| 504.00 MiB \\| 2.00 GiB \\| 81 \\| 20 \\|.*check: contiguous == formula at 48/48 steps; paged == formula rounded up to 16-token blocks at 48/48 steps")
+add_test(NAME cli.memory.csv_explicit_geometry
+  COMMAND pagedkv_cli memory --layers 2 --kv-heads 1 --head-dim 4 --dtype fp16 --max-context 32
+          --no-measure --csv)
+set_tests_properties(cli.memory.csv_explicit_geometry PROPERTIES LABELS "cli;sim"
+  PASS_REGULAR_EXPRESSION "^table,step,tokens,formula_bytes,[^\n]*\ngrowth,,1,32,32,512,1024,0,0,,\n")
+
+if(EXISTS ${_shared}/traces/AzureLLMInferenceTrace_conv.csv AND EXISTS ${_shared}/models/stories260K.bin)
+  add_test(NAME cli.memory.stories260K_whole_context
+    COMMAND pagedkv_cli memory --preset stories260k --model ${_shared}/models/stories260K.bin)
+  set_tests_properties(cli.memory.stories260K_whole_context PROPERTIES LABELS "cli;sim"
+    PASS_REGULAR_EXPRESSION "2 x 5 x 4 x 8 x 4 = 1280 bytes.*\\| 495 \\| 512 \\| 655360 \\| 655360 \\| 655360 \\| 655360 \\|.*at 496/496 steps; paged == formula rounded up to 16-token blocks at 496/496 steps")
+  add_test(NAME cli.replay.azure_conv_paged16
+    COMMAND pagedkv_cli replay --trace ${_shared}/traces/AzureLLMInferenceTrace_conv.csv
+            --preset llama-2-7b --strategies contiguous-max,paged-16)
+  set_tests_properties(cli.replay.azure_conv_paged16 PROPERTIES LABELS "cli;sim"
+    PASS_REGULAR_EXPRESSION "19366 rows read, 19366 requests, 0 skipped.*1612 requests have prompt \\+ output > max context 4096.*\\| contiguous-max \\| 0.278 \\|.*\\| paged-16 \\| 0.993 \\|")
+endif()

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -122,7 +123,10 @@ void run_replay(const Options& o) {
   }
 
   if (!o.svg_path.empty()) {
-    const std::string title = fmt::format("{} on {}", model.display, o.trace_path);
+    const std::string title =
+        fmt::format("{}, {}, {}", model.display,
+                    std::filesystem::path(o.trace_path).filename().string(),
+                    sim::format_bytes(static_cast<double>(config.kv_memory_bytes)));
     sim::write_text_file(o.svg_path, sim::render_svg(sim::replay_panels(results, title)));
   }
   if (o.json) {
