@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "detail/check.hpp"
 #include "pagedkv/cuda/device_decode_runner.hpp"
@@ -137,6 +138,56 @@ void DeviceDecodeRunner::decode(const AttentionParams& params, const DeviceKVCac
   paged_decode_attention(params, view, device_tables, q_.as<const float>(), out_.as<float>(),
                          launch);
   finish(out);
+}
+
+void DeviceDecodeRunner::prefill(const AttentionParams& params, const DeviceKVCache& cache,
+                                 int32_t layer, const BlockTableView& tables,
+                                 std::span<const int32_t> query_start, std::span<const float> q,
+                                 std::span<float> out) {
+  constexpr const char* kFn = "DeviceDecodeRunner::prefill";
+  PAGEDKV_CHECK(tables.num_seqs >= 0 && tables.max_blocks_per_seq >= 0,
+                "{}: num_seqs {} and max_blocks_per_seq {} must be >= 0", kFn, tables.num_seqs,
+                tables.max_blocks_per_seq);
+  PAGEDKV_CHECK(static_cast<int64_t>(query_start.size()) == int64_t{tables.num_seqs} + 1,
+                "{}: query_start has {} entries, expected num_seqs + 1 = {}", kFn,
+                query_start.size(), int64_t{tables.num_seqs} + 1);
+  PAGEDKV_CHECK(query_start[0] == 0, "{}: query_start[0] must be 0, got {}", kFn, query_start[0]);
+  for (int32_t i = 0; i < tables.num_seqs; ++i) {
+    const int64_t n = int64_t{query_start[i + 1]} - query_start[i];
+    PAGEDKV_CHECK(n >= 0, "{}: sequence {} has a negative query count {}", kFn, i, n);
+    PAGEDKV_CHECK(n <= tables.context_lens[i],
+                  "{}: sequence {} has {} query tokens but context length {}", kFn, i, n,
+                  tables.context_lens[i]);
+  }
+  const int64_t rows = query_start[tables.num_seqs];
+  check_rows(kFn, "q", q.size(), rows, params);
+  check_rows(kFn, "out", out.size(), rows, params);
+  // One decode row per query token: its sequence's table row and context = position + 1.
+  const int64_t width = tables.max_blocks_per_seq;
+  const int64_t row_elems = int64_t{params.num_heads} * params.head_dim;
+  std::vector<int32_t> row_tables;
+  std::vector<int32_t> row_lens;
+  int64_t first = 0;  // first query row of the pending launch
+  auto flush = [&] {
+    const auto n = static_cast<int32_t>(row_lens.size());
+    if (n == 0) return;
+    const BlockTableView view{row_tables.data(), row_lens.data(), n, tables.max_blocks_per_seq};
+    decode(params, cache, layer, view, q.subspan(first * row_elems, n * row_elems),
+           out.subspan(first * row_elems, n * row_elems));
+    first += n;
+    row_tables.clear();
+    row_lens.clear();
+  };
+  for (int32_t i = 0; i < tables.num_seqs; ++i) {
+    const int32_t n = query_start[i + 1] - query_start[i];
+    const int32_t* table = tables.block_tables + i * width;
+    for (int32_t t = 0; t < n; ++t) {
+      row_tables.insert(row_tables.end(), table, table + width);
+      row_lens.push_back(tables.context_lens[i] - n + t + 1);
+      if (static_cast<int32_t>(row_lens.size()) == kMaxRowsPerLaunch) flush();
+    }
+  }
+  flush();
 }
 
 void DeviceDecodeRunner::decode_contiguous(const AttentionParams& params,

@@ -45,6 +45,22 @@ class DeviceDecodeRunner {
               const BlockTableView& tables, std::span<const float> q, std::span<float> out,
               std::optional<DecodePlan> plan = std::nullopt);
 
+  /// pagedkv::paged_prefill_attention on the device, by the decode kernel: query token t of
+  /// sequence i (at position p = context_lens[i] - n_i + t) becomes one decode row with sequence
+  /// i's block table and context p + 1, which is exactly causal attention to positions 0..p.
+  /// Correct for any chunk; slower than a dedicated prefill kernel (K/V are re-read per query
+  /// row), which is fine for a prompt processed once. Rows are launched in chunks of at most
+  /// kMaxRowsPerLaunch.
+  /// Shapes: query_start [num_seqs + 1] (query_start[0] = 0); q, out [query_start[num_seqs],
+  /// num_heads, head_dim] fp32, host; `tables` host arrays.
+  /// Errors: as decode, plus n_i < 0 or n_i > context_lens[i] (naming the sequence).
+  void prefill(const AttentionParams& params, const DeviceKVCache& cache, int32_t layer,
+               const BlockTableView& tables, std::span<const int32_t> query_start,
+               std::span<const float> q, std::span<float> out);
+
+  /// Rows of one decode launch made by prefill() (the grid's y limit is 65535).
+  static constexpr int32_t kMaxRowsPerLaunch = 16384;
+
   /// contiguous_decode_attention with host context lengths, q and out (the cache is on the
   /// device). Shapes: context_lens [cache.num_seqs]; q, out [cache.num_seqs, num_heads,
   /// head_dim]. Errors: as decode, plus a context length outside [0, cache.max_len].
