@@ -106,17 +106,19 @@ std::string sci(double x) {
 }
 
 /// The kernel configurations every case runs under: the default (what the public functions
-/// use), one thread, and several threads with small forced partitions (so short contexts also
-/// go through the log-sum-exp merge; 40 is not a tile multiple and gets rounded up to 64).
+/// use), one thread with one kv head per item, several threads with small forced partitions (so
+/// short contexts also go through the log-sum-exp merge; 40 is not a tile multiple and gets
+/// rounded up to 64) and all kv heads of a block in one item, and one-key partitions.
 struct Variant {
   const char* name;
   FastAttentionConfig config;
 };
 const Variant kVariants[] = {
     {"default", {}},
-    {"one_thread", {.num_threads = 1, .partition_keys = 0}},
-    {"split40_3threads", {.num_threads = 3, .partition_keys = 40}},
-    {"split1_2threads", {.num_threads = 2, .partition_keys = 1}},
+    {"one_thread_one_head", {.num_threads = 1, .partition_keys = 0, .heads_per_item = 1}},
+    {"split40_3threads_all_heads",
+     {.num_threads = 3, .partition_keys = 40, .heads_per_item = 1 << 20}},
+    {"split1_2threads", {.num_threads = 2, .partition_keys = 1, .heads_per_item = 0}},
 };
 
 class FastVsPlain : public ::testing::TestWithParam<FastCase> {};
@@ -294,9 +296,12 @@ TEST(FastAttention, ResultDoesNotDependOnThreadCountWithoutPartitions) {
   FastCase c{
       .dtype = DType::kBF16, .block_size = 16, .num_kv_heads = 4, .group = 2, .context = 700};
   const PagedScenario s = scenario_for(c, 5);
-  const std::vector<float> one = run_fast(s, {.num_threads = 1, .partition_keys = 0});
+  const std::vector<float> one =
+      run_fast(s, {.num_threads = 1, .partition_keys = 0, .heads_per_item = 0});
   const std::vector<float> four =
-      run_fast(s, {.num_threads = 4, .partition_keys = std::numeric_limits<int64_t>::max()});
+      run_fast(s, {.num_threads = 4,
+                   .partition_keys = std::numeric_limits<int64_t>::max(),
+                   .heads_per_item = 0});
   EXPECT_EQ(one, four);
 }
 
@@ -311,12 +316,15 @@ TEST(FastAttention, LongContextPartitionsMergeToTheUnsplitResult) {
              .context = 20000};
   PagedScenario s = scenario_for(c, 11);
   s.params.scale = 0.5f;  // sharper softmax: partitions have very different maxima
-  const std::vector<float> whole = run_fast(s, {.num_threads = 1, .partition_keys = 0});
+  const std::vector<float> whole =
+      run_fast(s, {.num_threads = 1, .partition_keys = 0, .heads_per_item = 0});
   EXPECT_LE(max_abs_diff(whole, run_plain(s)), kF32MaxAbs);
   for (int64_t part : {1000, 3000, 0}) {
     SCOPED_TRACE(part);
-    EXPECT_LE(max_abs_diff(run_fast(s, {.num_threads = 2, .partition_keys = part}), whole),
-              kF32MaxAbs);
+    EXPECT_LE(
+        max_abs_diff(run_fast(s, {.num_threads = 2, .partition_keys = part, .heads_per_item = 0}),
+                     whole),
+        kF32MaxAbs);
   }
 }
 

@@ -25,13 +25,19 @@ struct FastAttentionConfig {
   /// PagedAttention v2 idea). > 0 forces that size (tests use small values to exercise the
   /// log-sum-exp merge on short contexts).
   int64_t partition_keys = 0;
+  /// KV heads served by one decode work item (a divisor of num_kv_heads is used, at most
+  /// num_kv_heads). 0 = automatic: all heads of a block in one sweep (up to 32 query rows) when
+  /// one head's run in a block is shorter than 16 KiB, else one head per item.
+  int32_t heads_per_item = 0;
 };
 
 /// Chunked paged prefill (decode is n_i = 1): same contract, preconditions and output as
 /// detail::plain_paged_prefill_attention, computed differently:
-/// - work items = (sequence, kv head, query tile[, key partition]); the rows of an item are the
-///   `group` query heads of that kv head for up to 32 / group query tokens, so every K/V byte
-///   read from memory serves all query heads of its kv head (GQA);
+/// - work items = (sequence, kv heads, query tile[, key partition]); the rows of an item are the
+///   `group` query heads of its kv heads for its query tokens (at most 32 rows), so every K/V
+///   byte read from memory serves all query heads of its kv head (GQA); decode items take
+///   several kv heads when a block's per-head runs are short (one sweep per block), prefill
+///   items several query tokens (each K/V tile reused by up to 32 rows);
 /// - keys are visited in tiles of 32 positions gathered through the block table (a tile may span
 ///   several blocks, so block_size does not limit the vector work); one pass over K and V with
 ///   online softmax; fp16/bf16 converted to fp32 in registers; software prefetch one tile ahead

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -31,6 +32,9 @@ constexpr int32_t kTile = 32;
 /// Rows (query heads x query tokens) per work item: bounds the L1 footprint of the fp32
 /// accumulators (32 x 128 x 4 B = 16 KiB) while letting prefill reuse each K/V tile 32 times.
 constexpr int32_t kMaxRows = 32;
+/// A head's contiguous run in a block shorter than this is read together with the other heads'
+/// runs of the block (see heads_per_item): 16 KiB is where the stream prefetcher has ramped up.
+constexpr int64_t kShortRunBytes = 16 << 10;
 /// Smallest key partition: below it, partial results and their merge cost more than the
 /// parallelism gains.
 constexpr int64_t kMinPartitionKeys = 256;
@@ -57,12 +61,16 @@ struct KernelArgs {
   int32_t sink_tokens = 0;
 };
 
-/// The rows of one work item: query tokens [first_pos, first_pos + num_q) of a sequence, all
-/// `group` query heads of one kv head. Their visible keys are a subset of the key set
-/// [0, sink_len) ++ [main_begin, main_end), addressed by a flat index j in [0, num_keys()).
+/// The rows of one work item: query tokens [first_pos, first_pos + num_q) of a sequence, the
+/// `group` query heads of each of the kv heads [kv_head, kv_head + num_kv). Row r is token
+/// r / (num_kv * group), kv head kv_head + (r % (num_kv * group)) / group; the query heads of
+/// consecutive kv heads are adjacent in q, so a token's rows are one contiguous run of q.
+/// Their visible keys are a subset of the key set [0, sink_len) ++ [main_begin, main_end),
+/// addressed by a flat index j in [0, num_keys()).
 struct RowSet {
   int32_t seq = 0;
   int32_t kv_head = 0;
+  int32_t num_kv = 1;
   int32_t num_q = 0;
   int64_t q_row = 0;      // query row of the first token
   int64_t first_pos = 0;  // position of the first token (-1 for a decode padding row)
@@ -74,7 +82,8 @@ struct RowSet {
   int64_t partial_offset = -1;  // floats into KernelArgs::partial; -1 = write `out` directly
 
   [[nodiscard]] int64_t num_keys() const { return sink_len + (main_end - main_begin); }
-  [[nodiscard]] int32_t num_rows(int32_t group) const { return num_q * group; }
+  [[nodiscard]] int32_t rows_per_token(int32_t group) const { return num_kv * group; }
+  [[nodiscard]] int32_t num_rows(int32_t group) const { return num_q * num_kv * group; }
 };
 
 /// First visible key of a query at `pos` (the sliding window's left edge; 0 without a window).
@@ -159,42 +168,182 @@ HWY_INLINE void GatherTile(const KernelArgs& a, const RowSet& rs, const int32_t*
 /// Requests the K and V rows of a tile into cache ahead of use: blocks are scattered, so the
 /// hardware stream prefetcher loses the stream at every block boundary.
 template <typename T>
-HWY_INLINE void PrefetchTile(const T* const* kp, const T* const* vp, int32_t n, int64_t row_bytes) {
-  for (int32_t i = 0; i < n; ++i) {
-    const char* k = reinterpret_cast<const char*>(kp[i]);
-    const char* v = reinterpret_cast<const char*>(vp[i]);
-    for (int64_t b = 0; b < row_bytes; b += 64) {
-      hwy::Prefetch(k + b);
-      hwy::Prefetch(v + b);
+HWY_INLINE void PrefetchRow(const T* row, int64_t row_bytes) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < row_bytes; b += 64) hwy::Prefetch(p + b);
+}
+
+/// out[k] = sum of the lanes of a_k, k = 0..3. With >= 4 lanes, two interleave rounds leave the
+/// four partial sums side by side in every 128-bit block, then the blocks are added: about a
+/// quarter of the shuffles of four separate reductions.
+template <class DF, class V = hn::Vec<DF>>
+HWY_INLINE void SumOfLanes4(DF df, V a0, V a1, V a2, V a3, float* HWY_RESTRICT out) {
+#if HWY_TARGET != HWY_SCALAR  // the scalar target has one lane and no interleave
+  if constexpr (hn::MaxLanes(DF()) >= 4) {
+    const size_t lanes = hn::Lanes(df);
+    if (lanes >= 4) {
+      const hn::Repartition<uint64_t, DF> du;
+      const V t0 = hn::Add(hn::InterleaveLower(df, a0, a1), hn::InterleaveUpper(df, a0, a1));
+      const V t1 = hn::Add(hn::InterleaveLower(df, a2, a3), hn::InterleaveUpper(df, a2, a3));
+      const auto u0 = hn::BitCast(du, t0);
+      const auto u1 = hn::BitCast(du, t1);
+      const V u = hn::Add(hn::BitCast(df, hn::InterleaveLower(du, u0, u1)),
+                          hn::BitCast(df, hn::InterleaveUpper(du, u0, u1)));
+      HWY_ALIGN float blocks[hn::MaxLanes(DF())];
+      hn::Store(u, df, blocks);
+      const hn::CappedTag<float, 4> d4;
+      auto sum = hn::Load(d4, blocks);
+      for (size_t b = 4; b < lanes; b += 4) sum = hn::Add(sum, hn::Load(d4, blocks + b));
+      hn::StoreU(sum, d4, out);
+      return;
     }
+  }
+#endif
+  out[0] = hn::GetLane(hn::SumOfLanes(df, a0));
+  out[1] = hn::GetLane(hn::SumOfLanes(df, a1));
+  out[2] = hn::GetLane(hn::SumOfLanes(df, a2));
+  out[3] = hn::GetLane(hn::SumOfLanes(df, a3));
+}
+
+/// s[i] = q . k_i for the n keys of a tile, k_i = k[i] + off. Four keys at a time, each with
+/// two accumulator chains (even / odd vectors of head_dim): eight independent FMA chains hide
+/// the FMA latency. Also prefetches the rows of the first `pn` keys of the next tile (pk, pv at
+/// the same offset), four keys per four computed.
+template <typename T, class DF>
+HWY_INLINE void TileScores(DF df, const float* HWY_RESTRICT q, const T* const* k, int64_t off,
+                           int32_t n, int64_t D, float* HWY_RESTRICT s, const T* const* pk,
+                           const T* const* pv, int32_t pn) {
+  using V = hn::Vec<DF>;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T));
+  int32_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    for (int32_t t = i; t < i + 4 && t < pn; ++t) {
+      PrefetchRow(pk[t] + off, row_bytes);
+      PrefetchRow(pv[t] + off, row_bytes);
+    }
+    const T* k0 = k[i] + off;
+    const T* k1 = k[i + 1] + off;
+    const T* k2 = k[i + 2] + off;
+    const T* k3 = k[i + 3] + off;
+    V a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+    V b0 = hn::Zero(df), b1 = hn::Zero(df), b2 = hn::Zero(df), b3 = hn::Zero(df);
+    int64_t d = 0;
+    for (; d + 2 * L <= D; d += 2 * L) {
+      const V qa = hn::LoadU(df, q + d);
+      const V qb = hn::LoadU(df, q + d + L);
+      a0 = hn::MulAdd(qa, LoadF32(df, k0 + d), a0);
+      a1 = hn::MulAdd(qa, LoadF32(df, k1 + d), a1);
+      a2 = hn::MulAdd(qa, LoadF32(df, k2 + d), a2);
+      a3 = hn::MulAdd(qa, LoadF32(df, k3 + d), a3);
+      b0 = hn::MulAdd(qb, LoadF32(df, k0 + d + L), b0);
+      b1 = hn::MulAdd(qb, LoadF32(df, k1 + d + L), b1);
+      b2 = hn::MulAdd(qb, LoadF32(df, k2 + d + L), b2);
+      b3 = hn::MulAdd(qb, LoadF32(df, k3 + d + L), b3);
+    }
+    if (d < D) {  // odd number of vectors
+      const V qa = hn::LoadU(df, q + d);
+      a0 = hn::MulAdd(qa, LoadF32(df, k0 + d), a0);
+      a1 = hn::MulAdd(qa, LoadF32(df, k1 + d), a1);
+      a2 = hn::MulAdd(qa, LoadF32(df, k2 + d), a2);
+      a3 = hn::MulAdd(qa, LoadF32(df, k3 + d), a3);
+    }
+    SumOfLanes4(df, hn::Add(a0, b0), hn::Add(a1, b1), hn::Add(a2, b2), hn::Add(a3, b3), s + i);
+  }
+  for (int32_t t = i; t < pn; ++t) {
+    PrefetchRow(pk[t] + off, row_bytes);
+    PrefetchRow(pv[t] + off, row_bytes);
+  }
+  for (; i < n; ++i) {
+    V a0 = hn::Zero(df);
+    for (int64_t d = 0; d < D; d += L) {
+      a0 = hn::MulAdd(hn::LoadU(df, q + d), LoadF32(df, k[i] + off + d), a0);
+    }
+    s[i] = hn::GetLane(hn::SumOfLanes(df, a0));
   }
 }
 
-/// One partition of one row set. Rows r = t * group + g (query token t, head g of the kv head).
+/// acc[d .. d + kNV * L) += sum_i p[i] v_i[d ..], the accumulators in registers across the tile.
+template <int kNV, typename T, class DF>
+HWY_INLINE void AccumulateChunk(DF df, const float* HWY_RESTRICT p, const T* const* v, int64_t off,
+                                int32_t n, int64_t d, float* HWY_RESTRICT acc) {
+  using V = hn::Vec<DF>;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  V a0 = hn::LoadU(df, acc + d), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  if constexpr (kNV > 1) a1 = hn::LoadU(df, acc + d + L);
+  if constexpr (kNV > 2) a2 = hn::LoadU(df, acc + d + 2 * L);
+  if constexpr (kNV > 3) a3 = hn::LoadU(df, acc + d + 3 * L);
+  if constexpr (kNV > 4) a4 = hn::LoadU(df, acc + d + 4 * L);
+  if constexpr (kNV > 5) a5 = hn::LoadU(df, acc + d + 5 * L);
+  if constexpr (kNV > 6) a6 = hn::LoadU(df, acc + d + 6 * L);
+  if constexpr (kNV > 7) a7 = hn::LoadU(df, acc + d + 7 * L);
+  for (int32_t i = 0; i < n; ++i) {
+    const V pv = hn::Set(df, p[i]);
+    const T* x = v[i] + off + d;
+    a0 = hn::MulAdd(pv, LoadF32(df, x), a0);
+    if constexpr (kNV > 1) a1 = hn::MulAdd(pv, LoadF32(df, x + L), a1);
+    if constexpr (kNV > 2) a2 = hn::MulAdd(pv, LoadF32(df, x + 2 * L), a2);
+    if constexpr (kNV > 3) a3 = hn::MulAdd(pv, LoadF32(df, x + 3 * L), a3);
+    if constexpr (kNV > 4) a4 = hn::MulAdd(pv, LoadF32(df, x + 4 * L), a4);
+    if constexpr (kNV > 5) a5 = hn::MulAdd(pv, LoadF32(df, x + 5 * L), a5);
+    if constexpr (kNV > 6) a6 = hn::MulAdd(pv, LoadF32(df, x + 6 * L), a6);
+    if constexpr (kNV > 7) a7 = hn::MulAdd(pv, LoadF32(df, x + 7 * L), a7);
+  }
+  hn::StoreU(a0, df, acc + d);
+  if constexpr (kNV > 1) hn::StoreU(a1, df, acc + d + L);
+  if constexpr (kNV > 2) hn::StoreU(a2, df, acc + d + 2 * L);
+  if constexpr (kNV > 3) hn::StoreU(a3, df, acc + d + 3 * L);
+  if constexpr (kNV > 4) hn::StoreU(a4, df, acc + d + 4 * L);
+  if constexpr (kNV > 5) hn::StoreU(a5, df, acc + d + 5 * L);
+  if constexpr (kNV > 6) hn::StoreU(a6, df, acc + d + 6 * L);
+  if constexpr (kNV > 7) hn::StoreU(a7, df, acc + d + 7 * L);
+}
+
+/// acc += sum_i p[i] v_i (v_i = v[i] + off) over the whole head_dim, in chunks of up to 8
+/// vectors: 8 independent FMA chains per key.
+template <typename T, class DF>
+HWY_INLINE void TileAccumulate(DF df, const float* HWY_RESTRICT p, const T* const* v, int64_t off,
+                               int32_t n, int64_t D, float* HWY_RESTRICT acc) {
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  int64_t d = 0;
+  for (; d + 8 * L <= D; d += 8 * L) AccumulateChunk<8>(df, p, v, off, n, d, acc);
+  if ((D - d) / L >= 4) {
+    AccumulateChunk<4>(df, p, v, off, n, d, acc);
+    d += 4 * L;
+  }
+  if ((D - d) / L >= 2) {
+    AccumulateChunk<2>(df, p, v, off, n, d, acc);
+    d += 2 * L;
+  }
+  if (d < D) AccumulateChunk<1>(df, p, v, off, n, d, acc);
+}
+
+/// One partition of one row set (see RowSet for the row order).
 template <typename T, class DF>
 void AttendImpl(DF df, const KernelArgs& a, const RowSet& rs, int32_t part) {
   using V = hn::Vec<DF>;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
   const int64_t D = a.head_dim;
   const int32_t G = a.group;
+  const int32_t RT = rs.rows_per_token(G);
   const int32_t R = rs.num_rows(G);
   const int64_t ts = (kTile + L - 1) / L * L;  // score row stride, whole vectors
+  const int64_t head_stride = a.cache.head_stride;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
   float* qs = ThreadScratch(static_cast<size_t>(R * (2 * D + ts + 3)));  // [R, D] scaled q
   float* acc = qs + R * D;                                               // [R, D]
-  float* sc = acc + R * D;                                               // [R, ts] scores / p
-  float* m = sc + R * ts;                                                // [R] running max
-  float* l = m + R;                                                      // [R] running sum
-  float* active = l + R;  // [R] 1 if the row saw a key in the current tile
+  float* sc = acc + R * D;  // [R, ts] scores, then probabilities
+  float* m = sc + R * ts;   // [R] running max
+  float* l = m + R;         // [R] running sum
+  float* active = l + R;    // [R] 1 if the row saw a key in the current tile
 
-  // The G query heads of a kv head are adjacent in q: one contiguous [G, D] run per token.
   const V vscale = hn::Set(df, a.scale);
   for (int32_t t = 0; t < rs.num_q; ++t) {
     const float* src =
         a.q + ((rs.q_row + t) * a.num_heads + static_cast<int64_t>(rs.kv_head) * G) * D;
-    float* dst = qs + static_cast<int64_t>(t) * G * D;
-    for (int64_t i = 0; i < G * D; i += L) {
+    float* dst = qs + static_cast<int64_t>(t) * RT * D;
+    for (int64_t i = 0; i < RT * D; i += L) {
       hn::StoreU(hn::Mul(hn::LoadU(df, src + i), vscale), df, dst + i);
     }
   }
@@ -205,63 +354,47 @@ void AttendImpl(DF df, const KernelArgs& a, const RowSet& rs, int32_t part) {
   const int32_t* table = a.block_tables + static_cast<int64_t>(rs.seq) * a.max_blocks_per_seq;
   const int64_t key_begin = static_cast<int64_t>(part) * rs.part_keys;
   const int64_t key_end = std::min(rs.num_keys(), key_begin + rs.part_keys);
-  const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T));
   // Rows of one query token share their visible set, which is exactly the row set's key set;
   // several tokens (prefill) need a per-row causal / window mask.
   const bool masked = rs.num_q > 1;
 
+  // Row pointers of the first kv head of the set; head hh adds hh * head_stride.
   const T* kp[2][kTile];
   const T* vp[2][kTile];
   int64_t keys[2][kTile];
   int cur = 0;
-  if (key_begin < key_end) {
-    GatherTile(a, rs, table, key_begin,
-               static_cast<int32_t>(std::min<int64_t>(kTile, key_end - key_begin)), kp[0], vp[0],
-               keys[0]);
-  }
-  for (int64_t j = key_begin; j < key_end; j += kTile, cur ^= 1) {
-    const int32_t n = static_cast<int32_t>(std::min<int64_t>(kTile, key_end - j));
+  // Tiles of kTile keys (the last one shorter); the next tile's pointers are gathered, and its
+  // rows prefetched, while the current one is computed.
+  auto gather = [&](int64_t from, int buf) -> int32_t {
+    if (from >= key_end) return 0;
+    const auto count = static_cast<int32_t>(std::min<int64_t>(kTile, key_end - from));
+    GatherTile(a, rs, table, from, count, kp[buf], vp[buf], keys[buf]);
+    return count;
+  };
+  int32_t n = gather(key_begin, 0);
+  for (int64_t j = key_begin; j < key_end;) {
     const T* const* kt = kp[cur];
     const T* const* vt = vp[cur];
     const int64_t* kk = keys[cur];
-    if (j + kTile < key_end) {
-      const int32_t nn = static_cast<int32_t>(std::min<int64_t>(kTile, key_end - j - kTile));
-      GatherTile(a, rs, table, j + kTile, nn, kp[cur ^ 1], vp[cur ^ 1], keys[cur ^ 1]);
-      PrefetchTile(kp[cur ^ 1], vp[cur ^ 1], nn, row_bytes);
-    }
+    const int32_t nn = gather(j + n, cur ^ 1);
 
-    // Scores s[r][i] = (scale q_r) . k_i; four keys at a time for four independent FMA chains.
+    // Scores s[r][i] = (scale q_r) . k_i. The first row of each kv head also prefetches that
+    // head's next tile, spread over the key loop rather than in one burst that would stall on
+    // the cache's miss buffers.
     for (int32_t r = 0; r < R; ++r) {
-      const float* qr = qs + r * D;
+      const int64_t off = static_cast<int64_t>((r % RT) / G) * head_stride;
       float* s = sc + r * ts;
-      int32_t i = 0;
-      for (; i + 4 <= n; i += 4) {
-        V a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
-        for (int64_t d = 0; d < D; d += L) {
-          const V qv = hn::LoadU(df, qr + d);
-          a0 = hn::MulAdd(qv, LoadF32(df, kt[i] + d), a0);
-          a1 = hn::MulAdd(qv, LoadF32(df, kt[i + 1] + d), a1);
-          a2 = hn::MulAdd(qv, LoadF32(df, kt[i + 2] + d), a2);
-          a3 = hn::MulAdd(qv, LoadF32(df, kt[i + 3] + d), a3);
-        }
-        s[i] = hn::GetLane(hn::SumOfLanes(df, a0));
-        s[i + 1] = hn::GetLane(hn::SumOfLanes(df, a1));
-        s[i + 2] = hn::GetLane(hn::SumOfLanes(df, a2));
-        s[i + 3] = hn::GetLane(hn::SumOfLanes(df, a3));
+      if (r < RT && r % G == 0) {
+        TileScores(df, qs + r * D, kt, off, n, D, s, kp[cur ^ 1], vp[cur ^ 1], nn);
+      } else {
+        TileScores(df, qs + r * D, kt, off, n, D, s, kp[cur ^ 1], vp[cur ^ 1], 0);
       }
-      for (; i < n; ++i) {
-        V a0 = hn::Zero(df);
-        for (int64_t d = 0; d < D; d += L) {
-          a0 = hn::MulAdd(hn::LoadU(df, qr + d), LoadF32(df, kt[i] + d), a0);
-        }
-        s[i] = hn::GetLane(hn::SumOfLanes(df, a0));
-      }
-      for (; i < ts; ++i) s[i] = kNegInf;  // padding lanes: exp gives 0
+      for (int32_t i = n; i < ts; ++i) s[i] = kNegInf;  // padding lanes: exp gives 0
     }
 
     if (masked) {
       for (int32_t r = 0; r < R; ++r) {
-        const int64_t pos = rs.first_pos + r / G;
+        const int64_t pos = rs.first_pos + r / RT;
         const int64_t lo = window_lo(pos, a.window_left);
         const int64_t se = sink_end(lo, a.window_left, a.sink_tokens);
         if (kk[n - 1] <= pos && kk[0] >= lo) continue;  // keys ascend: whole tile visible
@@ -286,8 +419,9 @@ void AttendImpl(DF df, const KernelArgs& a, const RowSet& rs, int32_t part) {
           l[r] *= corr;
           const V vc = hn::Set(df, corr);
           float* ar = acc + r * D;
-          for (int64_t d = 0; d < D; d += L)
+          for (int64_t d = 0; d < D; d += L) {
             hn::StoreU(hn::Mul(hn::LoadU(df, ar + d), vc), df, ar + d);
+          }
         }
         m[r] = mt;
       }
@@ -301,60 +435,28 @@ void AttendImpl(DF df, const KernelArgs& a, const RowSet& rs, int32_t part) {
       l[r] += hn::GetLane(hn::SumOfLanes(df, vsum));
     }
 
-    // acc_r += sum_i p[r][i] v_i, four vectors of head_dim in registers across the tile.
+    // acc_r += sum_i p[r][i] v_i.
     for (int32_t r = 0; r < R; ++r) {
       if (active[r] == 0.0f) continue;
-      const float* p = sc + r * ts;
-      float* ar = acc + r * D;
-      int64_t d = 0;
-      for (; d + 4 * L <= D; d += 4 * L) {
-        V a0 = hn::LoadU(df, ar + d);
-        V a1 = hn::LoadU(df, ar + d + L);
-        V a2 = hn::LoadU(df, ar + d + 2 * L);
-        V a3 = hn::LoadU(df, ar + d + 3 * L);
-        for (int32_t i = 0; i < n; ++i) {
-          const V pv = hn::Set(df, p[i]);
-          const T* v = vt[i] + d;
-          a0 = hn::MulAdd(pv, LoadF32(df, v), a0);
-          a1 = hn::MulAdd(pv, LoadF32(df, v + L), a1);
-          a2 = hn::MulAdd(pv, LoadF32(df, v + 2 * L), a2);
-          a3 = hn::MulAdd(pv, LoadF32(df, v + 3 * L), a3);
-        }
-        hn::StoreU(a0, df, ar + d);
-        hn::StoreU(a1, df, ar + d + L);
-        hn::StoreU(a2, df, ar + d + 2 * L);
-        hn::StoreU(a3, df, ar + d + 3 * L);
-      }
-      for (; d + 2 * L <= D; d += 2 * L) {
-        V a0 = hn::LoadU(df, ar + d);
-        V a1 = hn::LoadU(df, ar + d + L);
-        for (int32_t i = 0; i < n; ++i) {
-          const V pv = hn::Set(df, p[i]);
-          a0 = hn::MulAdd(pv, LoadF32(df, vt[i] + d), a0);
-          a1 = hn::MulAdd(pv, LoadF32(df, vt[i] + d + L), a1);
-        }
-        hn::StoreU(a0, df, ar + d);
-        hn::StoreU(a1, df, ar + d + L);
-      }
-      for (; d < D; d += L) {
-        V a0 = hn::LoadU(df, ar + d);
-        for (int32_t i = 0; i < n; ++i) {
-          a0 = hn::MulAdd(hn::Set(df, p[i]), LoadF32(df, vt[i] + d), a0);
-        }
-        hn::StoreU(a0, df, ar + d);
-      }
+      const int64_t off = static_cast<int64_t>((r % RT) / G) * head_stride;
+      TileAccumulate(df, sc + r * ts, vt, off, n, D, acc + r * D);
     }
+    if (nn == 0) break;
+    j += n;
+    n = nn;
+    cur ^= 1;
   }
 
   if (rs.partial_offset < 0) {
     for (int32_t r = 0; r < R; ++r) {
-      const int64_t head = static_cast<int64_t>(rs.kv_head) * G + r % G;
-      float* o = a.out + ((rs.q_row + r / G) * a.num_heads + head) * D;
+      const int64_t head = static_cast<int64_t>(rs.kv_head) * G + r % RT;
+      float* o = a.out + ((rs.q_row + r / RT) * a.num_heads + head) * D;
       const float* ar = acc + r * D;
       // A row that saw no key (padding row, empty window) outputs zeros, as the plain kernel.
       const V vinv = hn::Set(df, l[r] == 0.0f ? 0.0f : 1.0f / l[r]);
-      for (int64_t d = 0; d < D; d += L)
+      for (int64_t d = 0; d < D; d += L) {
         hn::StoreU(hn::Mul(hn::LoadU(df, ar + d), vinv), df, o + d);
+      }
     }
   } else {
     for (int32_t r = 0; r < R; ++r) {
@@ -418,6 +520,31 @@ void merge_row(const float* parts, int32_t num_parts, int64_t stride, int32_t he
 
 }  // namespace fast
 
+namespace {
+
+/// KV heads per decode work item. A block holds every kv head's rows; when one head's rows of a
+/// block are a short contiguous run (HND: block_size x head_dim elements; NHD: head_dim), reading
+/// one head at a time turns a block into many short scattered runs that the hardware prefetcher
+/// never locks onto. Serving several kv heads in one item reads the block in one sweep.
+int32_t heads_per_item(const AttentionParams& params, const KVLayerView& cache,
+                       const FastAttentionConfig& config) {
+  const int32_t H = params.num_kv_heads;
+  const int32_t G = params.num_heads / H;
+  int32_t hg = 1;
+  if (config.heads_per_item > 0) {
+    hg = config.heads_per_item;
+  } else {
+    const int64_t run = (cache.token_stride == cache.head_dim ? cache.block_size : 1) *
+                        int64_t{cache.head_dim} * dtype_size(cache.dtype);
+    if (run < fast::kShortRunBytes) hg = std::max(1, fast::kMaxRows / G);
+  }
+  hg = std::clamp(hg, 1, H);
+  while (H % hg != 0) --hg;  // equal groups
+  return hg;
+}
+
+}  // namespace
+
 int32_t fast_attention_max_threads() {
 #if defined(_OPENMP)
   return omp_get_max_threads();
@@ -479,17 +606,23 @@ void fast_paged_prefill_attention(const AttentionParams& params, const KVLayerVi
   a.window_left = params.window_left;
   a.sink_tokens = params.sink_tokens;
   const int32_t G = a.group;
-  const int32_t q_per_set = std::max(1, fast::kMaxRows / G);
+  const int32_t H = params.num_kv_heads;
+  const int32_t heads_per_set = heads_per_item(params, cache, config);
 
-  // Row sets: (sequence, query tile, kv head), with the union of their rows' visible keys.
+  // Row sets: (sequence, query tile, kv heads), with the union of their rows' visible keys.
   std::vector<RowSet> sets;
   int64_t total_work = 0;
   for (int32_t i = 0; i < tables.num_seqs; ++i) {
     const int64_t n = query_start[i + 1] - query_start[i];
     const int64_t ctx = tables.context_lens[i];
+    // Decode rows group kv heads (one pass over whole blocks); prefill rows group query tokens
+    // instead (each K/V tile then serves up to 32 / group queries).
+    const int32_t hg = n == 1 ? heads_per_set : 1;
+    const int32_t q_per_set = std::max(1, fast::kMaxRows / (G * hg));
     for (int64_t t0 = 0; t0 < n; t0 += q_per_set) {
       RowSet rs;
       rs.seq = i;
+      rs.num_kv = hg;
       rs.num_q = static_cast<int32_t>(std::min<int64_t>(q_per_set, n - t0));
       rs.q_row = query_start[i] + t0;
       rs.first_pos = ctx - n + t0;
@@ -505,7 +638,7 @@ void fast_paged_prefill_attention(const AttentionParams& params, const KVLayerVi
         rs.main_begin = lo;
       }
       rs.main_end = std::max(rs.main_begin, last_pos + 1);
-      for (int32_t h = 0; h < params.num_kv_heads; ++h) {
+      for (int32_t h = 0; h < H; h += hg) {
         rs.kv_head = h;
         sets.push_back(rs);
         total_work += rs.num_keys() * rs.num_rows(G);
@@ -580,12 +713,13 @@ void fast_paged_prefill_attention(const AttentionParams& params, const KVLayerVi
     const RowSet& rs = sets[s];
     if (rs.partial_offset < 0) continue;
     const int32_t rows = rs.num_rows(G);
+    const int32_t rt = rs.rows_per_token(G);
     const int64_t stride = static_cast<int64_t>(rows) * (a.head_dim + 2);
     for (int32_t r = 0; r < rows; ++r) {
-      const int64_t head = static_cast<int64_t>(rs.kv_head) * G + r % G;
+      const int64_t head = static_cast<int64_t>(rs.kv_head) * G + r % rt;
       fast::merge_row(a.partial + rs.partial_offset + static_cast<int64_t>(r) * (a.head_dim + 2),
                       rs.num_parts, stride, a.head_dim,
-                      a.out + ((rs.q_row + r / G) * a.num_heads + head) * a.head_dim);
+                      a.out + ((rs.q_row + r / rt) * a.num_heads + head) * a.head_dim);
     }
   }
 }

@@ -1,0 +1,353 @@
+// CPU decode attention, paged vs contiguous on identical data, read as a fraction of the machine's
+// memory bandwidth measured in the same run.
+//
+// Benchmarks (names are parsed by benchmarks/summarize.py):
+//   BM_Memcpy/threads:T       large buffer copy; bytes_per_second = bytes copied per second
+//   BM_ReadStream/threads:T   large buffer sum (read only); bytes_per_second = bytes read
+//   BM_Decode/<kind>/<dtype>/d:<D>/bs:<bs>/ctx:<T>/batch:<B>
+//       kind paged: a scattered block table (physical blocks in shuffled order, the worst case
+//       for locality); kind contiguous: the same K/V values in a [B, H_kv, T, D] cache viewed
+//       with block_size = T (contiguous_kv.hpp): the same kernel, only the table differs.
+//       bytes_per_second = K and V bytes read per second (B x T x H_kv x D x 2 x sizeof(dtype)
+//       per call). Each call attends one layer of a multi-layer cache, rotating through layers
+//       so the working set (>= 256 MiB) never fits in the last-level cache, as in a real model.
+//   BM_DecodePlain/...        the scalar oracle kernel on one configuration, for the speedup.
+// Geometry: 8 kv heads, GQA group 4 (32 query heads), Llama-3-8B-like.
+//
+// Default: a representative subset (a few minutes on 2 cores). PAGEDKV_BENCH_FULL=1 runs the
+// whole grid: block sizes 8/16/32/128 x contexts 512..32k x batch 1/8/64 x head_dim 64/128 x
+// fp32/bf16, skipping configurations whose cache exceeds PAGEDKV_BENCH_MAX_GIB (default 1) per
+// kind. Threads: OMP_NUM_THREADS (default: all cores).
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpu/attention_fast.hpp"
+#include "cpu/attention_plain.hpp"
+#include "pagedkv/attention.hpp"
+#include "pagedkv/contiguous_kv.hpp"
+#include "pagedkv/dtype.hpp"
+#include "pagedkv/host_kv_cache.hpp"
+
+namespace pagedkv {
+namespace {
+
+constexpr int32_t kNumKvHeads = 8;
+constexpr int32_t kGroup = 4;
+constexpr int64_t kWorkingSetBytes = int64_t{256} << 20;  // per kind, >> a 32 MiB L3
+constexpr int32_t kMaxLayers = 64;
+constexpr int64_t kCopyBytes = int64_t{256} << 20;
+
+int32_t bench_threads() { return std::max(1, detail::fast_attention_max_threads()); }
+
+// ---- memory bandwidth peers -------------------------------------------------------------------
+
+/// Runs fn(begin, end) over [0, n) split evenly across `threads` std::threads.
+template <typename Fn>
+void split_run(int32_t threads, int64_t n, Fn fn) {
+  if (threads == 1) return fn(int64_t{0}, n);
+  std::vector<std::thread> pool;
+  const int64_t chunk = (n + threads - 1) / threads / 64 * 64;
+  for (int32_t t = 0; t < threads; ++t) {
+    const int64_t b = std::min(n, t * chunk);
+    const int64_t e = t + 1 == threads ? n : std::min(n, b + chunk);
+    pool.emplace_back([=] { fn(b, e); });
+  }
+  for (std::thread& th : pool) th.join();
+}
+
+void BM_Memcpy(benchmark::State& state) {
+  const auto threads = static_cast<int32_t>(state.range(0));
+  std::vector<char> src(kCopyBytes, 1), dst(kCopyBytes, 0);
+  for (auto _ : state) {
+    split_run(threads, kCopyBytes, [&](int64_t b, int64_t e) {
+      std::memcpy(dst.data() + b, src.data() + b, static_cast<size_t>(e - b));
+    });
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * kCopyBytes);
+}
+
+void BM_ReadStream(benchmark::State& state) {
+  const auto threads = static_cast<int32_t>(state.range(0));
+  const int64_t n = kCopyBytes / 8;
+  std::vector<uint64_t> buffer(static_cast<size_t>(n), 3);
+  const uint64_t* src = buffer.data();
+  for (auto _ : state) {
+    split_run(threads, n, [&](int64_t b, int64_t e) {
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      int64_t i = b;
+      for (; i + 4 <= e; i += 4) {
+        s0 += src[i];
+        s1 += src[i + 1];
+        s2 += src[i + 2];
+        s3 += src[i + 3];
+      }
+      for (; i < e; ++i) s0 += src[i];
+      benchmark::DoNotOptimize(s0 + s1 + s2 + s3);
+    });
+  }
+  state.SetBytesProcessed(state.iterations() * n * 8);
+}
+
+// ---- decode setup -----------------------------------------------------------------------------
+
+struct DecodeConfig {
+  DType dtype = DType::kBF16;
+  int32_t head_dim = 128;
+  int32_t block_size = 16;
+  int32_t context = 4096;
+  int32_t batch = 1;
+
+  [[nodiscard]] int64_t layer_bytes() const {  // K and V of one layer
+    return 2 * static_cast<int64_t>(batch) * context * kNumKvHeads * head_dim * dtype_size(dtype);
+  }
+  [[nodiscard]] int32_t layers() const {
+    return static_cast<int32_t>(
+        std::clamp<int64_t>((kWorkingSetBytes + layer_bytes() - 1) / layer_bytes(), 1, kMaxLayers));
+  }
+  [[nodiscard]] std::string name() const {
+    return std::string(dtype_name(dtype)) + "/d:" + std::to_string(head_dim) +
+           "/bs:" + std::to_string(block_size) + "/ctx:" + std::to_string(context) +
+           "/batch:" + std::to_string(batch);
+  }
+  friend bool operator==(const DecodeConfig&, const DecodeConfig&) = default;
+};
+
+/// The same K/V values in a paged cache (scattered blocks) and a contiguous one, for every layer;
+/// one fp32 query batch. Built once per configuration (paged and contiguous run back to back).
+struct DecodeData {
+  DecodeConfig config;
+  AttentionParams params;
+  std::unique_ptr<HostKVCache> paged;
+  std::vector<int32_t> table;  // [batch, blocks_per_seq]
+  std::vector<int32_t> lens;
+  int32_t blocks_per_seq = 0;
+  std::vector<std::vector<std::byte>> contiguous_k, contiguous_v;  // [layers]
+  PaddedBlockTables identity;
+  std::vector<float> q, out;
+
+  [[nodiscard]] KVLayerView contiguous_view(int32_t layer) {
+    ContiguousKVShape shape{.num_seqs = config.batch,
+                            .num_kv_heads = kNumKvHeads,
+                            .max_len = config.context,
+                            .head_dim = config.head_dim,
+                            .dtype = config.dtype};
+    return contiguous_layer_view(shape, contiguous_k[layer].data(), contiguous_v[layer].data());
+  }
+  [[nodiscard]] BlockTableView paged_tables() const {
+    return {table.data(), lens.data(), config.batch, blocks_per_seq};
+  }
+};
+
+/// Fills a dtype buffer with values in [-1, 1] from a fixed seed.
+void fill_random(std::vector<std::byte>& buf, DType dtype, uint64_t seed) {
+  const int64_t n = static_cast<int64_t>(buf.size()) / dtype_size(dtype);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    const float f = static_cast<float>(x >> 40) * (2.0f / 16777216.0f) - 1.0f;
+    store_from_f32(buf.data(), dtype, i, f);
+  }
+}
+
+DecodeData& decode_data(const DecodeConfig& c) {
+  static std::unique_ptr<DecodeData> data;
+  if (data && data->config == c) return *data;
+  data.reset();  // free the previous configuration first
+  auto d = std::make_unique<DecodeData>();
+  d->config = c;
+  d->params = {
+      .num_heads = kNumKvHeads * kGroup, .num_kv_heads = kNumKvHeads, .head_dim = c.head_dim};
+  const int32_t layers = c.layers();
+  const int64_t esize = dtype_size(c.dtype);
+  const int64_t kind_bytes = static_cast<int64_t>(c.batch) * kNumKvHeads * c.context * c.head_dim *
+                             esize;  // one of K or V, one layer
+
+  // Contiguous layer 0 gets the values; every other layer (and the paged cache) copies them.
+  d->contiguous_k.resize(layers);
+  d->contiguous_v.resize(layers);
+  for (int32_t l = 0; l < layers; ++l) {
+    d->contiguous_k[l].resize(static_cast<size_t>(kind_bytes));
+    d->contiguous_v[l].resize(static_cast<size_t>(kind_bytes));
+    if (l == 0) {
+      fill_random(d->contiguous_k[0], c.dtype, 1);
+      fill_random(d->contiguous_v[0], c.dtype, 2);
+    } else {
+      std::memcpy(d->contiguous_k[l].data(), d->contiguous_k[0].data(), kind_bytes);
+      std::memcpy(d->contiguous_v[l].data(), d->contiguous_v[0].data(), kind_bytes);
+    }
+  }
+  std::vector<int32_t> lens(static_cast<size_t>(c.batch), c.context);
+  d->identity = identity_block_tables(lens, c.context);
+  d->lens = lens;
+
+  d->blocks_per_seq = static_cast<int32_t>(blocks_for_tokens(c.context, c.block_size));
+  KVCacheConfig geometry{.num_layers = layers,
+                         .num_blocks = c.batch * d->blocks_per_seq,
+                         .block_size = c.block_size,
+                         .num_kv_heads = kNumKvHeads,
+                         .head_dim = c.head_dim,
+                         .dtype = c.dtype};
+  d->paged = std::make_unique<HostKVCache>(geometry);
+  // Scattered tables: physical blocks in a seeded random order, as after a long serving run.
+  d->table.resize(static_cast<size_t>(geometry.num_blocks));
+  std::iota(d->table.begin(), d->table.end(), 0);
+  std::shuffle(d->table.begin(), d->table.end(), std::mt19937(42));
+  for (int32_t l = 0; l < layers; ++l) {
+    const KVLayerView pv = d->paged->layer(l);
+    const KVLayerView cv = d->contiguous_view(l);
+    for (int32_t s = 0; s < c.batch; ++s) {
+      for (int32_t j = 0; j < d->blocks_per_seq; ++j) {
+        const int32_t block = d->table[static_cast<size_t>(s) * d->blocks_per_seq + j];
+        const int64_t first = static_cast<int64_t>(j) * c.block_size;
+        const int64_t rows = std::min<int64_t>(c.block_size, c.context - first);
+        for (int32_t h = 0; h < kNumKvHeads; ++h) {
+          // HND in both: the rows of one block are contiguous in both caches.
+          const int64_t src = cv.offset(s, h, first) * esize;
+          const int64_t dst = pv.offset(block, h, 0) * esize;
+          const size_t n = static_cast<size_t>(rows * c.head_dim * esize);
+          std::memcpy(static_cast<std::byte*>(pv.k) + dst,
+                      static_cast<const std::byte*>(cv.k) + src, n);
+          std::memcpy(static_cast<std::byte*>(pv.v) + dst,
+                      static_cast<const std::byte*>(cv.v) + src, n);
+        }
+      }
+    }
+  }
+  const int64_t q_elems = static_cast<int64_t>(c.batch) * d->params.num_heads * c.head_dim;
+  d->q.resize(static_cast<size_t>(q_elems));
+  d->out.resize(d->q.size());
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  for (float& x : d->q) x = uni(rng);
+  data = std::move(d);
+  return *data;
+}
+
+enum class Kind { kPaged, kContiguous, kPlain };
+
+void BM_Decode(benchmark::State& state, DecodeConfig c, Kind kind) {
+  DecodeData& d = decode_data(c);
+  const int32_t layers = c.layers();
+  int32_t layer = 0;
+  std::vector<int32_t> query_start(static_cast<size_t>(c.batch) + 1);
+  std::iota(query_start.begin(), query_start.end(), 0);
+  for (auto _ : state) {
+    switch (kind) {
+      case Kind::kPaged:
+        paged_decode_attention(d.params, d.paged->layer(layer), d.paged_tables(), d.q, d.out);
+        break;
+      case Kind::kContiguous:
+        paged_decode_attention(d.params, d.contiguous_view(layer), d.identity.view(), d.q, d.out);
+        break;
+      case Kind::kPlain:
+        detail::plain_paged_prefill_attention(d.params, d.paged->layer(layer), d.paged_tables(),
+                                              query_start, d.q, d.out);
+        break;
+    }
+    benchmark::DoNotOptimize(d.out.data());
+    benchmark::ClobberMemory();
+    layer = layer + 1 == layers ? 0 : layer + 1;
+  }
+  const int64_t bytes = c.layer_bytes();
+  state.SetBytesProcessed(state.iterations() * bytes);
+  state.counters["kv_bytes_per_call"] = static_cast<double>(bytes);
+  state.counters["layers"] = layers;
+  state.counters["threads"] = kind == Kind::kPlain ? 1 : bench_threads();
+}
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' && std::string(v) != "0";
+}
+
+void register_decode(const DecodeConfig& c, int64_t max_bytes) {
+  // One layer of one kind (paged or contiguous) above the budget: skipped (memory).
+  if (c.layer_bytes() > max_bytes) return;
+  for (Kind kind : {Kind::kPaged, Kind::kContiguous}) {
+    const std::string name =
+        std::string("BM_Decode/") + (kind == Kind::kPaged ? "paged/" : "contiguous/") + c.name();
+    benchmark::RegisterBenchmark(name.c_str(), BM_Decode, c, kind)
+        ->Unit(benchmark::kMicrosecond)
+        ->UseRealTime();
+  }
+}
+
+void register_all() {
+  const int32_t threads = bench_threads();
+  for (int32_t t : std::set<int32_t>{1, threads}) {
+    benchmark::RegisterBenchmark("BM_Memcpy", BM_Memcpy)
+        ->Arg(t)
+        ->ArgName("threads")
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+    benchmark::RegisterBenchmark("BM_ReadStream", BM_ReadStream)
+        ->Arg(t)
+        ->ArgName("threads")
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+  }
+  const char* max_gib = std::getenv("PAGEDKV_BENCH_MAX_GIB");
+  const int64_t max_bytes =
+      static_cast<int64_t>((max_gib != nullptr ? std::atof(max_gib) : 1.0) * (1 << 30));
+  if (env_flag("PAGEDKV_BENCH_FULL")) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      for (int32_t d : {64, 128}) {
+        for (int32_t batch : {1, 8, 64}) {
+          for (int32_t ctx : {512, 2048, 4096, 8192, 32768}) {
+            for (int32_t bs : {8, 16, 32, 128}) {
+              register_decode({dtype, d, bs, ctx, batch}, max_bytes);
+            }
+          }
+        }
+      }
+    }
+  } else {
+    // Block sizes at a long context (the ratio target), both dtypes.
+    for (DType dtype : {DType::kBF16, DType::kF32}) {
+      for (int32_t bs : {8, 16, 32, 128}) register_decode({dtype, 128, bs, 4096, 8}, max_bytes);
+    }
+    // Contexts 512 .. 32k, one sequence.
+    for (int32_t ctx : {512, 8192, 32768}) {
+      register_decode({DType::kBF16, 128, 16, ctx, 1}, max_bytes);
+    }
+    // Batch 1 .. 64 at head_dim 64.
+    for (int32_t batch : {1, 16, 64}) {
+      register_decode({DType::kF32, 64, 16, 2048, batch}, max_bytes);
+    }
+  }
+  // The scalar oracle, for the speedup of the fast kernel.
+  const DecodeConfig plain{DType::kBF16, 128, 16, 4096, 8};
+  benchmark::RegisterBenchmark(("BM_DecodePlain/paged/" + plain.name()).c_str(), BM_Decode, plain,
+                               Kind::kPlain)
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
+}
+
+}  // namespace
+}  // namespace pagedkv
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::AddCustomContext("pagedkv_simd_target", pagedkv::detail::fast_attention_target());
+  benchmark::AddCustomContext("pagedkv_threads", std::to_string(pagedkv::bench_threads()));
+  pagedkv::register_all();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
