@@ -328,7 +328,7 @@ json OpsExecutor::run(const OpsLine& l, bool& print) {
       return j;
     }
     j["copies"] = copies_json(r->copies);
-    j["table"] = table_json(m.block_table(seq));
+    j[l.op == "swap_out" ? "host_table" : "table"] = table_json(m.block_table(seq));
     return j;
   }
   if (l.op == "preempt") {
@@ -411,8 +411,8 @@ json OpsExecutor::run(const OpsLine& l, bool& print) {
     json seqs = json::array();
     const bool show_kept = m.eviction_policy().kind() != EvictionKind::kNone;
     for (SeqId s : m.sequences()) {
-      json e{{"seq", s}, {"tokens", m.num_tokens(s)}, {"table", table_json(m.block_table(s))}};
-      if (m.is_swapped(s)) e["swapped"] = true;
+      json e{{"seq", s}, {"tokens", m.num_tokens(s)}};
+      e[m.is_swapped(s) ? "host_table" : "table"] = table_json(m.block_table(s));
       if (show_kept && !m.is_swapped(s)) {
         const std::vector<SeqId> one{s};
         e["kept"] = m.kept_tokens(one).positions;
