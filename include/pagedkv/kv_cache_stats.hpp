@@ -17,9 +17,9 @@ namespace pagedkv {
 ///   free_blocks + used_blocks + cached_blocks == total_blocks;
 ///   usage == used_blocks / total_blocks;
 ///   prefix_hit_tokens <= prefix_query_tokens; prefix_hit_tokens == prefix_hits * block_size;
-///   host_used_blocks <= host_total_blocks; swapped_in_blocks <= swapped_out_blocks;
-///   swapped_out_blocks - swapped_in_blocks - (host blocks dropped by freeing swapped
-///   sequences) == host_used_blocks.
+///   host_used_blocks <= host_total_blocks, and equals the live table entries of the swapped
+///   sequences; swapped_in_blocks <= swapped_out_blocks (freeing a swapped sequence drops its
+///   host blocks without a swap-in).
 struct KVCacheStats {
   int32_t total_blocks = 0;           ///< device pool size
   int32_t free_blocks = 0;            ///< ref count 0, not cached
