@@ -75,6 +75,8 @@ run() {
     echo "== $name: rc $rc, passed ${passed:-0}, failed ${failed:-0}, skipped ${skipped:-0}"
     if [ "$rc" -ne 0 ]; then
       status=1
+      # 127 / a loader error: the bundle needs glibc >= 2.34 and libstdc++ >= GCC 12's.
+      grep -qE 'error while loading shared libraries|GLIBC' "$log" && ldd "$t" | grep 'not found'
       grep -E 'Failure|Expected|Which is|actual|FAILED|error' "$log" | head -60
     fi
     if grep -q 'no CUDA device' "$log"; then
