@@ -1,0 +1,144 @@
+// Metadata layer throughput: the work a scheduler does per step besides the kernels.
+//
+// Benchmarks (names are parsed by benchmarks/summarize.py):
+//   BM_AllocateFree/pool:N         one allocate() + one release() per item: items_per_second =
+//                                  pairs per second (target >= 20 M/s)
+//   BM_AllocateFreeBurst/burst:B   B allocates then B releases (blocks of a sequence coming and
+//                                  going together); items = pairs
+//   BM_AppendSlots/seqs:256        a decode step: append_slots(seq, 1) for each of 256 sequences;
+//                                  items = appended tokens. Every 2048 steps the sequences are
+//                                  freed and re-added (inside the timing: part of the lifecycle)
+//   BM_BatchMetadata/seqs:256/blocks:256   KVCacheManager::batch_metadata for a decode step of
+//                                  256 sequences of 256 blocks each (both formats + slots);
+//                                  items = sequences
+//   BM_BuildPadded/..., BM_BuildCsr/...    each format alone from per-sequence tables
+
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <vector>
+
+#include "pagedkv/batch_metadata.hpp"
+#include "pagedkv/block_allocator.hpp"
+#include "pagedkv/kv_cache_manager.hpp"
+
+namespace pagedkv {
+namespace {
+
+void BM_AllocateFree(benchmark::State& state) {
+  BlockAllocator allocator(static_cast<int32_t>(state.range(0)));
+  for (auto _ : state) {
+    const std::optional<BlockId> id = allocator.allocate();
+    benchmark::DoNotOptimize(id);
+    allocator.release(*id);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_AllocateFree)->ArgName("pool")->Arg(1 << 16);
+
+void BM_AllocateFreeBurst(benchmark::State& state) {
+  const auto burst = static_cast<int32_t>(state.range(0));
+  BlockAllocator allocator(1 << 16);
+  std::vector<BlockId> ids(static_cast<size_t>(burst));
+  for (auto _ : state) {
+    for (BlockId& id : ids) id = *allocator.allocate();
+    benchmark::DoNotOptimize(ids.data());
+    for (BlockId id : ids) allocator.release(id);
+  }
+  state.SetItemsProcessed(state.iterations() * burst);
+}
+BENCHMARK(BM_AllocateFreeBurst)->ArgName("burst")->Arg(64)->Arg(1024);
+
+constexpr int32_t kBlockSize = 16;
+
+void BM_AppendSlots(benchmark::State& state) {
+  const auto num_seqs = static_cast<int32_t>(state.range(0));
+  constexpr int64_t kStepsPerLife = 2048;  // tokens per sequence before it is recycled
+  KVCacheManager manager(
+      {.num_blocks = num_seqs * static_cast<int32_t>(kStepsPerLife / kBlockSize + 1),
+       .block_size = kBlockSize});
+  for (int32_t s = 0; s < num_seqs; ++s) manager.add_sequence(s);
+  int64_t step = 0;
+  for (auto _ : state) {
+    for (int32_t s = 0; s < num_seqs; ++s) {
+      std::optional<AppendResult> r = manager.append_slots(s, 1);
+      benchmark::DoNotOptimize(r);
+    }
+    if (++step == kStepsPerLife) {
+      for (int32_t s = 0; s < num_seqs; ++s) {
+        manager.free_sequence(s);
+        manager.add_sequence(s);
+      }
+      step = 0;
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * num_seqs);
+}
+BENCHMARK(BM_AppendSlots)->ArgName("seqs")->Arg(256);
+
+/// 256 sequences of blocks_per_seq full blocks each, in a manager (decode step metadata).
+struct MetadataFixture {
+  KVCacheManager manager;
+  std::vector<SeqId> seqs;
+  std::vector<int64_t> num_new;
+  std::vector<std::vector<BlockId>> tables;
+  std::vector<int32_t> lens;
+
+  MetadataFixture(int32_t num_seqs, int32_t blocks_per_seq)
+      : manager({.num_blocks = num_seqs * blocks_per_seq, .block_size = kBlockSize}) {
+    for (int32_t s = 0; s < num_seqs; ++s) {
+      manager.add_sequence(s);
+      // Interleaved appends, as a running batch grows: tables end up scattered.
+      seqs.push_back(s);
+      num_new.push_back(1);
+    }
+    for (int32_t b = 0; b < blocks_per_seq; ++b) {
+      for (int32_t s = 0; s < num_seqs; ++s) (void)manager.append_slots(s, kBlockSize);
+    }
+    for (int32_t s = 0; s < num_seqs; ++s) {
+      const std::span<const BlockId> t = manager.block_table(s);
+      tables.emplace_back(t.begin(), t.end());
+      lens.push_back(blocks_per_seq * kBlockSize);
+    }
+  }
+};
+
+void BM_BatchMetadata(benchmark::State& state) {
+  MetadataFixture f(static_cast<int32_t>(state.range(0)), static_cast<int32_t>(state.range(1)));
+  for (auto _ : state) {
+    BatchMetadata meta = f.manager.batch_metadata(f.seqs, f.num_new);
+    benchmark::DoNotOptimize(meta.padded.block_tables.data());
+    benchmark::DoNotOptimize(meta.csr.indices.data());
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+BENCHMARK(BM_BatchMetadata)->ArgNames({"seqs", "blocks"})->Args({256, 256});
+
+void BM_BuildPadded(benchmark::State& state) {
+  MetadataFixture f(static_cast<int32_t>(state.range(0)), static_cast<int32_t>(state.range(1)));
+  const std::vector<std::span<const BlockId>> tables(f.tables.begin(), f.tables.end());
+  for (auto _ : state) {
+    PaddedBlockTables t = build_padded_block_tables(tables, f.lens, kBlockSize);
+    benchmark::DoNotOptimize(t.block_tables.data());
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+BENCHMARK(BM_BuildPadded)->ArgNames({"seqs", "blocks"})->Args({256, 256});
+
+void BM_BuildCsr(benchmark::State& state) {
+  MetadataFixture f(static_cast<int32_t>(state.range(0)), static_cast<int32_t>(state.range(1)));
+  const std::vector<std::span<const BlockId>> tables(f.tables.begin(), f.tables.end());
+  for (auto _ : state) {
+    CsrBlockTables t = build_csr_block_tables(tables, f.lens, kBlockSize);
+    benchmark::DoNotOptimize(t.indices.data());
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+BENCHMARK(BM_BuildCsr)->ArgNames({"seqs", "blocks"})->Args({256, 256});
+
+}  // namespace
+}  // namespace pagedkv
+
+BENCHMARK_MAIN();
