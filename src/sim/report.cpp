@@ -128,22 +128,27 @@ nlohmann::json replay_to_json(const Trace& trace, const ModelPreset& model,
 
 std::vector<SvgPanel> replay_panels(std::span<const ReplayResult> results,
                                     const std::string& title) {
-  SvgPanel util{title + ": KV memory utilization (live tokens / reserved)", "simulated time (s)",
+  SvgPanel util{title + ": KV utilization (live / reserved)", "simulated time (s)",
                 "utilization", {}, true, 1.0};
   SvgPanel conc{title + ": running requests", "simulated time (s)", "concurrent requests", {},
                 true, 0.0};
+  SvgPanel wait{title + ": waiting requests", "simulated time (s)", "queued requests", {}, true,
+                0.0};
   for (const ReplayResult& r : results) {
     SvgSeries u{r.strategy, {}, r.block_size == 0, false};
     SvgSeries c{r.strategy, {}, r.block_size == 0, false};
+    SvgSeries w{r.strategy, {}, r.block_size == 0, false};
     for (const SeriesPoint& p : r.series) {
       u.points.emplace_back(p.time_s, p.utilization < 0 ? std::numeric_limits<double>::quiet_NaN()
                                                         : p.utilization);
       c.points.emplace_back(p.time_s, p.concurrency);
+      w.points.emplace_back(p.time_s, p.waiting);
     }
     util.series.push_back(std::move(u));
     conc.series.push_back(std::move(c));
+    wait.series.push_back(std::move(w));
   }
-  return {util, conc};
+  return {util, conc, wait};
 }
 
 }  // namespace pagedkv::sim

@@ -31,8 +31,9 @@ namespace pagedkv::sim {
                                             std::span<const ReplayResult> results,
                                             bool with_series);
 
-/// Two panels: KV utilization (live / reserved) and running requests over simulated time, one
-/// line per strategy.
+/// Three panels over simulated time, one line per strategy (contiguous ones dashed): KV
+/// utilization (live / reserved; gaps where nothing is reserved), running requests, waiting
+/// requests.
 [[nodiscard]] std::vector<SvgPanel> replay_panels(std::span<const ReplayResult> results,
                                                   const std::string& title);
 

@@ -52,6 +52,7 @@ double nice_step(double span, int target) {
 
 /// Tick label: integers without decimals, large values with k/M/G suffixes.
 std::string tick_label(double v, double step) {
+  if (std::fabs(v) < step * 1e-9) v = 0.0;  // accumulated rounding would print "-0"
   const double a = std::fabs(v);
   if (a >= 1e9 && step >= 1e8) return fmt::format("{:g}G", v / 1e9);
   if (a >= 1e6 && step >= 1e5) return fmt::format("{:g}M", v / 1e6);

@@ -96,7 +96,7 @@ TEST(Svg, ReplayPanelsOneLinePerStrategy) {
   std::vector<ReplayResult> rs = {replay(t, config(), parse_strategy("paged-8")),
                                   replay(t, config(), parse_strategy("contiguous-max"))};
   const auto panels = replay_panels(rs, "T");
-  ASSERT_EQ(panels.size(), 2u);
+  ASSERT_EQ(panels.size(), 3u);
   EXPECT_EQ(panels[0].series.size(), 2u);
   EXPECT_EQ(panels[0].series[0].label, "paged-8");
   EXPECT_TRUE(panels[0].series[1].dashed);  // contiguous strategies are dashed
