@@ -39,7 +39,7 @@ set_tests_properties(cli.generate.json PROPERTIES LABELS cli
 
 add_test(NAME cli.generate.steps_capped
   COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=0
-          "-DARGS=generate\;--steps\;100000\;--cache\;paged"
+          "-DARGS=generate|--steps|100000|--cache|paged"
           "-DSTDERR_REGEX=^pagedkv generate: notice: --steps 100000 exceeds the model's seq_len 512: capped at 512\n$"
           -P ${_expect})
 set_tests_properties(cli.generate.steps_capped PROPERTIES LABELS cli)
@@ -48,21 +48,21 @@ set_tests_properties(cli.generate.steps_capped PROPERTIES LABELS cli)
 add_test(NAME cli.generate.bad_model_file
   COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
           -DBAD_FILE=${_scratch}/bad_model.bin "-DBAD_CONTENT=this is not a llama2.c checkpoint"
-          "-DARGS=generate\;--model\;${_scratch}/bad_model.bin\;--tokenizer\;${_scratch}/bad_model.bin"
+          "-DARGS=generate|--model|${_scratch}/bad_model.bin|--tokenizer|${_scratch}/bad_model.bin"
           "-DSTDERR_REGEX=^pagedkv generate: model file [^\n]*bad_model.bin: [^\n]+\n$"
           -P ${_expect})
 add_test(NAME cli.generate.missing_model_file
   COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
-          "-DARGS=generate\;--model\;${_scratch}/does_not_exist.bin\;--tokenizer\;${_scratch}/does_not_exist.bin"
+          "-DARGS=generate|--model|${_scratch}/does_not_exist.bin|--tokenizer|${_scratch}/does_not_exist.bin"
           "-DSTDERR_REGEX=^[^\n]*does_not_exist.bin[^\n]*\n$"
           -P ${_expect})
 add_test(NAME cli.generate.bad_cache_flag
   COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
-          "-DARGS=generate\;--cache\;sideways" "-DSTDERR_REGEX=^[^\n]*sideways[^\n]*\n$"
+          "-DARGS=generate|--cache|sideways" "-DSTDERR_REGEX=^[^\n]*sideways[^\n]*\n$"
           -P ${_expect})
 add_test(NAME cli.generate.prompt_longer_than_steps
   COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
-          "-DARGS=generate\;--steps\;3\;--prompt\;a long prompt that does not fit"
+          "-DARGS=generate|--steps|3|--prompt|a long prompt that does not fit"
           "-DSTDERR_REGEX=^pagedkv generate: prompt 0 is [0-9]+ tokens, more than the 3 positions[^\n]*\n$"
           -P ${_expect})
 add_test(NAME cli.no_subcommand

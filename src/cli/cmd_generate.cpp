@@ -180,7 +180,7 @@ void print_json(const Options& o, const model::LlamaConfig& cfg, const std::stri
                 int32_t steps, const std::vector<std::string>& notices,
                 const std::vector<std::string>& prompts, const model::Tokenizer& tok,
                 const std::vector<ModeRun>& runs, const std::vector<Check>& checks) {
-  using nlohmann::json;
+  using json = nlohmann::ordered_json;
   json j;
   j["model"] = {{"source", model_src},
                 {"dim", cfg.dim},
@@ -259,8 +259,11 @@ void print_json(const Options& o, const model::LlamaConfig& cfg, const std::stri
 }
 
 void run_generate(const Options& o) {
-  // One BLAS thread unless asked otherwise: see model::set_blas_threads.
-  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) model::set_blas_threads(1);
+  // The cores go to the matrix products, one thread to attention, unless the user chose:
+  // see model::set_threads.
+  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    model::set_threads(0, 1);
+  }
   if (o.model_path.empty() != o.tokenizer_path.empty()) {
     throw Error(o.model_path.empty() ? "--tokenizer needs --model (the vocabulary comes from it)"
                                      : "--model needs --tokenizer (a llama2.c tokenizer file)");

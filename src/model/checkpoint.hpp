@@ -96,7 +96,7 @@ void save_checkpoint(const LlamaWeights& weights, const std::string& path);
 
 /// The built-in model's configuration: dim 512, hidden 1376, 4 layers, 8 heads, 4 kv heads
 /// (head_size 64, GQA group 2), vocab 1024 (byte-level tokenizer, see Tokenizer::builtin),
-/// seq_len 512, separate classifier. 12.6 M parameters; see docs/model.md for the sizing.
+/// seq_len 512, separate classifier. 12.65 M parameters; see docs/model.md for the sizing.
 [[nodiscard]] LlamaConfig builtin_config();
 
 /// Seeded random weights for `config`: every projection uniform in +-1/sqrt(fan_in) (so

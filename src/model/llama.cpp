@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 #include <fmt/format.h>
+#include <omp.h>
 
 #include <cmath>
 
@@ -42,12 +43,13 @@ T* grow(std::vector<T>& v, int64_t n) {
 
 }  // namespace
 
-void set_blas_threads(int num_threads) {
+void set_threads(int blas_threads, int attention_threads) {
 #if defined(PAGEDKV_HAVE_OPENBLAS)
-  openblas_set_num_threads(num_threads);
+  if (blas_threads > 0) openblas_set_num_threads(blas_threads);
 #else
-  (void)num_threads;
+  (void)blas_threads;
 #endif
+  if (attention_threads > 0) omp_set_num_threads(attention_threads);
 }
 
 LlamaModel::LlamaModel(LlamaWeights weights) : weights_(std::move(weights)) {}

@@ -36,11 +36,15 @@ struct StepInput {
   std::span<const TokenId> tokens;
 };
 
-/// Sets the threads of the BLAS behind the matrix products (OpenBLAS only; a no-op with another
-/// BLAS). `pagedkv generate` uses 1 unless OPENBLAS_NUM_THREADS is set: the attention kernels
-/// run their own OpenMP threads, and two pools that both spin-wait between calls oversubscribe
-/// a small machine (measured 6x slower on 2 cores).
-void set_blas_threads(int num_threads);
+/// Thread policy of a process running the model. Both OpenBLAS (matrix products) and the CPU
+/// attention kernels (OpenMP) keep a pool of threads that spin-wait between calls; running both
+/// at full width puts 3+ busy threads on 2 cores (measured up to 6x slower on the none mode).
+/// The matrix products are ~95% of the work here (attention at 256 positions is ~3% of a
+/// no-cache step, ~8% of a cached decode step), so `pagedkv generate` gives BLAS the cores and
+/// the attention one thread, unless OPENBLAS_NUM_THREADS or OMP_NUM_THREADS is set.
+/// blas_threads: OpenBLAS threads (ignored with another BLAS); attention_threads: the OpenMP
+/// threads of the calling thread's later parallel regions. 0 leaves a setting as it is.
+void set_threads(int blas_threads, int attention_threads);
 
 class LlamaModel {
  public:

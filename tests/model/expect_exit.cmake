@@ -1,6 +1,8 @@
 # Runs EXE with ARGS (a ;-list) and checks its exit code and stderr: the CLI's error contract.
-#   -DEXE=path -DARGS=a;b;c -DEXPECTED=2 [-DSTDERR_REGEX=re] [-DBAD_FILE=path -DBAD_CONTENT=text]
+#   -DEXE=path -DARGS=a|b|c -DEXPECTED=2 [-DSTDERR_REGEX=re] [-DBAD_FILE=path -DBAD_CONTENT=text]
+# ARGS are separated by '|' (a ';' list does not survive add_test -> cmake -D intact).
 # BAD_FILE is written first (a corrupt input made on the spot, so the test needs no fixture).
+string(REPLACE "|" ";" ARGS "${ARGS}")
 if(DEFINED BAD_FILE)
   get_filename_component(_dir ${BAD_FILE} DIRECTORY)
   file(MAKE_DIRECTORY ${_dir})
