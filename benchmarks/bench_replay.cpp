@@ -56,8 +56,8 @@ void BM_ReplayAzureConv(benchmark::State& state) {
   state.counters["steps"] = static_cast<double>(r.steps);
   state.counters["util_mean"] = r.util_mean;
   state.counters["preemptions"] = static_cast<double>(r.preemptions);
-  state.counters["requests_per_s"] = benchmark::Counter(static_cast<double>(r.requests),
-                                                        benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["requests_per_s"] = benchmark::Counter(
+      static_cast<double>(r.requests), benchmark::Counter::kIsIterationInvariantRate);
   state.counters["max_rss_mib"] = static_cast<double>(usage.ru_maxrss) / 1024.0;
 }
 

@@ -19,7 +19,9 @@ foreach(src IN LISTS PAGEDKV_SIM_TEST_SOURCES)
   else()
     target_compile_definitions(${name} PRIVATE PAGEDKV_HAVE_MODEL=0)
   endif()
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "unit;sim")
+  # One label only: gtest_discover_tests writes PROPERTIES unquoted, so "unit;sim" would become
+  # LABELS unit plus a stray property named sim.
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS sim)
 endforeach()
 
 if(NOT TARGET pagedkv_cli)

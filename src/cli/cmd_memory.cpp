@@ -86,8 +86,9 @@ void run_memory(const Options& o) {
       measured_desc = fmt::format("built-in model ({})", llama->config().describe());
     } else {
       llama.emplace(model::load_checkpoint(o.model_path));
-      measured_desc = fmt::format("{} ({})", std::filesystem::path(o.model_path).filename().string(),
-                                  llama->config().describe());
+      measured_desc =
+          fmt::format("{} ({})", std::filesystem::path(o.model_path).filename().string(),
+                      llama->config().describe());
     }
     std::vector<TokenId> prompt = {model::kBos};
     for (char c : kPromptText) prompt.push_back(3 + static_cast<unsigned char>(c));

@@ -123,10 +123,9 @@ void run_replay(const Options& o) {
   }
 
   if (!o.svg_path.empty()) {
-    const std::string title =
-        fmt::format("{}, {}, {}", model.display,
-                    std::filesystem::path(o.trace_path).filename().string(),
-                    sim::format_bytes(static_cast<double>(config.kv_memory_bytes)));
+    const std::string title = fmt::format(
+        "{}, {}, {}", model.display, std::filesystem::path(o.trace_path).filename().string(),
+        sim::format_bytes(static_cast<double>(config.kv_memory_bytes)));
     sim::write_text_file(o.svg_path, sim::render_svg(sim::replay_panels(results, title)));
   }
   if (o.json) {

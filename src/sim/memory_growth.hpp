@@ -17,10 +17,10 @@ namespace pagedkv::sim {
 
 /// One context length of the growth table. Units: bytes, tokens.
 struct GrowthRow {
-  int64_t tokens = 0;               ///< T, context length of each sequence
-  int64_t formula_bytes = 0;        ///< B x T positions: the formula
-  int64_t window_bytes = 0;         ///< B x min(T, window) (== formula_bytes without a window)
-  int64_t paged_bytes = 0;          ///< B x ceil(T / block_size) whole blocks
+  int64_t tokens = 0;                ///< T, context length of each sequence
+  int64_t formula_bytes = 0;         ///< B x T positions: the formula
+  int64_t window_bytes = 0;          ///< B x min(T, window) (== formula_bytes without a window)
+  int64_t paged_bytes = 0;           ///< B x ceil(T / block_size) whole blocks
   int64_t contiguous_max_bytes = 0;  ///< B x max_context reserved up front
   /// Sequences of T tokens a budget holds when paged (whole blocks per sequence); 0 when no
   /// budget was given.
@@ -45,11 +45,11 @@ struct GrowthRow {
 /// One step of a real model run through both caches (see `pagedkv memory`).
 /// Units: bytes, tokens, blocks.
 struct MeasuredStep {
-  int64_t step = 0;                 ///< forward step (0 = the prompt's prefill)
-  int64_t tokens = 0;               ///< positions cached after the step, per sequence
-  int64_t formula_bytes = 0;        ///< the formula for `tokens` positions (fp32)
-  int64_t contiguous_bytes = 0;     ///< measured: ContiguousKVCache::bytes_in_use()
-  int64_t paged_bytes = 0;          ///< measured: blocks in use x bytes per block
+  int64_t step = 0;                  ///< forward step (0 = the prompt's prefill)
+  int64_t tokens = 0;                ///< positions cached after the step, per sequence
+  int64_t formula_bytes = 0;         ///< the formula for `tokens` positions (fp32)
+  int64_t contiguous_bytes = 0;      ///< measured: ContiguousKVCache::bytes_in_use()
+  int64_t paged_bytes = 0;           ///< measured: blocks in use x bytes per block
   int64_t paged_expected_bytes = 0;  ///< formula rounded up to whole blocks
 };
 

@@ -17,10 +17,10 @@ std::vector<MeasuredStep> measure_model_growth(model::LlamaModel& llama,
   PAGEDKV_CHECK(!prompt.empty(), "measure_model_growth: the prompt is empty");
   PAGEDKV_CHECK(block_size >= 1, "measure_model_growth: block size must be >= 1, got {}",
                 block_size);
-  PAGEDKV_CHECK(num_positions >= static_cast<int64_t>(prompt.size()) &&
-                    num_positions <= cfg.seq_len,
-                "measure_model_growth: positions {} must be in [prompt length {}, seq_len {}]",
-                num_positions, prompt.size(), cfg.seq_len);
+  PAGEDKV_CHECK(
+      num_positions >= static_cast<int64_t>(prompt.size()) && num_positions <= cfg.seq_len,
+      "measure_model_growth: positions {} must be in [prompt length {}, seq_len {}]", num_positions,
+      prompt.size(), cfg.seq_len);
 
   // The pool holds exactly the blocks the run needs, so running out would be a bug.
   const auto num_blocks = static_cast<int32_t>(blocks_for_tokens(num_positions, block_size));

@@ -1,10 +1,10 @@
 #include "sim/model_preset.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <cctype>
-
-#include <fmt/format.h>
 
 #include "detail/check.hpp"
 #include "pagedkv/kv_cache_config.hpp"
@@ -74,8 +74,7 @@ const ModelPreset& find_preset(std::string_view name) {
 }
 
 void validate(const ModelPreset& p) {
-  PAGEDKV_CHECK(p.num_layers >= 1, "model '{}': layers must be >= 1, got {}", p.name,
-                p.num_layers);
+  PAGEDKV_CHECK(p.num_layers >= 1, "model '{}': layers must be >= 1, got {}", p.name, p.num_layers);
   PAGEDKV_CHECK(p.num_kv_heads >= 1, "model '{}': kv heads must be >= 1, got {}", p.name,
                 p.num_kv_heads);
   PAGEDKV_CHECK(p.head_dim >= 1, "model '{}': head_dim must be >= 1, got {}", p.name, p.head_dim);

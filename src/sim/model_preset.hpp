@@ -17,16 +17,16 @@ namespace pagedkv::sim {
 /// The KV-relevant architecture of one model.
 /// Units: context and window in tokens; bytes from kv_bytes_per_token() in bytes.
 struct ModelPreset {
-  std::string name;          ///< CLI key, lowercase, e.g. "llama-3-8b"
-  std::string display;       ///< human name, e.g. "Llama-3-8B"
-  int32_t num_layers = 0;    ///< L
-  int32_t num_heads = 0;     ///< query heads (informational: KV size does not depend on it)
-  int32_t num_kv_heads = 0;  ///< H_kv (== num_heads for MHA, fewer for GQA)
-  int32_t head_dim = 0;      ///< D
-  DType dtype = DType::kF16;     ///< default KV storage dtype of the released checkpoint
-  int64_t max_context = 0;       ///< maximum positions per sequence, tokens
-  int64_t sliding_window = 0;    ///< attention window, tokens; 0 = full attention
-  std::string source;            ///< where the numbers come from
+  std::string name;            ///< CLI key, lowercase, e.g. "llama-3-8b"
+  std::string display;         ///< human name, e.g. "Llama-3-8B"
+  int32_t num_layers = 0;      ///< L
+  int32_t num_heads = 0;       ///< query heads (informational: KV size does not depend on it)
+  int32_t num_kv_heads = 0;    ///< H_kv (== num_heads for MHA, fewer for GQA)
+  int32_t head_dim = 0;        ///< D
+  DType dtype = DType::kF16;   ///< default KV storage dtype of the released checkpoint
+  int64_t max_context = 0;     ///< maximum positions per sequence, tokens
+  int64_t sliding_window = 0;  ///< attention window, tokens; 0 = full attention
+  std::string source;          ///< where the numbers come from
 };
 
 /// Every built-in preset, in a fixed order: gpt2, llama-2-7b, llama-3-8b, mistral-7b,

@@ -1,5 +1,7 @@
 #include "sim/replay.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -7,8 +9,6 @@
 #include <cmath>
 #include <deque>
 #include <memory>
-
-#include <fmt/format.h>
 
 #include "detail/check.hpp"
 #include "pagedkv/kv_cache_manager.hpp"
@@ -48,15 +48,15 @@ enum class Admit { kOk, kLater, kNever };
 /// assigned at admission, as KVCacheManager::add_sequence does), `computed` of them have K/V
 /// computed (prefill progress; prefix hits count as computed).
 struct Active {
-  size_t index = 0;          // trace index; also the manager's sequence id
+  size_t index = 0;  // trace index; also the manager's sequence id
   int64_t arrival_step = 0;
-  int64_t prompt = 0;        // P
-  int64_t output = 0;        // O
-  int64_t target = 0;        // positions to prefill: P, or P + generated after a preemption
+  int64_t prompt = 0;  // P
+  int64_t output = 0;  // O
+  int64_t target = 0;  // positions to prefill: P, or P + generated after a preemption
   int64_t cached = 0;
   int64_t computed = 0;
-  int64_t generated = 0;     // output tokens so far
-  int64_t reserved = 0;      // contiguous: positions reserved at admission
+  int64_t generated = 0;  // output tokens so far
+  int64_t reserved = 0;   // contiguous: positions reserved at admission
   bool admitted_once = false;
   std::vector<TokenId> tokens;  // prefix caching: ids of [0, target) while waiting
 };
@@ -121,8 +121,8 @@ class ContiguousPool final : public Pool {
 /// its LRU eviction of cached blocks).
 class PagedPool final : public Pool {
  public:
-  PagedPool(const Trace& trace, const ReplayConfig& config, int32_t num_blocks,
-            int32_t block_size, bool prefix)
+  PagedPool(const Trace& trace, const ReplayConfig& config, int32_t num_blocks, int32_t block_size,
+            bool prefix)
       : trace_(trace),
         vocab_size_(config.vocab_size),
         block_size_(block_size),
@@ -149,9 +149,12 @@ class PagedPool final : public Pool {
       ids = std::span<const TokenId>(zeros_).first(static_cast<size_t>(r.target));
     }
     switch (manager_.can_add_sequence(ids)) {
-      case Admission::kNever: return Admit::kNever;
-      case Admission::kLater: return Admit::kLater;
-      case Admission::kOk: break;
+      case Admission::kNever:
+        return Admit::kNever;
+      case Admission::kLater:
+        return Admit::kLater;
+      case Admission::kOk:
+        break;
     }
     const std::optional<AddResult> added = manager_.add_sequence(seq(r), ids);
     PAGEDKV_CHECK(added.has_value(), "replay: add_sequence failed after can_add_sequence kOk");
@@ -229,8 +232,8 @@ class SeriesBuilder {
   explicit SeriesBuilder(int32_t points) : max_buckets_(2 * static_cast<size_t>(points)) {}
 
   /// Adds `count` identical steps starting at `step`.
-  void add(int64_t step, int64_t count, double util, bool has_util, double running,
-           double waiting, double reserved_fraction) {
+  void add(int64_t step, int64_t count, double util, bool has_util, double running, double waiting,
+           double reserved_fraction) {
     while (count > 0) {
       size_t b = static_cast<size_t>(step / width_);
       while (b >= max_buckets_) {
@@ -314,8 +317,8 @@ class Accumulator {
   void sample(int64_t step, int64_t count, int64_t running, int64_t waiting, int64_t live,
               int64_t reserved) {
     PAGEDKV_CHECK(0 <= live && live <= reserved,
-                  "replay: internal error at step {}: {} live positions but {} reserved", step, live,
-                  reserved);
+                  "replay: internal error at step {}: {} live positions but {} reserved", step,
+                  live, reserved);
     const bool has_util = reserved > 0;
     const double util = has_util ? static_cast<double>(live) / static_cast<double>(reserved) : 0;
     if (has_util) {
@@ -375,10 +378,14 @@ class Accumulator {
 
 std::string Strategy::name() const {
   switch (kind) {
-    case StrategyKind::kContiguousMax: return "contiguous-max";
-    case StrategyKind::kContiguousExact: return "contiguous-exact";
-    case StrategyKind::kPaged: return fmt::format("paged-{}", block_size);
-    case StrategyKind::kPagedPrefix: return fmt::format("prefix-{}", block_size);
+    case StrategyKind::kContiguousMax:
+      return "contiguous-max";
+    case StrategyKind::kContiguousExact:
+      return "contiguous-exact";
+    case StrategyKind::kPaged:
+      return fmt::format("paged-{}", block_size);
+    case StrategyKind::kPagedPrefix:
+      return fmt::format("prefix-{}", block_size);
   }
   return "?";
 }
@@ -405,9 +412,10 @@ Strategy parse_strategy(std::string_view text) {
       return {kind, bs};
     }
   }
-  detail::fail("unknown strategy '{}' (expected contiguous-max, contiguous-exact, paged-<block "
-               "size>, prefix-<block size>; block size 1..65536)",
-               text);
+  detail::fail(
+      "unknown strategy '{}' (expected contiguous-max, contiguous-exact, paged-<block "
+      "size>, prefix-<block size>; block size 1..65536)",
+      text);
 }
 
 void validate(const ReplayConfig& c) {
@@ -429,8 +437,8 @@ void validate(const ReplayConfig& c) {
   PAGEDKV_CHECK(c.vocab_size >= 4, "replay: vocab size must be >= 4, got {}", c.vocab_size);
 }
 
-std::vector<TokenId> synthesize_tokens(const Trace& trace, size_t index, int64_t begin,
-                                       int64_t end, int32_t vocab_size) {
+std::vector<TokenId> synthesize_tokens(const Trace& trace, size_t index, int64_t begin, int64_t end,
+                                       int32_t vocab_size) {
   PAGEDKV_CHECK(index < trace.requests.size(), "synthesize_tokens: request {} out of range ({})",
                 index, trace.requests.size());
   PAGEDKV_CHECK(0 <= begin && begin <= end, "synthesize_tokens: bad range [{}, {})", begin, end);
@@ -631,8 +639,7 @@ ReplayResult replay(const Trace& trace, const ReplayConfig& config, const Strate
                      delays.end());
     res.queue_p99_steps = static_cast<double>(delays[rank - 1]);
   }
-  res.wall_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  res.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
 }
 

@@ -72,16 +72,16 @@ struct Strategy {
 
 /// Scheduler and memory parameters shared by every strategy of a run.
 struct ReplayConfig {
-  int64_t kv_memory_bytes = 0;     ///< KV budget, bytes (>= one token)
-  int64_t kv_bytes_per_token = 0;  ///< 2 x L x H_kv x D x sizeof(dtype), bytes (>= 1)
-  int64_t max_context = 0;         ///< positions per request; longer requests are rejected
-  double step_ms = 25.0;           ///< simulated duration of one scheduler step, ms (> 0)
+  int64_t kv_memory_bytes = 0;      ///< KV budget, bytes (>= one token)
+  int64_t kv_bytes_per_token = 0;   ///< 2 x L x H_kv x D x sizeof(dtype), bytes (>= 1)
+  int64_t max_context = 0;          ///< positions per request; longer requests are rejected
+  double step_ms = 25.0;            ///< simulated duration of one scheduler step, ms (> 0)
   int64_t max_batch_tokens = 8192;  ///< tokens (prefill + decode) per step (vLLM
                                     ///< max_num_batched_tokens), >= 1
-  int32_t max_seqs = 256;          ///< running requests at most (vLLM max_num_seqs), >= 1
-  double watermark = 0.01;         ///< paged admission keeps this fraction of blocks free
-  int32_t series_points = 400;     ///< time-series resolution of the plots (buckets, >= 2)
-  int32_t vocab_size = 32000;      ///< synthesized token ids lie in [3, vocab_size)
+  int32_t max_seqs = 256;           ///< running requests at most (vLLM max_num_seqs), >= 1
+  double watermark = 0.01;          ///< paged admission keeps this fraction of blocks free
+  int32_t series_points = 400;      ///< time-series resolution of the plots (buckets, >= 2)
+  int32_t vocab_size = 32000;       ///< synthesized token ids lie in [3, vocab_size)
 };
 
 /// Checks every field. Errors: throws pagedkv::Error naming the field and value.
@@ -89,10 +89,10 @@ void validate(const ReplayConfig& config);
 
 /// One bucket of the time series: means over the steps it covers.
 struct SeriesPoint {
-  double time_s = 0;        ///< bucket centre, simulated seconds
-  double utilization = 0;   ///< mean live / reserved over steps with reservations; -1 if none
-  double concurrency = 0;   ///< mean running requests
-  double waiting = 0;       ///< mean queued requests
+  double time_s = 0;             ///< bucket centre, simulated seconds
+  double utilization = 0;        ///< mean live / reserved over steps with reservations; -1 if none
+  double concurrency = 0;        ///< mean running requests
+  double waiting = 0;            ///< mean queued requests
   double reserved_fraction = 0;  ///< mean reserved bytes / budget
 };
 
@@ -100,15 +100,15 @@ struct SeriesPoint {
 /// rejected_too_large == requests; 0 <= util_p5 <= util_mean <= 1 (up to histogram resolution).
 struct ReplayResult {
   std::string strategy;
-  int32_t block_size = 0;         ///< 0 for contiguous strategies
-  int64_t capacity_tokens = 0;    ///< positions the budget holds (whole blocks for paged)
-  int32_t num_blocks = 0;         ///< paged: pool size; 0 otherwise
-  int64_t requests = 0;           ///< in the trace
+  int32_t block_size = 0;       ///< 0 for contiguous strategies
+  int64_t capacity_tokens = 0;  ///< positions the budget holds (whole blocks for paged)
+  int32_t num_blocks = 0;       ///< paged: pool size; 0 otherwise
+  int64_t requests = 0;         ///< in the trace
   int64_t completed = 0;
   int64_t rejected_too_long = 0;   ///< P + O > max_context
   int64_t rejected_too_large = 0;  ///< can never fit in the budget under this strategy
-  double util_mean = 0;  ///< time-weighted mean of live / reserved bytes (steps with any)
-  double util_p5 = 0;    ///< 5th percentile of the same per-step ratio (resolution 1e-4)
+  double util_mean = 0;            ///< time-weighted mean of live / reserved bytes (steps with any)
+  double util_p5 = 0;              ///< 5th percentile of the same per-step ratio (resolution 1e-4)
   double frag_mean = 0;  ///< time-weighted mean of (reserved - live) / reserved = 1 - util_mean
   double waste_mean_bytes = 0;     ///< time-weighted mean of reserved - live bytes (all steps)
   double reserved_mean_bytes = 0;  ///< time-weighted mean of reserved bytes (all steps)
@@ -130,7 +130,7 @@ struct ReplayResult {
   int64_t prefix_hit_tokens = 0;
   double prefix_hit_rate = 0;
   int64_t prefix_evictions = 0;
-  double wall_seconds = 0;         ///< host time the simulation took
+  double wall_seconds = 0;  ///< host time the simulation took
   std::vector<SeriesPoint> series;
 };
 

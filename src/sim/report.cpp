@@ -1,9 +1,9 @@
 #include "sim/report.hpp"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <limits>
-
-#include <fmt/format.h>
 
 #include "sim/units.hpp"
 
@@ -20,8 +20,8 @@ std::string format_trace_summary(const Trace& t) {
   std::string out = fmt::format(
       "trace {} ({}): {} rows read, {} requests, {} skipped; span {:.1f} s; mean prompt {:.1f}, "
       "mean output {:.1f} tokens",
-      t.source, trace_format_name(t.format), t.rows_read, t.requests.size(), t.rows_skipped,
-      span_s, prompt / n, output / n);
+      t.source, trace_format_name(t.format), t.rows_read, t.requests.size(), t.rows_skipped, span_s,
+      prompt / n, output / n);
   if (!t.skipped_by_reason.empty()) {
     out += " (skipped:";
     bool first = true;
@@ -46,8 +46,8 @@ std::string format_replay_table(std::span<const ReplayResult> results) {
         "{:.3f} | {} | {} | {} | {:.2f} |\n",
         r.strategy, r.util_mean, r.util_p5, r.frag_mean, r.peak_concurrency, r.mean_concurrency,
         r.preemptions, r.tokens_per_step, r.generated_per_step, r.queue_mean_steps,
-        r.queue_p99_steps, r.prefix_hit_rate, r.completed, r.rejected_too_long + r.rejected_too_large,
-        r.steps, r.wall_seconds);
+        r.queue_p99_steps, r.prefix_hit_rate, r.completed,
+        r.rejected_too_long + r.rejected_too_large, r.steps, r.wall_seconds);
   }
   return out;
 }
@@ -128,19 +128,23 @@ nlohmann::json replay_to_json(const Trace& trace, const ModelPreset& model,
 
 std::vector<SvgPanel> replay_panels(std::span<const ReplayResult> results,
                                     const std::string& title) {
-  SvgPanel util{title + ": KV utilization (live / reserved)", "simulated time (s)",
-                "utilization", {}, true, 1.0};
-  SvgPanel conc{title + ": running requests", "simulated time (s)", "concurrent requests", {},
-                true, 0.0};
-  SvgPanel wait{title + ": waiting requests", "simulated time (s)", "queued requests", {}, true,
-                0.0};
+  SvgPanel util{title + ": KV utilization (live / reserved)",
+                "simulated time (s)",
+                "utilization",
+                {},
+                true,
+                1.0};
+  SvgPanel conc{
+      title + ": running requests", "simulated time (s)", "concurrent requests", {}, true, 0.0};
+  SvgPanel wait{
+      title + ": waiting requests", "simulated time (s)", "queued requests", {}, true, 0.0};
   for (const ReplayResult& r : results) {
     SvgSeries u{r.strategy, {}, r.block_size == 0, false};
     SvgSeries c{r.strategy, {}, r.block_size == 0, false};
     SvgSeries w{r.strategy, {}, r.block_size == 0, false};
     for (const SeriesPoint& p : r.series) {
-      u.points.emplace_back(p.time_s, p.utilization < 0 ? std::numeric_limits<double>::quiet_NaN()
-                                                        : p.utilization);
+      u.points.emplace_back(
+          p.time_s, p.utilization < 0 ? std::numeric_limits<double>::quiet_NaN() : p.utilization);
       c.points.emplace_back(p.time_s, p.concurrency);
       w.points.emplace_back(p.time_s, p.waiting);
     }

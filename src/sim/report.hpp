@@ -3,11 +3,10 @@
 /// Text, JSON and plot renderings of traces and replay results, shared by `pagedkv replay`, the
 /// benchmark and docs/memory.md (the tables are Markdown, pasted there as printed).
 
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "sim/model_preset.hpp"
 #include "sim/replay.hpp"

@@ -1,5 +1,7 @@
 #include "sim/svg.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -7,8 +9,6 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
-
-#include <fmt/format.h>
 
 #include "detail/check.hpp"
 
@@ -25,11 +25,20 @@ std::string escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out.push_back(c);
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out.push_back(c);
     }
   }
   return out;
@@ -92,36 +101,43 @@ void render_panel(std::string& out, const SvgPanel& p, int width, int top, int h
   auto sx = [&](double x) { return x0 + (x - xmin) / (xmax - xmin) * (x1 - x0); };
   auto sy = [&](double y) { return y0 - (y - ymin) / (ymax - ymin) * (y0 - y1); };
 
-  out += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"15\" font-weight=\"bold\">{}"
-                     "</text>\n",
-                     x0, top + 20.0,
-                     escape(shorten(p.title, static_cast<size_t>((width - x0) / 8.5))));
+  out += fmt::format(
+      "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"15\" font-weight=\"bold\">{}"
+      "</text>\n",
+      x0, top + 20.0, escape(shorten(p.title, static_cast<size_t>((width - x0) / 8.5))));
   // Grid and ticks.
   for (double y = ymin; y <= ymax + ystep * 1e-6; y += ystep) {
-    out += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" "
-                       "stroke=\"#e0e0e0\"/>\n",
-                       x0, sy(y), x1, sy(y));
-    out += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" text-anchor=\"end\">{}"
-                       "</text>\n",
-                       x0 - 6, sy(y) + 4, tick_label(y, ystep));
+    out += fmt::format(
+        "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" "
+        "stroke=\"#e0e0e0\"/>\n",
+        x0, sy(y), x1, sy(y));
+    out += fmt::format(
+        "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" text-anchor=\"end\">{}"
+        "</text>\n",
+        x0 - 6, sy(y) + 4, tick_label(y, ystep));
   }
   for (double x = std::ceil(xmin / xstep - 1e-9) * xstep; x <= xmax + xstep * 1e-6; x += xstep) {
-    out += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" "
-                       "stroke=\"#f0f0f0\"/>\n",
-                       sx(x), y0, sx(x), y1);
-    out += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" "
-                       "text-anchor=\"middle\">{}</text>\n",
-                       sx(x), y0 + 16, tick_label(x, xstep));
+    out += fmt::format(
+        "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" "
+        "stroke=\"#f0f0f0\"/>\n",
+        sx(x), y0, sx(x), y1);
+    out += fmt::format(
+        "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" "
+        "text-anchor=\"middle\">{}</text>\n",
+        sx(x), y0 + 16, tick_label(x, xstep));
   }
-  out += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" "
-                     "fill=\"none\" stroke=\"#444\"/>\n",
-                     x0, y1, x1 - x0, y0 - y1);
-  out += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\" text-anchor=\"middle\">{}"
-                     "</text>\n",
-                     (x0 + x1) / 2, y0 + 36, escape(p.x_label));
-  out += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\" text-anchor=\"middle\" "
-                     "transform=\"rotate(-90 {:.1f} {:.1f})\">{}</text>\n",
-                     18.0, (y0 + y1) / 2, 18.0, (y0 + y1) / 2, escape(p.y_label));
+  out += fmt::format(
+      "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" "
+      "fill=\"none\" stroke=\"#444\"/>\n",
+      x0, y1, x1 - x0, y0 - y1);
+  out += fmt::format(
+      "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\" text-anchor=\"middle\">{}"
+      "</text>\n",
+      (x0 + x1) / 2, y0 + 36, escape(p.x_label));
+  out += fmt::format(
+      "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\" text-anchor=\"middle\" "
+      "transform=\"rotate(-90 {:.1f} {:.1f})\">{}</text>\n",
+      18.0, (y0 + y1) / 2, 18.0, (y0 + y1) / 2, escape(p.y_label));
 
   // Lines (a non-finite y breaks the line), then the legend.
   for (size_t i = 0; i < p.series.size(); ++i) {
@@ -134,15 +150,15 @@ void render_panel(std::string& out, const SvgPanel& p, int width, int top, int h
         pen_down = false;
         continue;
       }
-      path += fmt::format("{}{:.1f},{:.1f}", pen_down ? " L" : (path.empty() ? "M" : " M"),
-                          sx(x), sy(y));
+      path += fmt::format("{}{:.1f},{:.1f}", pen_down ? " L" : (path.empty() ? "M" : " M"), sx(x),
+                          sy(y));
       pen_down = true;
     }
     if (!path.empty()) {
-      out += fmt::format("<path d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.6\"{}>"
-                         "<title>{}</title></path>\n",
-                         path, colour, s.dashed ? " stroke-dasharray=\"6 4\"" : "",
-                         escape(s.label));
+      out += fmt::format(
+          "<path d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.6\"{}>"
+          "<title>{}</title></path>\n",
+          path, colour, s.dashed ? " stroke-dasharray=\"6 4\"" : "", escape(s.label));
     }
     if (s.markers) {
       for (const auto& [x, y] : s.points) {
@@ -152,10 +168,10 @@ void render_panel(std::string& out, const SvgPanel& p, int width, int top, int h
       }
     }
     const double ly = y1 + 8 + 18.0 * static_cast<double>(i);
-    out += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" "
-                       "stroke=\"{}\" stroke-width=\"2.5\"{}/>\n",
-                       x1 + 12, ly, x1 + 36, ly, colour,
-                       s.dashed ? " stroke-dasharray=\"6 4\"" : "");
+    out += fmt::format(
+        "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" "
+        "stroke=\"{}\" stroke-width=\"2.5\"{}/>\n",
+        x1 + 12, ly, x1 + 36, ly, colour, s.dashed ? " stroke-dasharray=\"6 4\"" : "");
     out += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\">{}</text>\n", x1 + 42,
                        ly + 4, escape(shorten(s.label, 32)));
   }

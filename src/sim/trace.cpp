@@ -1,5 +1,7 @@
 #include "sim/trace.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -7,10 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <optional>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "detail/check.hpp"
 
@@ -32,6 +32,18 @@ std::string_view unquote(std::string_view s) {
   s = trim(s);
   if (s.size() >= 2 && s.front() == '"' && s.back() == '"') s = s.substr(1, s.size() - 2);
   return s;
+}
+
+/// Input echoed in a message: control and non-ASCII bytes become '?', long text is cut, so a
+/// binary file still yields a one-line, readable message.
+std::string shown(std::string_view s, size_t max_chars = 60) {
+  std::string out;
+  for (char c : s.substr(0, max_chars)) {
+    const auto u = static_cast<unsigned char>(c);
+    out.push_back(u >= 0x20 && u < 0x7F ? c : '?');
+  }
+  if (s.size() > max_chars) out += "...";
+  return out;
 }
 
 bool iequals(std::string_view a, std::string_view b) {
@@ -114,12 +126,11 @@ CountResult parse_count(std::string_view field, std::string_view column, int64_t
   const auto [end, ec] = std::from_chars(first, last, v);
   if (ec == std::errc::result_out_of_range || (ec == std::errc() && end == last && v > kMaxTokens))
     return {std::nullopt, "out of range",
-            fmt::format("{} '{}' is out of range (max {})", column, field, kMaxTokens)};
+            fmt::format("{} '{}' is out of range (max {})", column, shown(field), kMaxTokens)};
   if (ec != std::errc() || end != last)
     return {std::nullopt, "non-numeric",
-            fmt::format("{} '{}' is not a whole number", column, field)};
-  if (v < 0)
-    return {std::nullopt, "negative", fmt::format("{} is negative ({})", column, v)};
+            fmt::format("{} '{}' is not a whole number", column, shown(field))};
+  if (v < 0) return {std::nullopt, "negative", fmt::format("{} is negative ({})", column, v)};
   if (v < min_value)
     return {std::nullopt, "zero prompt",
             fmt::format("{} is {} (must be >= {})", column, v, min_value)};
@@ -209,9 +220,10 @@ Trace read_azure_csv(std::istream& in, std::string_view source, const TraceReadO
   int64_t line_no = 0;
   // Header: the first line, a UTF-8 byte-order mark tolerated.
   if (!std::getline(in, line)) {
-    throw Error(fmt::format("{}:1: empty file: expected the header "
-                            "TIMESTAMP,ContextTokens,GeneratedTokens",
-                            trace.source));
+    throw Error(
+        fmt::format("{}:1: empty file: expected the header "
+                    "TIMESTAMP,ContextTokens,GeneratedTokens",
+                    trace.source));
   }
   line_no = 1;
   std::string_view header = line;
@@ -238,13 +250,14 @@ Trace read_azure_csv(std::istream& in, std::string_view source, const TraceReadO
   // A missing column is the more useful message, so it comes before unknown-column notes.
   for (size_t k = 0; k < kRequired.size(); ++k) {
     if (index[k] < 0) {
-      throw Error(fmt::format("{}:1: missing column '{}' (found: {}; expected "
-                              "TIMESTAMP,ContextTokens,GeneratedTokens)",
-                              trace.source, kRequired[k], fmt::join(columns, ",")));
+      throw Error(fmt::format(
+          "{}:1: missing column '{}' (found: {}; expected "
+          "TIMESTAMP,ContextTokens,GeneratedTokens)",
+          trace.source, kRequired[k], shown(fmt::format("{}", fmt::join(columns, ",")), 120)));
     }
   }
   for (size_t c = 0; c < columns.size(); ++c) {
-    if (!known[c]) sink.warn(1, fmt::format("ignoring unknown column '{}'", columns[c]));
+    if (!known[c]) sink.warn(1, fmt::format("ignoring unknown column '{}'", shown(columns[c])));
   }
 
   std::vector<std::string_view> fields;
@@ -275,7 +288,7 @@ Trace read_azure_csv(std::istream& in, std::string_view source, const TraceReadO
                   f.empty() ? std::string("TIMESTAMP is empty")
                             : fmt::format("TIMESTAMP '{}' is not 'YYYY-MM-DD HH:MM:SS[.f]' or "
                                           "a number of seconds",
-                                          f));
+                                          shown(f)));
       continue;
     }
     const CountResult prompt = parse_count(fields[index[1]], "ContextTokens", 1);
@@ -325,7 +338,7 @@ Trace read_mooncake_jsonl(std::istream& in, std::string_view source,
           key == "hash_ids" || std::ranges::find(warned_keys, key) != warned_keys.end())
         continue;
       warned_keys.push_back(key);
-      sink.warn(line_no, fmt::format("ignoring unknown key '{}'", key));
+      sink.warn(line_no, fmt::format("ignoring unknown key '{}'", shown(key)));
     }
     // Each field: missing, wrong type, negative -> one reason each.
     auto integer = [&](const char* key, int64_t min_value,
@@ -355,7 +368,7 @@ Trace read_mooncake_jsonl(std::istream& in, std::string_view source,
         }
         return {v, {}};
       }
-      what = fmt::format("{} {} is not a whole number", key, it->dump());
+      what = fmt::format("{} {} is not a whole number", key, shown(it->dump()));
       return {std::nullopt, "non-numeric"};
     };
     std::string what;
@@ -367,7 +380,7 @@ Trace read_mooncake_jsonl(std::istream& in, std::string_view source,
     }
     if (!ts_it->is_number()) {
       sink.reject(line_no, "non-numeric",
-                  fmt::format("timestamp {} is not a number", ts_it->dump()));
+                  fmt::format("timestamp {} is not a number", shown(ts_it->dump())));
       continue;
     }
     const double ts_ms = ts_it->get<double>();

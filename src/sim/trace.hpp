@@ -59,8 +59,8 @@ struct Trace {
   int64_t rows_read = 0;               ///< data rows seen (header and final newline excluded)
   int64_t rows_skipped = 0;            ///< rows_read - requests.size()
   std::map<std::string, int64_t> skipped_by_reason;  ///< reason key -> rows
-  std::vector<TraceProblem> problems;  ///< the first kMaxProblemsKept skipped rows
-  std::vector<std::string> warnings;   ///< file-level notes (ignored columns / keys)
+  std::vector<TraceProblem> problems;                ///< the first kMaxProblemsKept skipped rows
+  std::vector<std::string> warnings;                 ///< file-level notes (ignored columns / keys)
 
   static constexpr size_t kMaxProblemsKept = 20;
 

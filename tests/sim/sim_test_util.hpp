@@ -6,13 +6,12 @@
 // is a broken checkout, not a reason to skip.
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
-
-#include <unistd.h>
 
 namespace pagedkv::sim::testing {
 
@@ -60,14 +59,14 @@ inline void write_file(const std::string& path, const std::string& text) {
 }  // namespace pagedkv::sim::testing
 
 /// Skips (or, with CI=true, fails) the current test when ../shared/traces is missing.
-#define PAGEDKV_REQUIRE_TRACES()                                                              \
-  do {                                                                                        \
-    const auto dir_ = ::pagedkv::sim::testing::traces_dir();                                  \
-    if (!std::filesystem::is_directory(dir_)) {                                               \
-      if (::pagedkv::sim::testing::running_in_ci()) {                                         \
-        FAIL() << "CI=true but the shared traces dir " << dir_ << " is missing";              \
-      }                                                                                       \
-      GTEST_SKIP() << "shared traces dir " << dir_                                            \
-                   << " is missing: skipping the real-trace checks";                          \
-    }                                                                                         \
+#define PAGEDKV_REQUIRE_TRACES()                                                 \
+  do {                                                                           \
+    const auto dir_ = ::pagedkv::sim::testing::traces_dir();                     \
+    if (!std::filesystem::is_directory(dir_)) {                                  \
+      if (::pagedkv::sim::testing::running_in_ci()) {                            \
+        FAIL() << "CI=true but the shared traces dir " << dir_ << " is missing"; \
+      }                                                                          \
+      GTEST_SKIP() << "shared traces dir " << dir_                               \
+                   << " is missing: skipping the real-trace checks";             \
+    }                                                                            \
   } while (0)

@@ -133,8 +133,8 @@ TEST(Replay, PagedPreemptionHandWorked) {
   EXPECT_EQ(r.processed_tokens, 7 + 1 + 1 + 1 + 3 + 3);
   EXPECT_EQ(r.generated_tokens, 6);
   EXPECT_DOUBLE_EQ(r.queue_mean_steps, 0.0);  // both first admitted at step 0
-  EXPECT_NEAR(r.util_mean,
-              (7.0 / 8 + 5.0 / 6 + 1 + 7.0 / 8 + 3.0 / 4 + 1 + 5.0 / 6 + 1) / 8, 1e-12);
+  EXPECT_NEAR(r.util_mean, (7.0 / 8 + 5.0 / 6 + 1 + 7.0 / 8 + 3.0 / 4 + 1 + 5.0 / 6 + 1) / 8,
+              1e-12);
   EXPECT_NEAR(r.util_p5, 0.75, 1e-4);
   expect_conservation(r);
 }
@@ -245,8 +245,11 @@ TEST(Replay, InvalidConfigThrows) {
   EXPECT_THAT([&] { (void)replay(t, c, {}); },
               ::testing::ThrowsMessage<Error>(HasSubstr("step must be > 0 ms")));
   c = tiny_config(10);
-  EXPECT_THAT([&] { (void)replay(t, c, {StrategyKind::kPaged, 16}); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("holds no block of 16 tokens")));
+  EXPECT_THAT(
+      [&] {
+        (void)replay(t, c, {StrategyKind::kPaged, 16});
+      },
+      ::testing::ThrowsMessage<Error>(HasSubstr("holds no block of 16 tokens")));
 }
 
 TEST(Strategy, NamesRoundTrip) {

@@ -53,27 +53,28 @@ TEST(Report, TableAndJsonHaveEveryStrategy) {
 
   const nlohmann::json j = replay_to_json(t, find_preset("gpt2"), config(), rs, true);
   EXPECT_EQ(j["trace"]["rows_skipped"], 1);
-  EXPECT_EQ(j["trace"]["problems"][0], "s.csv:3: TIMESTAMP 'bad' is not 'YYYY-MM-DD HH:MM:SS[.f]' "
-                                       "or a number of seconds");
+  EXPECT_EQ(j["trace"]["problems"][0],
+            "s.csv:3: TIMESTAMP 'bad' is not 'YYYY-MM-DD HH:MM:SS[.f]' "
+            "or a number of seconds");
   ASSERT_EQ(j["strategies"].size(), 2u);
   const nlohmann::json& p = j["strategies"][1];
   EXPECT_EQ(p["strategy"], "paged-16");
   EXPECT_EQ(p["num_blocks"], 62);
   EXPECT_EQ(p["completed"], 2);
-  for (const char* key :
-       {"utilization_mean", "utilization_p5", "fragmentation_mean", "peak_concurrency",
-        "mean_concurrency", "preemptions", "tokens_per_step", "queue_mean_steps",
-        "queue_p99_steps", "prefix_hit_rate", "series"}) {
+  for (const char* key : {"utilization_mean", "utilization_p5", "fragmentation_mean",
+                          "peak_concurrency", "mean_concurrency", "preemptions", "tokens_per_step",
+                          "queue_mean_steps", "queue_p99_steps", "prefix_hit_rate", "series"}) {
     EXPECT_TRUE(p.contains(key)) << key;
   }
-  EXPECT_FALSE(replay_to_json(t, find_preset("gpt2"), config(), rs, false)["strategies"][0]
-                   .contains("series"));
+  EXPECT_FALSE(
+      replay_to_json(t, find_preset("gpt2"), config(), rs, false)["strategies"][0].contains(
+          "series"));
 }
 
 TEST(Svg, PanelsLegendsEscapingAndGaps) {
   SvgPanel a{"A <title> & more", "x", "y", {}, true, 1.0};
-  a.series.push_back({"s1", {{0, 0.5}, {1, std::numeric_limits<double>::quiet_NaN()}, {2, 1}},
-                      false, true});
+  a.series.push_back(
+      {"s1", {{0, 0.5}, {1, std::numeric_limits<double>::quiet_NaN()}, {2, 1}}, false, true});
   a.series.push_back({"dashed", {{0, 0.1}, {2, 0.2}}, true, false});
   SvgPanel empty{"empty", "x", "y", {}, true, 0.0};
   const std::string svg = render_svg({a, empty}, 800, 300);

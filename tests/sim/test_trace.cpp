@@ -3,7 +3,6 @@
 // the row counts and statistics that traces/SOURCES.md states.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -101,12 +100,14 @@ TEST(AzureCsv, MissingColumnAlwaysThrowsNamingIt) {
 }
 
 TEST(AzureCsv, EmptyFileThrows) {
-  EXPECT_THAT([] { (void)azure(""); }, ::testing::ThrowsMessage<Error>(HasSubstr("t.csv:1: empty file")));
+  EXPECT_THAT([] { (void)azure(""); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("t.csv:1: empty file")));
 }
 
 TEST(AzureCsv, UnknownColumnWarnsOrFailsWhenStrict) {
-  const std::string text = "TIMESTAMP,ContextTokens,GeneratedTokens,Model\n"
-                           "2023-11-16 18:15:46,10,2,gpt\n";
+  const std::string text =
+      "TIMESTAMP,ContextTokens,GeneratedTokens,Model\n"
+      "2023-11-16 18:15:46,10,2,gpt\n";
   const Trace t = azure(text);
   ASSERT_EQ(t.requests.size(), 1u);
   ASSERT_EQ(t.warnings.size(), 1u);
@@ -148,7 +149,8 @@ INSTANTIATE_TEST_SUITE_P(
                "ContextTokens 'abc' is not a whole number"},
         BadRow{"fractional", "2023-11-16 18:15:47,12.5,2", "non-numeric",
                "ContextTokens '12.5' is not a whole number"},
-        BadRow{"negative", "2023-11-16 18:15:47,10,-3", "negative", "GeneratedTokens is negative (-3)"},
+        BadRow{"negative", "2023-11-16 18:15:47,10,-3", "negative",
+               "GeneratedTokens is negative (-3)"},
         BadRow{"zero_prompt", "2023-11-16 18:15:47,0,3", "zero prompt",
                "ContextTokens is 0 (must be >= 1)"},
         BadRow{"empty_field", "2023-11-16 18:15:47,,3", "empty field", "ContextTokens is empty"},
@@ -241,25 +243,29 @@ INSTANTIATE_TEST_SUITE_P(
         BadRow{"empty_row", "   ", "empty row", "empty row"},
         BadRow{"missing_key", "{\"timestamp\": 150, \"input_length\": 10}", "empty field",
                "missing key 'output_length'"},
-        BadRow{"string_length", "{\"timestamp\": 150, \"input_length\": \"10\", \"output_length\": 2}",
+        BadRow{"string_length",
+               "{\"timestamp\": 150, \"input_length\": \"10\", \"output_length\": 2}",
                "non-numeric", "input_length \"10\" is not a whole number"},
         BadRow{"fractional_length",
                "{\"timestamp\": 150, \"input_length\": 10.5, \"output_length\": 2}", "non-numeric",
                "input_length 10.5 is not a whole number"},
-        BadRow{"negative_length", "{\"timestamp\": 150, \"input_length\": 10, \"output_length\": -1}",
-               "negative", "output_length is negative (-1)"},
+        BadRow{"negative_length",
+               "{\"timestamp\": 150, \"input_length\": 10, \"output_length\": -1}", "negative",
+               "output_length is negative (-1)"},
         BadRow{"negative_timestamp",
                "{\"timestamp\": -5, \"input_length\": 10, \"output_length\": 1}", "negative",
                "timestamp is negative (-5)"},
         BadRow{"string_timestamp",
                "{\"timestamp\": \"noon\", \"input_length\": 10, \"output_length\": 1}",
                "non-numeric", "timestamp \"noon\" is not a number"},
-        BadRow{"hash_ids_wrong_length",
-               "{\"timestamp\": 150, \"input_length\": 513, \"output_length\": 1, \"hash_ids\": [4]}",
-               "bad hash_ids", "hash_ids has 1 entries, expected ceil(input_length 513 / 512) = 2"},
-        BadRow{"hash_ids_negative",
-               "{\"timestamp\": 150, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [-4]}",
-               "bad hash_ids", "hash_ids must be an array of non-negative whole numbers"},
+        BadRow{
+            "hash_ids_wrong_length",
+            "{\"timestamp\": 150, \"input_length\": 513, \"output_length\": 1, \"hash_ids\": [4]}",
+            "bad hash_ids", "hash_ids has 1 entries, expected ceil(input_length 513 / 512) = 2"},
+        BadRow{
+            "hash_ids_negative",
+            "{\"timestamp\": 150, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [-4]}",
+            "bad hash_ids", "hash_ids must be an array of non-negative whole numbers"},
         BadRow{"out_of_order", "{\"timestamp\": 50, \"input_length\": 10, \"output_length\": 1}",
                "timestamp out of order",
                "timestamp -0.050 s is earlier than the previous row's 0.000 s (timestamps must be "
@@ -325,9 +331,8 @@ Stats stats(const Trace& t) {
 
 TEST(RealTraces, AzureCode) {
   PAGEDKV_REQUIRE_TRACES();
-  const Trace t =
-      read_trace((testing::traces_dir() / "AzureLLMInferenceTrace_code.csv").string(),
-                 {.strict = true});
+  const Trace t = read_trace((testing::traces_dir() / "AzureLLMInferenceTrace_code.csv").string(),
+                             {.strict = true});
   EXPECT_EQ(t.requests.size(), 8819u);
   EXPECT_EQ(t.rows_read, 8819);
   const Stats s = stats(t);
@@ -341,9 +346,8 @@ TEST(RealTraces, AzureCode) {
 
 TEST(RealTraces, AzureConversation) {
   PAGEDKV_REQUIRE_TRACES();
-  const Trace t =
-      read_trace((testing::traces_dir() / "AzureLLMInferenceTrace_conv.csv").string(),
-                 {.strict = true});
+  const Trace t = read_trace((testing::traces_dir() / "AzureLLMInferenceTrace_conv.csv").string(),
+                             {.strict = true});
   EXPECT_EQ(t.requests.size(), 19366u);  // the last row has no newline and still counts
   const Stats s = stats(t);
   EXPECT_NEAR(s.mean_prompt, 1154.7, 0.05);
@@ -358,9 +362,8 @@ TEST(RealTraces, AzureConversation) {
 
 TEST(RealTraces, MooncakeConversation) {
   PAGEDKV_REQUIRE_TRACES();
-  const Trace t =
-      read_trace((testing::traces_dir() / "mooncake_conversation_trace.jsonl").string(),
-                 {.strict = true});
+  const Trace t = read_trace((testing::traces_dir() / "mooncake_conversation_trace.jsonl").string(),
+                             {.strict = true});
   EXPECT_EQ(t.requests.size(), 12031u);
   EXPECT_TRUE(t.warnings.empty());
   const Stats s = stats(t);
