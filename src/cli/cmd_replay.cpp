@@ -144,6 +144,9 @@ void run_replay(const Options& o) {
       config.kv_memory_bytes / config.kv_bytes_per_token, config.max_context, config.step_ms,
       config.max_batch_tokens, config.max_seqs, config.watermark);
   fmt::print("{}\n", sim::format_trace_summary(trace));
+  if (o.limit > 0 && trace.requests.size() == static_cast<size_t>(o.limit)) {
+    fmt::print("replaying the first {} requests (--limit)\n", o.limit);
+  }
   if (!results.empty()) {
     const sim::ReplayResult& r0 = results.front();
     if (r0.rejected_too_long > 0) {

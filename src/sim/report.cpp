@@ -106,7 +106,9 @@ nlohmann::json replay_to_json(const Trace& trace, const ModelPreset& model,
               {"queue_mean_steps", r.queue_mean_steps},
               {"queue_p99_steps", r.queue_p99_steps},
               {"prompt_tokens", r.prompt_tokens},
+              {"prefix_query_tokens", r.prefix_query_tokens},
               {"prefix_hit_tokens", r.prefix_hit_tokens},
+              {"prefix_evictions", r.prefix_evictions},
               {"prefix_hit_rate", r.prefix_hit_rate},
               {"wall_seconds", r.wall_seconds}};
     if (with_series) {
