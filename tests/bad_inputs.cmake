@@ -163,3 +163,49 @@ pagedkv_bad_input(replay.ok_control_mooncake EXPECTED 0
   ARGS replay --trace ${_ok}/mooncake.jsonl --strict --no-progress
        --svg ${_scratch}/ok_mooncake.svg
   OUT_FILE ${_scratch}/ok_mooncake.svg)
+
+# ---- ops: scripts with unknown ops, wrong arities, bad sequence names, negative counts --------
+if(EXISTS ${PROJECT_SOURCE_DIR}/src/cli/cmd_ops.cpp)
+  # Parse errors: the whole script is parsed before anything runs, so stdout stays empty.
+  set(_ops_parse_cases
+    "unknown_op|line 3: unknown op 'allocate'"
+    "binary_garbage|line 2: unknown op '[?]+'"
+    "malformed_option|line 1: manager: malformed option 'blocks='"
+    "duplicate_option|line 1: manager: option 'blocks' given twice"
+    "positional_after_option|line 2: append: positional argument '1' after an option")
+  foreach(_case IN LISTS _ops_parse_cases)
+    pagedkv_split_case("${_case}" _name _what)
+    pagedkv_bad_input(ops.${_name} STDOUT_EMPTY
+      ARGS ops ${_bad}/ops/${_name}.txt
+      REGEX "^pagedkv ops: ${_what}[^\n]*\n$")
+  endforeach()
+  # Run-time errors stop at the bad line (earlier lines' JSON results are already printed).
+  set(_ops_run_cases
+    "wrong_arity_fork|line 3: fork: expected PARENT CHILD, got 1 argument"
+    "wrong_arity_free|line 4: free: expected SEQ, got 2 argument"
+    "wrong_arity_manager|line 1: manager: expected only key=value options, got 1 argument"
+    "unknown_sequence_name|line 2: add: sequence id must be an integer, got 'alice'"
+    "unknown_sequence|line 3: free: [^\n]*unknown sequence 7"
+    "negative_count|line 3: append: n must be in [[]0, [0-9]+[]], got -3"
+    "negative_blocks|line 1: manager: blocks must be in [[]1, [0-9]+[]], got -4"
+    "negative_sequence|line 2: add: sequence id must be in [[]0, [0-9]+[]], got -1"
+    "negative_token|line 2: add: token id must be in [[]0, [0-9]+[]], got -6"
+    "op_before_manager|line 2: add: no manager yet"
+    "unknown_policy|line 1: manager: policy must be none, window, sinks or h2o, got 'lru'"
+    "unknown_option|line 1: manager: unknown option 'colour'"
+    "double_free|line 4: free: [^\n]*unknown sequence 1"
+    "fork_existing_child|line 4: fork: [^\n]*sequence 2 already"
+    "resume_not_preempted|line 3: resume: sequence 1 was not preempted"
+    "score_without_h2o|line 4: score: [^\n]*"
+    "huge_count|line 3: append: n must be an integer, got '99999999999999999999'")
+  foreach(_case IN LISTS _ops_run_cases)
+    pagedkv_split_case("${_case}" _name _what)
+    pagedkv_bad_input(ops.${_name}
+      ARGS ops ${_bad}/ops/${_name}.txt
+      REGEX "^pagedkv ops: ${_what}[^\n]*\n$")
+  endforeach()
+  pagedkv_bad_input(ops.missing_file STDOUT_EMPTY
+    ARGS ops ${_bad}/ops/does_not_exist.txt
+    REGEX "^pagedkv ops: [^\n]*does_not_exist.txt[^\n]*\n$")
+  pagedkv_bad_input(ops.ok_control EXPECTED 0 ARGS ops ${_ok}/ops.txt)
+endif()

@@ -163,6 +163,68 @@ TRACES = {
 for name, data in TRACES.items():
     write(os.path.join(bad, "trace", name), data)
 
+# ---- `pagedkv ops` scripts ----------------------------------------------------------------------
+
+OPS_OK = """# copy-on-write, prefix hits, swap, preemption and resume on a small pool
+manager blocks=8 block_size=4 host_blocks=4 prefix=on events=on
+add 1 1 2 3 4 5 6 7 8 9
+append 1 10 11
+fork 1 2
+append 2 10
+can_append 2 4
+add 3 1 2 3 4 5 6 7 8 9 extra=0
+swap_out 1
+swap_in 1
+preempt 2
+resume 2
+stats
+dump
+events
+free 1
+free 2
+free 3
+reset_prefix_cache
+stats
+"""
+OPS_SEEDS = {
+    "ok": OPS_OK,
+    "h2o": "manager blocks=6 block_size=2 policy=h2o recent=2 heavy=1\nadd 1\n"
+           "append 1 n=3\nscore 1 0.5 0.1 0.4\nappend 1 n=2\ndump\nfree 1\nstats\n",
+    "sinks": "manager blocks=6 block_size=2 policy=sinks sinks=1 window=3 watermark=0.2\n"
+             "add 1 5 6 7\nappend 1 n=4\ncan_add 1 2 3\ndump\npreempt 1\nstats\n",
+    "window_max_len": "manager blocks=4 block_size=2 policy=window window=2 max_model_len=9\n"
+                      "add 1\nappend 1 n=5\ncan_append 1 4\nappend 1 n=4\nfree 1\n",
+}
+OPS_BAD = {
+    # Parse errors: nothing runs, nothing is printed.
+    "unknown_op.txt": "manager blocks=4\nadd 1\nallocate 1\n",
+    "binary_garbage.txt": b"manager blocks=4\n\x00\x01\xfe\xff garbage\n",
+    "malformed_option.txt": "manager blocks=\n",
+    "duplicate_option.txt": "manager blocks=4 blocks=8\n",
+    "positional_after_option.txt": "manager blocks=4\nappend n=2 1\n",
+    # Run-time errors: the lines before ran (their JSON is printed), the bad line stops the run.
+    "wrong_arity_fork.txt": "manager blocks=4\nadd 1\nfork 1\n",
+    "wrong_arity_free.txt": "manager blocks=4\nadd 1\nadd 2\nfree 1 2\n",
+    "wrong_arity_manager.txt": "manager 4\n",
+    "unknown_sequence_name.txt": "manager blocks=4\nadd alice\n",
+    "unknown_sequence.txt": "manager blocks=4\nadd 1\nfree 7\n",
+    "negative_count.txt": "manager blocks=4\nadd 1\nappend 1 n=-3\n",
+    "negative_blocks.txt": "manager blocks=-4\n",
+    "negative_sequence.txt": "manager blocks=4\nadd -1\n",
+    "negative_token.txt": "manager blocks=4\nadd 1 5 -6\n",
+    "op_before_manager.txt": "# no manager line\nadd 1\n",
+    "unknown_policy.txt": "manager blocks=4 policy=lru\n",
+    "unknown_option.txt": "manager blocks=4 colour=blue\n",
+    "double_free.txt": "manager blocks=4\nadd 1\nfree 1\nfree 1\n",
+    "fork_existing_child.txt": "manager blocks=4\nadd 1\nadd 2\nfork 1 2\n",
+    "resume_not_preempted.txt": "manager blocks=4\nadd 1\nresume 1\n",
+    "score_without_h2o.txt": "manager blocks=4\nadd 1\nappend 1 n=1\nscore 1 0.5\n",
+    "huge_count.txt": "manager blocks=4\nadd 1\nappend 1 n=99999999999999999999\n",
+}
+write(os.path.join(bad, "ok", "ops.txt"), OPS_OK)
+for name, data in OPS_BAD.items():
+    write(os.path.join(bad, "ops", name), data)
+
 # ---- fuzz seed corpora ------------------------------------------------------------------------
 # Each target decodes its input as documented at the top of tests/fuzz/<target>.cpp.
 
@@ -199,6 +261,9 @@ for name, data in sorted(list(GOOD_TRACES.items()) + list(TRACES.items())):
         write(os.path.join(FUZZ, "fuzz_trace", stem + "_strict"), bytes([3 if jsonl else 2]) + data)
 for name, data in sorted(GOOD_TRACES.items()):
     write(os.path.join(bad, "ok", name), data)
+
+for name, data in sorted(list(OPS_SEEDS.items()) + list(OPS_BAD.items())):
+    write(os.path.join(FUZZ, "fuzz_ops", name.replace(".txt", "")), data)
 
 # Manager programs: config bytes (block_size, num_blocks, flags, host blocks, watermark,
 # max_model_len, eviction kind and its parameters) then operations (see fuzz_manager.cpp).
