@@ -38,12 +38,16 @@ struct DecodeTraits {
   static constexpr int kChunksPerLane = kChunksPerRow / kLanes;
   static constexpr int kElemsPerLane = kChunksPerLane * kVec;
   static constexpr int kTokenGroups = kThreads / kLanes;
-  static constexpr int kTileBytes = 8192;  // of K (and again of V) per tile
+  // Pipeline: kStages tiles of kTileBytes of K (and as much V) in shared memory; kStages - 1
+  // are in flight while one is computed. Tuning knobs for the GPU session (docs/cuda.md):
+  // (2, 8 KiB) keeps 16 KiB per CTA in flight, (4, 4 KiB) 24 KiB in the same 32 KiB.
+  static constexpr int kStages = 2;
+  static constexpr int kTileBytes = 8192;
   static constexpr int kTileTokens = kTileBytes / (D * static_cast<int>(sizeof(T)));
   static constexpr int kTokensPerGroup = kTileTokens / kTokenGroups;
   static constexpr int kLoadsPerThread = kTileTokens * kChunksPerRow / kThreads;
-  // Shared memory: 2 stages x (K tile + V tile), reused at the end for the cross-group sum.
-  static constexpr int kTileBufferBytes = 2 * 2 * kTileBytes;
+  // Shared memory: kStages x (K tile + V tile), reused at the end for the cross-group sum.
+  static constexpr int kTileBufferBytes = kStages * 2 * kTileBytes;
   static constexpr int kReduceBytes = kTokenGroups * kHeads * D * 4;
   static constexpr int kScoreFloats = kTileTokens * kHeads;  // [token][head]
   static constexpr int kSmemBytes = kTileBufferBytes + (kScoreFloats + 3 * kHeads) * 4;
@@ -83,8 +87,9 @@ __device__ __forceinline__ void decode_body(const DecodeProblem& p, const KV& kv
   constexpr int kDup = kLanes / kHeads;  // lanes holding the same head's score
   constexpr int kHeadsPerWarp = kHeads / Tr::kWarps;
 
-  T* k_tiles = reinterpret_cast<T*>(smem);         // [2][kTile][D]
-  T* v_tiles = k_tiles + 2 * kTileElems;           // [2][kTile][D]
+  constexpr int kStages = Tr::kStages;
+  T* k_tiles = reinterpret_cast<T*>(smem);         // [kStages][kTile][D]
+  T* v_tiles = k_tiles + kStages * kTileElems;     // [kStages][kTile][D]
   float* reduce = reinterpret_cast<float*>(smem);  // [kGroups][kHeads][D], after the loop
   float* scores = reinterpret_cast<float*>(smem + Tr::kTileBufferBytes);  // [kTile][kHeads]
   float* alpha_s = scores + Tr::kScoreFloats;                             // [kHeads]
@@ -173,17 +178,24 @@ __device__ __forceinline__ void decode_body(const DecodeProblem& p, const KV& kv
       cp_async_16(ks + t * D + chunk * kVec, k_gmem + off, fill);
       cp_async_16(vs + t * D + chunk * kVec, v_gmem + off, fill);
     }
-    cp_async_commit();
   };
 
+  // One cp.async group per tile (empty past the end), so wait_group<kStages - 2> means "the
+  // oldest tile has landed".
   const int64_t num_tiles = (end - begin + kTile - 1) / kTile;
-  if (num_tiles > 0) issue_tile(begin, 0);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < num_tiles) issue_tile(begin + int64_t{s} * kTile, s);
+    cp_async_commit();
+  }
   for (int64_t it = 0; it < num_tiles; ++it) {
-    const int stage = static_cast<int>(it & 1);
+    const int stage = static_cast<int>(it % kStages);
     const int64_t tile_start = begin + it * kTile;
-    cp_async_wait_all();
+    cp_async_wait<kStages - 2>();
     __syncthreads();  // tile `it` landed for everyone; tile it-1's buffers and scores are free
-    if (it + 1 < num_tiles) issue_tile(tile_start + kTile, stage ^ 1);
+    const int64_t next = it + kStages - 1;
+    if (next < num_tiles) issue_tile(begin + next * kTile, static_cast<int>(next % kStages));
+    cp_async_commit();
 
     // (2) scores
     const T* ks = k_tiles + stage * kTileElems;

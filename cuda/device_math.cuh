@@ -111,6 +111,14 @@ __device__ __forceinline__ void cp_async_commit() {
 #endif
 }
 
+/// Waits until at most kPending of this thread's most recent cp.async groups are in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
 __device__ __forceinline__ void cp_async_wait_all() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_all;\n" ::: "memory");
