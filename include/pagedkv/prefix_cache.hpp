@@ -84,9 +84,13 @@ class PrefixCache {
   [[nodiscard]] int32_t block_size() const { return block_size_; }
 
  private:
+  void check_block(BlockId block, const char* op) const;
+
+  int32_t num_blocks_;
   int32_t block_size_;
   uint64_t next_serial_ = 1;
-  std::vector<std::optional<Entry>> by_block_;  // [num_blocks]
+  // Maps, not [num_blocks] arrays: memory follows the registered blocks, not the pool size.
+  std::unordered_map<BlockId, Entry> by_block_;
   std::unordered_map<BlockHash, BlockId> by_hash_;
 };
 

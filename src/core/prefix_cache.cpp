@@ -19,10 +19,15 @@ BlockHash block_hash(BlockHash parent, std::span<const TokenId> tokens, uint64_t
   return XXH3_64bits(buf.data(), buf.size());
 }
 
-PrefixCache::PrefixCache(int32_t num_blocks, int32_t block_size) : block_size_(block_size) {
+PrefixCache::PrefixCache(int32_t num_blocks, int32_t block_size)
+    : num_blocks_(num_blocks), block_size_(block_size) {
   PAGEDKV_CHECK(num_blocks >= 1, "PrefixCache: num_blocks must be >= 1, got {}", num_blocks);
   PAGEDKV_CHECK(block_size >= 1, "PrefixCache: block_size must be >= 1, got {}", block_size);
-  by_block_.resize(static_cast<size_t>(num_blocks));
+}
+
+void PrefixCache::check_block(BlockId block, const char* op) const {
+  PAGEDKV_CHECK(block >= 0 && block < num_blocks_,
+                "PrefixCache::{}: block id {} out of range [0, {})", op, block, num_blocks_);
 }
 
 std::optional<BlockId> PrefixCache::lookup(BlockHash hash, uint64_t parent_serial,
@@ -30,7 +35,7 @@ std::optional<BlockId> PrefixCache::lookup(BlockHash hash, uint64_t parent_seria
                                            std::span<const TokenId> tokens) const {
   auto it = by_hash_.find(hash);
   if (it == by_hash_.end()) return std::nullopt;
-  const Entry& e = *by_block_[it->second];
+  const Entry& e = by_block_.at(it->second);
   // Confirm the content: a 64-bit key can collide, a wrong share would corrupt a sequence.
   if (e.parent_serial != parent_serial || e.extra_key != extra_key ||
       !std::equal(tokens.begin(), tokens.end(), e.tokens.begin(), e.tokens.end())) {
@@ -40,9 +45,8 @@ std::optional<BlockId> PrefixCache::lookup(BlockHash hash, uint64_t parent_seria
 }
 
 uint64_t PrefixCache::insert(BlockId block, Entry entry) {
-  PAGEDKV_CHECK(block >= 0 && block < static_cast<BlockId>(by_block_.size()),
-                "PrefixCache::insert: block id {} out of range [0, {})", block, by_block_.size());
-  PAGEDKV_CHECK(!by_block_[block].has_value(), "PrefixCache::insert: block {} already registered",
+  check_block(block, "insert");
+  PAGEDKV_CHECK(!by_block_.contains(block), "PrefixCache::insert: block {} already registered",
                 block);
   PAGEDKV_CHECK(!by_hash_.contains(entry.hash),
                 "PrefixCache::insert: key {:#018x} already registered (block {})", entry.hash,
@@ -53,24 +57,24 @@ uint64_t PrefixCache::insert(BlockId block, Entry entry) {
   entry.serial = next_serial_++;
   const uint64_t serial = entry.serial;
   by_hash_.emplace(entry.hash, block);
-  by_block_[block] = std::move(entry);
+  by_block_.emplace(block, std::move(entry));
   return serial;
 }
 
 std::optional<PrefixCache::Entry> PrefixCache::erase(BlockId block) {
-  PAGEDKV_CHECK(block >= 0 && block < static_cast<BlockId>(by_block_.size()),
-                "PrefixCache::erase: block id {} out of range [0, {})", block, by_block_.size());
-  if (!by_block_[block]) return std::nullopt;
-  std::optional<Entry> e = std::move(by_block_[block]);
-  by_block_[block].reset();
+  check_block(block, "erase");
+  auto it = by_block_.find(block);
+  if (it == by_block_.end()) return std::nullopt;
+  std::optional<Entry> e = std::move(it->second);
+  by_block_.erase(it);
   by_hash_.erase(e->hash);
   return e;
 }
 
 const PrefixCache::Entry* PrefixCache::entry(BlockId block) const {
-  PAGEDKV_CHECK(block >= 0 && block < static_cast<BlockId>(by_block_.size()),
-                "PrefixCache::entry: block id {} out of range [0, {})", block, by_block_.size());
-  return by_block_[block] ? &*by_block_[block] : nullptr;
+  check_block(block, "entry");
+  auto it = by_block_.find(block);
+  return it == by_block_.end() ? nullptr : &it->second;
 }
 
 std::optional<BlockId> PrefixCache::find(BlockHash hash) const {

@@ -19,6 +19,9 @@ using json = nlohmann::ordered_json;
 /// Lines longer than this are rejected: a script is written by hand, and a bound keeps a
 /// fuzzer from spending its time on megabyte tokens.
 constexpr size_t kMaxLineBytes = 1 << 20;
+/// Pool sizes a script may ask for: ample for hand-written scenarios, and bounded so that a
+/// script (or a fuzzer) cannot make the manager allocate gigabytes of metadata.
+constexpr int64_t kMaxBlocks = 1 << 20;
 
 [[noreturn]] void fail_at(int64_t line, const std::string& message) {
   throw Error(fmt::format("line {}: {}", line, message));
@@ -184,11 +187,11 @@ json OpsExecutor::run(const OpsLine& l, bool& print) {
     };
     if (!opt("blocks")) fail_at(l.line, "manager: blocks=N is required");
     KVCacheManagerConfig c;
-    c.num_blocks = static_cast<int32_t>(to_int(l, "blocks", *opt("blocks"), 1, 1 << 24));
+    c.num_blocks = static_cast<int32_t>(to_int(l, "blocks", *opt("blocks"), 1, kMaxBlocks));
     if (auto* v = opt("block_size"))
       c.block_size = static_cast<int32_t>(to_int(l, "block_size", *v, 1, 1 << 16));
     if (auto* v = opt("host_blocks"))
-      c.num_host_blocks = static_cast<int32_t>(to_int(l, "host_blocks", *v, 0, 1 << 24));
+      c.num_host_blocks = static_cast<int32_t>(to_int(l, "host_blocks", *v, 0, kMaxBlocks));
     if (auto* v = opt("watermark")) c.watermark = to_double(l, "watermark", *v);
     if (auto* v = opt("max_model_len"))
       c.max_model_len = to_int(l, "max_model_len", *v, 0, INT32_MAX);
