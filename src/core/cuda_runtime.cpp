@@ -44,8 +44,13 @@ void require_device() {
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    ::pagedkv::detail::fail("no CUDA device: {} ({})", cudaGetErrorString(err),
-                            cudaGetErrorName(err));
+    // Without a GPU, or without its driver, the runtime reports cudaErrorNoDevice or
+    // cudaErrorInsufficientDriver (no libcuda to match): name both the cause and the hint.
+    ::pagedkv::detail::fail(
+        "no CUDA device: cudaGetDeviceCount failed: {} ({}); is an NVIDIA GPU with a driver for "
+        "CUDA {}.{} present?",
+        cudaGetErrorString(err), cudaGetErrorName(err), CUDART_VERSION / 1000,
+        CUDART_VERSION % 1000 / 10);
   }
   PAGEDKV_CHECK(count > 0, "no CUDA device: cudaGetDeviceCount() found 0 devices");
 }
