@@ -12,6 +12,8 @@
 //       per call). Each call attends one layer of a multi-layer cache, rotating through layers
 //       so the working set (>= 256 MiB) never fits in the last-level cache, as in a real model.
 //   BM_DecodePlain/...        the scalar oracle kernel on one configuration, for the speedup.
+//   BM_Prefill/.../chunk:N    chunked prefill of the last N positions of a 2048-token context;
+//                             GFLOPs counter (compute-bound); BM_PrefillPlain: the oracle.
 // Geometry: 8 kv heads, GQA group 4 (32 query heads), Llama-3-8B-like.
 //
 // Default: a representative subset (a few minutes on 2 cores). PAGEDKV_BENCH_FULL=1 runs the
@@ -270,6 +272,32 @@ void BM_Decode(benchmark::State& state, DecodeConfig c, Kind kind) {
   state.counters["threads"] = kind == Kind::kPlain ? 1 : bench_threads();
 }
 
+/// Chunked prefill: the last `chunk` positions of one sequence's context attend causally (the
+/// prompt's tail after a cached prefix). Compute-bound: GFLOP/s counts 4 flops per (query head,
+/// visible key, dim): q.k and p*v.
+void BM_Prefill(benchmark::State& state, DecodeConfig c, int32_t chunk, bool plain) {
+  DecodeData& d = decode_data(c);
+  const std::vector<int32_t> query_start = {0, chunk};
+  const BlockTableView tables{d.table.data(), d.lens.data(), 1, d.blocks_per_seq};
+  std::vector<float> q(static_cast<size_t>(chunk) * d.params.num_heads * c.head_dim, 0.25f);
+  std::vector<float> out(q.size());
+  for (auto _ : state) {
+    if (plain) {
+      detail::plain_paged_prefill_attention(d.params, d.paged->layer(0), tables, query_start, q,
+                                            out);
+    } else {
+      paged_prefill_attention(d.params, d.paged->layer(0), tables, query_start, q, out);
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  double visible = 0;  // sum over queries of visible keys
+  for (int64_t t = 0; t < chunk; ++t) visible += static_cast<double>(c.context - chunk + t + 1);
+  const double flops = 4.0 * visible * d.params.num_heads * c.head_dim;
+  state.counters["GFLOPs"] = benchmark::Counter(
+      flops * 1e-9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["threads"] = plain ? 1 : bench_threads();
+}
+
 bool env_flag(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' && std::string(v) != "0";
@@ -329,6 +357,15 @@ void register_all() {
     for (int32_t batch : {1, 16, 64}) {
       register_decode({DType::kF32, 64, 16, 2048, batch}, max_bytes);
     }
+  }
+  // Chunked prefill (one sequence, batch 1 of the decode data), fast and the scalar oracle.
+  const DecodeConfig prefill{DType::kBF16, 128, 16, 2048, 1};
+  for (auto [chunk, plain] : {std::pair{512, false}, {32, false}, {32, true}}) {
+    const std::string name = std::string(plain ? "BM_PrefillPlain" : "BM_Prefill") + "/" +
+                             prefill.name() + "/chunk:" + std::to_string(chunk);
+    benchmark::RegisterBenchmark(name.c_str(), BM_Prefill, prefill, chunk, plain)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
   }
   // The scalar oracle, for the speedup of the fast kernel.
   const DecodeConfig plain{DType::kBF16, 128, 16, 4096, 8};

@@ -33,8 +33,12 @@ def load_runs(paths):
     """name -> run dict (median aggregate if present), plus the merged context."""
     runs, context = {}, {}
     for path in paths:
-        with open(path) as f:
-            data = json.load(f)
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, ValueError):  # no benchmark matched a filter: empty output
+            print(f"summarize: skipping {path} (missing or empty)", file=sys.stderr)
+            continue
         context.update(data.get("context", {}))
         medians = {}
         singles = {}
@@ -205,6 +209,20 @@ def decode_section(runs, memcpy_best):
     return lines, worst_ratio, worst_bw
 
 
+def prefill_section(runs):
+    lines = ["| benchmark | ms | GFLOP/s | threads |", "|---|---|---|---|"]
+    found = False
+    for name in sorted(runs):
+        base = strip_suffix(name)
+        if not re.match(r"^BM_Prefill(Plain)?/", base):
+            continue
+        found = True
+        run = runs[name]
+        lines.append(f"| {base} | {time_ms(run):.2f} | {run.get('GFLOPs', 0):.1f} | "
+                     f"{run.get('threads', '?'):.0f} |")
+    return lines if found else []
+
+
 def allocator_section(runs):
     lines = ["| benchmark | items/s | per item |", "|---|---|---|"]
     pairs = None
@@ -274,6 +292,9 @@ def main():
         out.append(f"| allocate + free >= {PAIRS_MIN / 1e6:.0f} M pairs/s | {pairs / 1e6:.1f} M/s | {verdict(pairs >= PAIRS_MIN)} |")
     out += ["", "## Memory bandwidth peers", ""] + bw_lines
     out += ["", "## Decode attention: paged vs contiguous (same kernel, same data)", ""] + dec_lines
+    pre_lines = prefill_section(runs)
+    if pre_lines:
+        out += ["", "## Chunked prefill (compute-bound; 4 flops per query head, visible key and dim)", ""] + pre_lines
     out += ["", "## End-to-end decode step (built-in model, one sequence)", ""] + e2e_lines
     out += ["", "## Metadata (allocator, manager)", ""] + alloc_lines
     out += ["", END]
