@@ -17,6 +17,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+/// Largest page pool generate() allocates: a typo in --block-size or a huge prompt file should
+/// be an error message, not an out-of-memory failure.
+constexpr int64_t kMaxPoolBytes = int64_t{8} << 30;
+
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
@@ -130,6 +134,15 @@ GenerateResult generate(LlamaModel& model, const std::vector<std::vector<TokenId
     throw Error(fmt::format("generate: {} sequences x {} positions need {} blocks, too many",
                             num_seqs, opt.steps, blocks));
   }
+  const int64_t block_bytes =
+      kv_bytes_for_tokens(c.n_layers, c.n_kv_heads, c.head_size(), DType::kF32, opt.block_size);
+  if (mode != CacheMode::kContiguous && blocks * block_bytes > kMaxPoolBytes) {
+    throw Error(fmt::format(
+        "generate: the page pool would take {} bytes ({} sequences x {} "
+        "blocks of {} tokens), more than the {} allowed: use fewer prompts, "
+        "fewer steps or a smaller block size",
+        blocks * block_bytes, num_seqs, blocks / num_seqs, opt.block_size, kMaxPoolBytes));
+  }
   auto backend =
       make_kv_backend(mode, model.backend_config(opt.block_size, static_cast<int32_t>(blocks)));
 
@@ -139,10 +152,7 @@ GenerateResult generate(LlamaModel& model, const std::vector<std::vector<TokenId
   st.contiguous_reservation_bytes =
       num_seqs *
       kv_bytes_for_tokens(c.n_layers, c.n_kv_heads, c.head_size(), DType::kF32, c.seq_len);
-  if (mode != CacheMode::kContiguous) {
-    st.pool_bytes = blocks * kv_bytes_for_tokens(c.n_layers, c.n_kv_heads, c.head_size(),
-                                                 DType::kF32, opt.block_size);
-  }
+  if (mode != CacheMode::kContiguous) st.pool_bytes = blocks * block_bytes;
 
   result.seqs.resize(static_cast<size_t>(num_seqs));
   std::vector<Sampler> samplers;

@@ -68,7 +68,8 @@ struct GenerateResult {
 
 /// Generates for every prompt, as one batch, with cache `mode`.
 /// Errors: throws pagedkv::Error if prompts is empty, a prompt is empty or longer than steps,
-/// steps < 1, block_size < 1, temperature < 0 or not finite, or a token id is out of range.
+/// steps < 1, block_size < 1, temperature < 0 or not finite, a token id is out of range, or the
+/// page pool (sequences x ceil(steps / block_size) blocks, paged and none) would exceed 8 GiB.
 [[nodiscard]] GenerateResult generate(LlamaModel& model,
                                       const std::vector<std::vector<TokenId>>& prompts,
                                       CacheMode mode, const GenerateOptions& options);

@@ -245,6 +245,11 @@ TEST(Generate, InputErrors) {
   opt.block_size = 0;
   EXPECT_THAT([&] { (void)generate(model, {{1}}, CacheMode::kPaged, opt); },
               ThrowsMessage<Error>(HasSubstr("block size 0")));
+  // 1024 sequences x one block of 2^20 tokens x 256 B per token: refused, not allocated.
+  opt.block_size = 1 << 20;
+  const std::vector<std::vector<TokenId>> many(1024, std::vector<TokenId>{1});
+  EXPECT_THAT([&] { (void)generate(model, many, CacheMode::kPaged, opt); },
+              ThrowsMessage<Error>(HasSubstr("page pool would take")));
 }
 
 TEST(Generate, Summary) {
