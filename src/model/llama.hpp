@@ -39,7 +39,7 @@ struct StepInput {
 /// Thread policy of a process running the model. Both OpenBLAS (matrix products) and the CPU
 /// attention kernels (OpenMP) keep a pool of threads that spin-wait between calls; running both
 /// at full width puts 3+ busy threads on 2 cores (measured up to 6x slower on the none mode).
-/// The matrix products are ~95% of the work here (attention at 256 positions is ~3% of a
+/// The matrix products are ~95% of the work here (attention at 256 positions is ~5% of a
 /// no-cache step, ~8% of a cached decode step), so `pagedkv generate` gives BLAS the cores and
 /// the attention one thread, unless OPENBLAS_NUM_THREADS or OMP_NUM_THREADS is set.
 /// blas_threads: OpenBLAS threads (ignored with another BLAS); attention_threads: the OpenMP
