@@ -86,6 +86,12 @@ Tokenizer Tokenizer::load(const std::string& path, int32_t vocab_size) {
       fail_file(path, fmt::format("token {} has length {}, outside [0, max_token_length {}]", i,
                                   len, max_len));
     }
+    // And against the bytes left: max_token_length itself may be corrupt (2^31 - 1).
+    if (file_bytes - at < len) {
+      fail_file(path, fmt::format("truncated: {} bytes, ends inside the bytes of token {} of {} "
+                                  "(length {})",
+                                  file_bytes, i, vocab_size, len));
+    }
     auto& p = pieces[static_cast<size_t>(i)];
     p.resize(static_cast<size_t>(len));
     read(p.data(), len, "bytes", i);

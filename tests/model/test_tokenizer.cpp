@@ -146,6 +146,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadTokCase{"negative_length", i32(3) + f32(0) + i32(-5), "token 0 has length -5"},
         // A huge length must be refused before it is allocated.
         BadTokCase{"huge_length", i32(3) + f32(0) + i32(2000000000), "token 0 has length"},
+        // A corrupt max_token_length lets a huge length pass that check: the bytes left decide.
+        BadTokCase{"huge_max_and_length", i32(0x7FFFFFFF) + f32(0) + i32(0x7FFFFFFF),
+                   "truncated: 12 bytes, ends inside the bytes of token 0"},
         BadTokCase{"too_many_tokens", three_tokens() + token(0, "x"),
                    "more tokens than the model's vocab_size 3"}),
     [](const auto& info) { return std::string(info.param.name); });
