@@ -30,7 +30,8 @@ stamp() { date +%s; }
 run_asan() {
   local t0; t0=$(stamp)
   echo "ci-sanitizers: ASan+UBSan build in ${asan_dir}"
-  cmake -S . -B "${asan_dir}" "${common[@]}" -DPAGEDKV_SANITIZE=ON -DPAGEDKV_TSAN=OFF >/dev/null
+  cmake -S . -B "${asan_dir}" "${common[@]}" -DPAGEDKV_SANITIZE=ON -DPAGEDKV_TSAN=OFF \
+    -DPAGEDKV_BUILD_CLI=ON >/dev/null
   cmake --build "${asan_dir}" -j"${jobs}"
   local t1; t1=$(stamp)
   # halt_on_error / abort_on_error: the first report fails the test; detect_leaks: a leaked

@@ -148,6 +148,8 @@ TRACES = {
     "azure_time_backwards.csv": AZ_HEADER + AZ_OK_ROWS[1] + AZ_OK_ROWS[0],
     "azure_huge_tokens.csv": AZ_HEADER + "2023-11-16 18:15:47.0,99999999999999999999999,5\n",
     "azure_bad_timestamp.csv": AZ_HEADER + "yesterday at noon,100,5\n",
+    # Found by fuzz_trace: a well-formed date far from 1970 overflowed int64 nanoseconds (UB).
+    "azure_year_1011.csv": AZ_HEADER + "1011-11-16 18:15:47.0,100,5\n",
     # Every row broken: even the lenient reader is left with no request at all.
     "azure_all_rows_bad.csv": AZ_HEADER + "x,y,z\n,,\n1,2\n",
     "mooncake_invalid_json.jsonl": '{"timestamp": 0, "input_length": 10, "output_length": 1}\n'
