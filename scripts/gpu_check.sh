@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Runs every CUDA test (tests/test_cuda_*.cpp) and the CUDA decode benchmark on a machine with
-# an NVIDIA GPU, and prints a Markdown section to paste into docs/benchmarks.md.
+# Runs every CUDA test (tests/test_cuda_*.cpp), the CUDA decode benchmark and the main job on the
+# device (`pagedkv generate --device cuda --cache all`, built-in model) on a machine with an
+# NVIDIA GPU, and prints a Markdown section to paste into docs/benchmarks.md.
 #
 # Usage, from the repository root:
 #   scripts/gpu_check.sh                 build build-gpu/ (sm_90) here, then run (needs nvcc,
-#                                        cmake, GTest, Google Benchmark and fmt on this machine)
+#                                        cmake, GTest, Google Benchmark, fmt, CLI11,
+#                                        nlohmann_json and OpenBLAS on this machine)
 #   scripts/gpu_check.sh --bundle        build build-gpu/ (sm_90) and pack the test and benchmark
-#                                        executables plus their non-system shared libraries into
+#                                        executables and `pagedkv`, plus their non-system
+#                                        shared libraries into
 #                                        build-gpu/bundle/ (do this on the build machine)
 #   scripts/gpu_check.sh --run DIR       run a bundle made by --bundle (do this on the GPU
 #                                        machine; needs only the NVIDIA driver)
@@ -15,8 +18,10 @@
 #   here:   scripts/gpu_check.sh --bundle
 #   there:  run(command="scripts/gpu_check.sh --run build-gpu/bundle",
 #               carry=["build-gpu/bundle"], timeout_s=480)
-# Expect ~1 minute of tests and ~1-2 minutes of benchmark. Exit status: 0 when every test
-# passed and none was skipped for lack of a device; 1 otherwise.
+# Expect ~1 minute of tests, ~1-2 minutes of benchmark and seconds of generate. The bundle is
+# ~55 MiB (OpenBLAS, for pagedkv's matrix products, is 36 MiB of it): within the 64 MiB a carry
+# may take. Exit status: 0 when every test passed, none was skipped for lack of a device, and
+# generate's device run agreed with the CPU caches; 1 otherwise.
 #
 # Env: ARCH (default 90) for the build; JOBS (default 2) build parallelism; BUILD (default
 # build-gpu) the build folder; BENCH_FILTER to
@@ -30,9 +35,9 @@ BUILD="${BUILD:-build-gpu}"
 
 build() {
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
-    -DPAGEDKV_BUILD_CLI=OFF -DPAGEDKV_BUILD_TESTS=ON -DPAGEDKV_BUILD_BENCHMARKS=ON >/dev/null ||
+    -DPAGEDKV_BUILD_CLI=ON -DPAGEDKV_BUILD_TESTS=ON -DPAGEDKV_BUILD_BENCHMARKS=ON >/dev/null ||
     return 1
-  local targets=(bench_cuda_decode)
+  local targets=(bench_cuda_decode pagedkv_cli)
   for f in tests/test_cuda_*.cpp; do targets+=("$(basename "$f" .cpp)"); done
   cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}"
 }
@@ -41,11 +46,11 @@ bundle() {
   local out="$BUILD/bundle"
   rm -rf "$out" && mkdir -p "$out/lib"
   find "$BUILD/tests" -maxdepth 1 -type f -executable -name 'test_cuda_*' -exec cp {} "$out/" \;
-  cp "$BUILD/benchmarks/bench_cuda_decode" "$out/"
+  cp "$BUILD/benchmarks/bench_cuda_decode" "$BUILD/src/cli/pagedkv" "$out/"
   # Every shared library a bare CUDA image may lack (fmt, benchmark, hwy, gomp, cudart, ...);
   # the C and C++ runtimes (glibc, libstdc++, libgcc_s) are left to the target system, which
   # must be at least as new as this one.
-  for exe in "$out"/test_cuda_* "$out/bench_cuda_decode"; do
+  for exe in "$out"/test_cuda_* "$out/bench_cuda_decode" "$out/pagedkv"; do
     ldd "$exe" | awk '/=> \// {print $3}' |
       grep -vE '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
       xargs -r -I{} cp -L {} "$out/lib/"
@@ -92,6 +97,18 @@ run() {
   echo "== bench_cuda_decode"
   "$dir/bench_cuda_decode" ${BENCH_FILTER:+--benchmark_filter="$BENCH_FILTER"} | tee "$bench_log"
 
+  # The main job with the paged cache on the device, checked against the CPU caches.
+  local gen_log
+  gen_log=$(mktemp)
+  echo "== pagedkv generate --device cuda --cache all"
+  "$dir/pagedkv" generate --device cuda --cache all >"$gen_log" 2>&1
+  local gen_rc=$?
+  cat "$gen_log"
+  if [ "$gen_rc" -ne 0 ] || ! grep -q 'agreement: contiguous vs paged-cuda: same tokens' "$gen_log"; then
+    status=1
+    echo "   pagedkv generate --device cuda: rc $gen_rc, or no agreement with the CPU caches"
+  fi
+
   echo
   echo "================ paste into docs/benchmarks.md ================"
   echo "## CUDA backend: $(date -u +%Y-%m-%d), ${gpu:-unknown GPU}, driver ${driver:-?}"
@@ -102,8 +119,14 @@ run() {
   echo "|---|---|---|---|"
   printf '%s' "$summary"
   sed -n '/^### CUDA decode attention/,$p' "$bench_log"
+  echo
+  echo "### pagedkv generate --device cuda --cache all (built-in model, exit $gen_rc)"
+  echo
+  echo '```'
+  sed -n '/^cache /,$p' "$gen_log"
+  echo '```'
   echo "================================================================"
-  rm -f "$bench_log"
+  rm -f "$bench_log" "$gen_log"
   return "$status"
 }
 

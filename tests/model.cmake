@@ -68,9 +68,28 @@ add_test(NAME cli.generate.prompt_longer_than_steps
 add_test(NAME cli.no_subcommand
   COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2 "-DARGS="
           "-DSTDERR_REGEX=^pagedkv: [^\n]*\n$" -P ${_expect})
+add_test(NAME cli.generate.bad_device_flag
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
+          "-DARGS=generate|--device|gpu"
+          "-DSTDERR_REGEX=^pagedkv generate: [^\n]*--device[^\n]*gpu[^\n]*\n$"
+          -P ${_expect})
+add_test(NAME cli.generate.device_cuda_other_cache
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
+          "-DARGS=generate|--device|cuda|--cache|contiguous"
+          "-DSTDERR_REGEX=^pagedkv generate: --device cuda runs the paged cache[^\n]*\n$"
+          -P ${_expect})
 set_tests_properties(cli.generate.bad_model_file cli.generate.missing_model_file
   cli.generate.bad_cache_flag cli.generate.prompt_longer_than_steps cli.no_subcommand
+  cli.generate.bad_device_flag cli.generate.device_cuda_other_cache
   PROPERTIES LABELS cli)
+
+# --device cuda: exit 2 with one line naming CUDA without a GPU (this CI), the device run
+# agreeing with the CPU caches with one (see the script).
+add_test(NAME cli.generate.device_cuda
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DWITH_CUDA=${PAGEDKV_WITH_CUDA}
+          "-DARGS=generate|--device|cuda|--steps|8|--prompt|Once"
+          -P ${CMAKE_CURRENT_SOURCE_DIR}/model/expect_device_generate.cmake)
+set_tests_properties(cli.generate.device_cuda PROPERTIES LABELS cli)
 
 # The real model: the reference runtime's greedy output for the issue's prompt, all three caches.
 if(EXISTS ${_shared}/models/stories260K.bin)

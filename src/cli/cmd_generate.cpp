@@ -1,7 +1,8 @@
 // `pagedkv generate`: the main job. Runs a Llama model (the seeded random built-in one, or a
 // llama2.c checkpoint + tokenizer) with the paged cache, the contiguous reference cache and no
-// cache, checks that they agree and reports time and memory per mode. docs/cli.md documents the
-// flags and the output.
+// cache, checks that they agree and reports time and memory per mode. With --device cuda the
+// paged mode runs on the GPU (the contiguous and none modes stay on the CPU as its checks).
+// docs/cli.md documents the flags and the output.
 
 #include <fmt/format.h>
 
@@ -21,6 +22,7 @@
 #include "model/generate.hpp"
 #include "model/llama.hpp"
 #include "model/tokenizer.hpp"
+#include "pagedkv/cuda/device.hpp"
 #include "pagedkv/error.hpp"
 
 namespace pagedkv::cli {
@@ -28,6 +30,7 @@ namespace pagedkv::cli {
 namespace {
 
 using model::CacheMode;
+using model::Device;
 
 /// Seed of the built-in model's weights (the sampling seed is --seed).
 constexpr uint64_t kBuiltinWeightSeed = 20240229;
@@ -49,6 +52,7 @@ struct Options {
   float temperature = 0.0f;
   uint64_t seed = 42;
   std::string cache = "all";
+  std::string device = "cpu";
   int32_t block_size = 16;
   bool json = false;
 };
@@ -85,26 +89,35 @@ struct ModeRun {
   model::GenerateResult result;
 };
 
+/// A run's name in the output: the cache mode, "-cuda" appended when it ran on the device.
+std::string run_label(const ModeRun& r) {
+  std::string s(model::cache_mode_name(r.mode));
+  const Device device = r.result.stats.device;
+  if (device != Device::kCpu) s += fmt::format("-{}", model::device_name(device));
+  return s;
+}
+
 struct Check {
-  CacheMode mode;  ///< compared against runs[0]
+  std::string label;  ///< run_label of the run compared against runs[0]
   model::Agreement agreement;
   /// Tokens and logits agree, or tokens differ only after logits that agree within the
   /// tolerance (a near-tie that a different summation order may break the other way).
   bool ok;
 };
 
-void print_human(const Options& o, const std::string& model_desc, int32_t steps,
-                 const std::vector<std::string>& prompts, const model::Tokenizer& tok,
-                 const std::vector<ModeRun>& runs, const std::vector<Check>& checks) {
-  const CacheMode first = runs.front().mode;
+void print_human(const Options& o, const std::string& model_desc, const std::string& device_desc,
+                 int32_t steps, const std::vector<std::string>& prompts,
+                 const model::Tokenizer& tok, const std::vector<ModeRun>& runs,
+                 const std::vector<Check>& checks) {
+  const std::string first = run_label(runs.front());
   fmt::print("model: {}\n", model_desc);
   fmt::print(
       "run:   {} prompt{}, {} positions per sequence (prompt included), {}, block size "
-      "{}, fp32 KV\n\n",
+      "{}, fp32 KV{}\n\n",
       prompts.size(), prompts.size() == 1 ? "" : "s", steps,
       o.temperature == 0.0f ? std::string("greedy (temperature 0)")
                             : fmt::format("temperature {} seed {}", o.temperature, o.seed),
-      o.block_size);
+      o.block_size, device_desc.empty() ? "" : fmt::format("; paged cache on {}", device_desc));
 
   const auto& seqs = runs.front().result.seqs;
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -117,7 +130,7 @@ void print_human(const Options& o, const std::string& model_desc, int32_t steps,
     std::fwrite(text.data(), 1, text.size(), stdout);
     fmt::print("\n");
   }
-  if (runs.size() > 1) fmt::print("(text of the {} run)\n", model::cache_mode_name(first));
+  if (runs.size() > 1) fmt::print("(text of the {} run)\n", first);
   fmt::print("\n");
 
   fmt::print("{:<11}{:>9}{:>10}{:>9}{:>9}{:>11}{:>10}{:>12}{:>14}{:>8}\n", "cache", "TTFT ms",
@@ -127,8 +140,8 @@ void print_human(const Options& o, const std::string& model_desc, int32_t steps,
     const auto& st = r.result.stats;
     const auto tpot = model::summarize(st.tpot_ms);
     fmt::print("{:<11}{:>9.2f}{:>10.3f}{:>9.3f}{:>9.3f}{:>11.1f}{:>10.1f}{:>12}{:>14}{:>7.1f}%\n",
-               model::cache_mode_name(r.mode), st.ttft_ms, tpot.mean, tpot.p50, tpot.p99,
-               st.total_ms, st.tokens_per_s(), human_bytes(st.kv_bytes_in_use),
+               run_label(r), st.ttft_ms, tpot.mean, tpot.p50, tpot.p99, st.total_ms,
+               st.tokens_per_s(), human_bytes(st.kv_bytes_in_use),
                human_bytes(st.contiguous_reservation_bytes), 100.0 * st.wasted_share());
   }
   fmt::print(
@@ -144,12 +157,10 @@ void print_human(const Options& o, const std::string& model_desc, int32_t steps,
                                  : fmt::format("max |logit diff| {:.3g} over {} positions",
                                                g.max_abs_logit_diff, g.positions_compared);
     if (g.same_tokens) {
-      fmt::print("agreement: {} vs {}: same tokens, {}\n", model::cache_mode_name(c.mode),
-                 model::cache_mode_name(first), diff);
+      fmt::print("agreement: {} vs {}: same tokens, {}\n", c.label, first, diff);
     } else {
-      fmt::print("agreement: {} vs {}: tokens DIFFER (sequence {}, token {}), {}{}\n",
-                 model::cache_mode_name(c.mode), model::cache_mode_name(first), g.diverge_seq,
-                 g.diverge_index, diff,
+      fmt::print("agreement: {} vs {}: tokens DIFFER (sequence {}, token {}), {}{}\n", c.label,
+                 first, g.diverge_seq, g.diverge_index, diff,
                  c.ok ? " (within tolerance before the split: a near-tie)" : "");
     }
   }
@@ -166,7 +177,7 @@ void print_human(const Options& o, const std::string& model_desc, int32_t steps,
       if (r.mode == CacheMode::kNone) continue;
       const auto& st = r.result.stats;
       const double tpot = model::summarize(st.tpot_ms).mean;
-      line += fmt::format(" {} {:.2f}x total", model::cache_mode_name(r.mode),
+      line += fmt::format(" {} {:.2f}x total", run_label(r),
                           st.total_ms > 0 ? ns.total_ms / st.total_ms : 0.0);
       if (tpot > 0) line += fmt::format(" ({:.2f}x per decode step)", none_tpot / tpot);
       line += ";";
@@ -177,9 +188,10 @@ void print_human(const Options& o, const std::string& model_desc, int32_t steps,
 }
 
 void print_json(const Options& o, const model::LlamaConfig& cfg, const std::string& model_src,
-                int32_t steps, const std::vector<std::string>& notices,
-                const std::vector<std::string>& prompts, const model::Tokenizer& tok,
-                const std::vector<ModeRun>& runs, const std::vector<Check>& checks) {
+                const std::string& device_desc, int32_t steps,
+                const std::vector<std::string>& notices, const std::vector<std::string>& prompts,
+                const model::Tokenizer& tok, const std::vector<ModeRun>& runs,
+                const std::vector<Check>& checks) {
   using json = nlohmann::ordered_json;
   json j;
   j["model"] = {{"source", model_src},
@@ -197,6 +209,8 @@ void print_json(const Options& o, const model::LlamaConfig& cfg, const std::stri
   j["seed"] = o.seed;
   j["block_size"] = o.block_size;
   j["kv_dtype"] = "fp32";
+  j["device"] = o.device;
+  if (!device_desc.empty()) j["device_name"] = device_desc;
   j["notices"] = notices;
   json seqs = json::array();
   const auto& first = runs.front().result.seqs;
@@ -211,12 +225,13 @@ void print_json(const Options& o, const model::LlamaConfig& cfg, const std::stri
          {"text", tok.render(s.ids)}});
   }
   j["sequences"] = seqs;
-  j["text_from"] = model::cache_mode_name(runs.front().mode);
+  j["text_from"] = run_label(runs.front());
   json modes = json::array();
   for (const auto& r : runs) {
     const auto& st = r.result.stats;
     const auto tpot = model::summarize(st.tpot_ms);
     modes.push_back({{"cache", model::cache_mode_name(r.mode)},
+                     {"device", model::device_name(st.device)},
                      {"ttft_ms", st.ttft_ms},
                      {"tpot_ms", {{"mean", tpot.mean}, {"p50", tpot.p50}, {"p99", tpot.p99}}},
                      {"decode_steps", st.tpot_ms.size()},
@@ -233,8 +248,8 @@ void print_json(const Options& o, const model::LlamaConfig& cfg, const std::stri
   json agree = json::array();
   for (const auto& c : checks) {
     const auto& g = c.agreement;
-    agree.push_back({{"cache", model::cache_mode_name(c.mode)},
-                     {"versus", model::cache_mode_name(runs.front().mode)},
+    agree.push_back({{"cache", c.label},
+                     {"versus", run_label(runs.front())},
                      {"same_tokens", g.same_tokens},
                      {"diverge_sequence", g.diverge_seq},
                      {"diverge_index", g.diverge_index},
@@ -248,8 +263,7 @@ void print_json(const Options& o, const model::LlamaConfig& cfg, const std::stri
     if (none.mode != CacheMode::kNone) continue;
     for (const auto& r : runs) {
       if (r.mode == CacheMode::kNone || r.result.stats.total_ms <= 0) continue;
-      speedup[std::string(model::cache_mode_name(r.mode))] =
-          none.result.stats.total_ms / r.result.stats.total_ms;
+      speedup[run_label(r)] = none.result.stats.total_ms / r.result.stats.total_ms;
     }
   }
   j["speedup_vs_none_total"] = speedup;
@@ -263,6 +277,18 @@ void run_generate(const Options& o) {
   // see model::set_threads.
   if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr && std::getenv("OMP_NUM_THREADS") == nullptr) {
     model::set_threads(0, 1);
+  }
+  const Device device = *model::parse_device(o.device);  // IsMember validated the name
+  std::string device_desc;
+  if (device == Device::kCuda) {
+    if (o.cache != "paged" && o.cache != "all") {
+      throw Error(fmt::format(
+          "--device cuda runs the paged cache on the GPU; --cache {} runs on the CPU only (use "
+          "--cache paged or all)",
+          o.cache));
+    }
+    cuda::require_device();  // "no CUDA device: ..." -> exit 2, before any work
+    device_desc = cuda::device_info().name;
   }
   if (o.model_path.empty() != o.tokenizer_path.empty()) {
     throw Error(o.model_path.empty() ? "--tokenizer needs --model (the vocabulary comes from it)"
@@ -324,12 +350,16 @@ void run_generate(const Options& o) {
   g.record_logits = modes.size() > 1 && logit_bytes <= kMaxLogitBytes;
 
   std::vector<ModeRun> runs;
-  for (const CacheMode m : modes) runs.push_back({m, model::generate(*llama, ids, m, g)});
+  for (const CacheMode m : modes) {
+    // Only the paged mode has a device version; the others stay on the CPU as its checks.
+    g.device = m == CacheMode::kPaged ? device : Device::kCpu;
+    runs.push_back({m, model::generate(*llama, ids, m, g)});
+  }
 
   std::vector<Check> checks;
   bool all_ok = true;
   for (size_t i = 1; i < runs.size(); ++i) {
-    Check c{runs[i].mode, model::compare_runs(runs[i].result, runs[0].result), true};
+    Check c{run_label(runs[i]), model::compare_runs(runs[i].result, runs[0].result), true};
     const bool logits_ok = c.agreement.max_abs_logit_diff <= kLogitTolerance;
     c.ok = logits_ok && (c.agreement.same_tokens || c.agreement.max_abs_logit_diff >= 0);
     all_ok = all_ok && c.ok;
@@ -337,9 +367,9 @@ void run_generate(const Options& o) {
   }
 
   if (o.json) {
-    print_json(o, cfg, model_src, steps, notices, prompts, *tok, runs, checks);
+    print_json(o, cfg, model_src, device_desc, steps, notices, prompts, *tok, runs, checks);
   } else {
-    print_human(o, model_desc, steps, prompts, *tok, runs, checks);
+    print_human(o, model_desc, device_desc, steps, prompts, *tok, runs, checks);
   }
   std::fflush(stdout);
   if (!all_ok) {
@@ -385,6 +415,12 @@ void add_generate_command(CLI::App& app) {
                   "KV cache: paged, contiguous, none, or all (run each, check agreement)")
       ->capture_default_str()
       ->check(CLI::IsMember({"paged", "contiguous", "none", "all"}));
+  sub->add_option("--device", opts->device,
+                  "where the paged cache runs: cpu, or cuda (the GPU; needs a CUDA build and "
+                  "device, and a head_dim and block size the CUDA kernels support); contiguous "
+                  "and none always run on the CPU")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_option("--block-size", opts->block_size, "tokens per KV block (paged mode)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 16));

@@ -143,12 +143,13 @@ GenerateResult generate(LlamaModel& model, const std::vector<std::vector<TokenId
         "fewer steps or a smaller block size",
         blocks * block_bytes, num_seqs, blocks / num_seqs, opt.block_size, kMaxPoolBytes));
   }
-  auto backend =
-      make_kv_backend(mode, model.backend_config(opt.block_size, static_cast<int32_t>(blocks)));
+  auto backend = make_kv_backend(
+      mode, model.backend_config(opt.block_size, static_cast<int32_t>(blocks)), opt.device);
 
   GenerateResult result;
   RunStats& st = result.stats;
   st.mode = mode;
+  st.device = opt.device;
   st.contiguous_reservation_bytes =
       num_seqs *
       kv_bytes_for_tokens(c.n_layers, c.n_kv_heads, c.head_size(), DType::kF32, c.seq_len);

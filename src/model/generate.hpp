@@ -25,6 +25,8 @@ struct GenerateOptions {
   uint64_t seed = 42;          ///< sampling seed (sequence i draws from its own stream)
   int32_t block_size = 16;     ///< paged / none modes, tokens per block
   bool record_logits = false;  ///< keep the logits of every forwarded position
+  /// Where the cache lives; Device::kCuda only with the paged mode (make_kv_backend).
+  Device device = Device::kCpu;
 };
 
 struct SequenceOutput {
@@ -40,8 +42,9 @@ struct SequenceOutput {
 /// Timing and memory of one run. Units: ms, bytes, tokens.
 struct RunStats {
   CacheMode mode = CacheMode::kPaged;
-  double ttft_ms = 0;           ///< the prefill step, first tokens sampled
-  std::vector<double> tpot_ms;  ///< one entry per decode step (one token per active sequence)
+  Device device = Device::kCpu;  ///< where the cache was
+  double ttft_ms = 0;            ///< the prefill step, first tokens sampled
+  std::vector<double> tpot_ms;   ///< one entry per decode step (one token per active sequence)
   double total_ms = 0;
   int64_t tokens_generated = 0;  ///< sampled tokens kept, all sequences
   int64_t kv_bytes_in_use = 0;   ///< what the cache holds at the end (before freeing)
@@ -69,7 +72,9 @@ struct GenerateResult {
 /// Generates for every prompt, as one batch, with cache `mode`.
 /// Errors: throws pagedkv::Error if prompts is empty, a prompt is empty or longer than steps,
 /// steps < 1, block_size < 1, temperature < 0 or not finite, a token id is out of range, or the
-/// page pool (sequences x ceil(steps / block_size) blocks, paged and none) would exceed 8 GiB.
+/// page pool (sequences x ceil(steps / block_size) blocks, paged and none) would exceed 8 GiB;
+/// with options.device == Device::kCuda, as make_kv_backend (no device, another mode, a
+/// geometry the CUDA kernels do not support).
 [[nodiscard]] GenerateResult generate(LlamaModel& model,
                                       const std::vector<std::vector<TokenId>>& prompts,
                                       CacheMode mode, const GenerateOptions& options);

@@ -42,19 +42,8 @@ class PagedBackend : public KVBackend {
   int64_t num_tokens(SeqId seq) const override { return manager_.num_tokens(seq); }
 
   void begin_step(std::span<const SeqId> seqs, std::span<const int64_t> n_new) override {
-    check_step(seqs, n_new);
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      auto r = manager_.append_slots(seqs[i], n_new[i]);
-      if (!r) {
-        throw Error(
-            fmt::format("paged KV pool exhausted: sequence {} needs {} more blocks, {} of {} free",
-                        seqs[i], manager_.blocks_needed_to_append(seqs[i], n_new[i]),
-                        manager_.num_free_blocks(), manager_.num_total_blocks()));
-      }
-      // No sequence is forked here, so there is never a shared block to copy; honoring the
-      // contract keeps this correct if one ever is.
-      if (!r->copies.empty()) cache_.copy_blocks(r->copies);
-    }
+    detail::append_step(manager_, seqs, n_new,
+                        [this](std::span<const BlockCopy> copies) { cache_.copy_blocks(copies); });
     meta_ = manager_.batch_metadata(seqs, n_new);
     decode_ = std::all_of(n_new.begin(), n_new.end(), [](int64_t n) { return n == 1; });
   }
@@ -154,6 +143,45 @@ class ContiguousBackend final : public KVBackend {
 
 }  // namespace
 
+namespace detail {
+
+void append_step(KVCacheManager& manager, std::span<const SeqId> seqs,
+                 std::span<const int64_t> n_new,
+                 const std::function<void(std::span<const BlockCopy>)>& copy_blocks) {
+  check_step(seqs, n_new);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    auto r = manager.append_slots(seqs[i], n_new[i]);
+    if (!r) {
+      throw Error(
+          fmt::format("paged KV pool exhausted: sequence {} needs {} more blocks, {} of {} free",
+                      seqs[i], manager.blocks_needed_to_append(seqs[i], n_new[i]),
+                      manager.num_free_blocks(), manager.num_total_blocks()));
+    }
+    // No sequence is forked by generate, so there is never a shared block to copy; honoring
+    // the contract keeps this correct if one ever is.
+    if (!r->copies.empty()) copy_blocks(r->copies);
+  }
+}
+
+}  // namespace detail
+
+std::string_view device_name(Device device) {
+  switch (device) {
+    case Device::kCpu:
+      return "cpu";
+    case Device::kCuda:
+      return "cuda";
+  }
+  return "?";
+}
+
+std::optional<Device> parse_device(std::string_view name) {
+  for (const Device d : {Device::kCpu, Device::kCuda}) {
+    if (name == device_name(d)) return d;
+  }
+  return std::nullopt;
+}
+
 std::string_view cache_mode_name(CacheMode mode) {
   switch (mode) {
     case CacheMode::kPaged:
@@ -173,7 +201,17 @@ std::optional<CacheMode> parse_cache_mode(std::string_view name) {
   return std::nullopt;
 }
 
-std::unique_ptr<KVBackend> make_kv_backend(CacheMode mode, const KVBackendConfig& config) {
+std::unique_ptr<KVBackend> make_kv_backend(CacheMode mode, const KVBackendConfig& config,
+                                           Device device) {
+  if (device == Device::kCuda) {
+    if (mode != CacheMode::kPaged) {
+      throw Error(
+          fmt::format("kv backend: the {} cache has no CUDA version (only paged runs on "
+                      "the device)",
+                      cache_mode_name(mode)));
+    }
+    return make_cuda_paged_backend(config);
+  }
   switch (mode) {
     case CacheMode::kPaged:
       return std::make_unique<PagedBackend>(config);

@@ -10,8 +10,13 @@
 ///  - none:       no cache: the caller feeds every sequence's whole history each step; K/V go
 ///                to a scratch pool that is emptied after the step, attention is the same
 ///                paged prefill kernel, so none vs paged measures the caching alone.
+///
+/// Device: the paged mode also runs on a CUDA device (kv_backend_cuda.cpp, `--device cuda`):
+/// the same KVCacheManager on the host, the pools in a cuda::DeviceKVCache, attention by
+/// cuda::DeviceDecodeRunner. contiguous and none exist on the CPU only.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -31,6 +36,14 @@ enum class CacheMode : uint8_t { kPaged, kContiguous, kNone };
 [[nodiscard]] std::string_view cache_mode_name(CacheMode mode);
 /// Inverse of cache_mode_name; empty for anything else.
 [[nodiscard]] std::optional<CacheMode> parse_cache_mode(std::string_view name);
+
+/// Where a backend keeps K/V and runs attention.
+enum class Device : uint8_t { kCpu, kCuda };
+
+/// "cpu", "cuda".
+[[nodiscard]] std::string_view device_name(Device device);
+/// Inverse of device_name; empty for anything else.
+[[nodiscard]] std::optional<Device> parse_device(std::string_view name);
 
 /// Geometry a backend needs from the model.
 struct KVBackendConfig {
@@ -78,8 +91,28 @@ class KVBackend {
   [[nodiscard]] virtual int64_t bytes_in_use() const = 0;
 };
 
-/// Creates the backend for `mode`. Errors: throws pagedkv::Error on an invalid geometry.
+/// Creates the backend for `mode` on `device`.
+/// Errors: throws pagedkv::Error on an invalid geometry, for Device::kCuda with a mode other
+/// than paged, and as make_cuda_paged_backend.
 [[nodiscard]] std::unique_ptr<KVBackend> make_kv_backend(CacheMode mode,
-                                                         const KVBackendConfig& config);
+                                                         const KVBackendConfig& config,
+                                                         Device device = Device::kCpu);
+
+/// The paged mode on the CUDA device: fp32 pools in device memory, the block manager on the
+/// host. Defined in every build. Memory: kv_cache_bytes of the pool on the device.
+/// Errors: throws pagedkv::Error with one line: "no CUDA device: ..." when none is usable or
+/// pagedkv was built without CUDA (cuda::require_device), "CUDA decode attention: head_dim 8 is
+/// not supported (supported: 64, 128, 256)" and the like for a geometry outside
+/// cuda/supported_configs.hpp (checked before anything is allocated), or a failed allocation.
+[[nodiscard]] std::unique_ptr<KVBackend> make_cuda_paged_backend(const KVBackendConfig& config);
+
+namespace detail {
+/// The paged backends' begin_step bookkeeping: manager.append_slots for every sequence, handing
+/// each non-empty copy-on-write list to `copy_blocks` before the next sequence appends.
+/// Errors: throws pagedkv::Error on a size mismatch or an exhausted pool (naming the counts).
+void append_step(KVCacheManager& manager, std::span<const SeqId> seqs,
+                 std::span<const int64_t> n_new,
+                 const std::function<void(std::span<const BlockCopy>)>& copy_blocks);
+}  // namespace detail
 
 }  // namespace pagedkv::model
