@@ -102,6 +102,12 @@ pagedkv_bad_input(generate.tokenizer.directory STDOUT_EMPTY
   ARGS generate --model ${_ok}/model.bin --tokenizer ${_bad}/tokenizer
   REGEX "^pagedkv generate: [^\n]*tokenizer[^\n]*\n$")
 
+# A consistent pair whose 1-token vocabulary cannot hold BOS/EOS (ids 1, 2): found by
+# fuzz_tokenizer, it crashed `generate` (encode read past the piece table).
+pagedkv_bad_input(generate.vocab_too_small_for_bos_eos STDOUT_EMPTY
+  ARGS generate --model ${_bad}/vocab1/model.bin --tokenizer ${_bad}/vocab1/tokenizer.bin --steps 4
+  REGEX "^pagedkv generate: [^\n]*vocab[^\n]*\n$")
+
 # Positive control: the valid pair runs.
 pagedkv_bad_input(generate.ok_control EXPECTED 0
   ARGS generate --model ${_ok}/model.bin --tokenizer ${_ok}/tokenizer.bin --prompt "once a"

@@ -63,7 +63,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                          .n_layers = h[2],
                          .n_heads = h[3],
                          .n_kv_heads = h[4],
-                         .vocab_size = h[5] < 0 ? -h[5] : h[5],
+                         // INT32_MIN has no positive counterpart: the reader rejects it as 0.
+                         .vocab_size = h[5] == INT32_MIN ? 0 : (h[5] < 0 ? -h[5] : h[5]),
                          .seq_len = h[6],
                          .shared_classifier = h[5] > 0};
     try {

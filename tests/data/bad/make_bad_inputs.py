@@ -105,6 +105,10 @@ MODELS = {
 }
 for name, data in MODELS.items():
     write(os.path.join(bad, "model", name), data)
+# A consistent model + tokenizer pair whose vocabulary (1 token) cannot hold BOS (1) and EOS (2):
+# found by fuzz_tokenizer (encode read past the piece table). Must be refused, not run.
+write(os.path.join(bad, "vocab1", "model.bin"), model(8, 16, 1, 2, 1, 1, 32))
+write(os.path.join(bad, "vocab1", "tokenizer.bin"), tokenizer([b"<unk>"]))
 
 TOKENIZERS = {
     "empty.bin": b"",
