@@ -210,20 +210,20 @@ HWY_INLINE void SumOfLanes4(DF df, V a0, V a1, V a2, V a3, float* HWY_RESTRICT o
 
 /// s[i] = q . k_i for the n keys of a tile, k_i = k[i] + off. Four keys at a time, each with
 /// two accumulator chains (even / odd vectors of head_dim): eight independent FMA chains hide
-/// the FMA latency. Also prefetches the rows of the first `pn` keys of the next tile (pk, pv at
-/// the same offset), four keys per four computed.
+/// the FMA latency. Also prefetches the K and V rows pk[t] + poff, pv[t] + poff of the first
+/// `pn` keys of what comes next, four keys per four computed.
 template <typename T, class DF>
 HWY_INLINE void TileScores(DF df, const float* HWY_RESTRICT q, const T* const* k, int64_t off,
                            int32_t n, int64_t D, float* HWY_RESTRICT s, const T* const* pk,
-                           const T* const* pv, int32_t pn) {
+                           const T* const* pv, int64_t poff, int32_t pn) {
   using V = hn::Vec<DF>;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
   const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T));
   int32_t i = 0;
   for (; i + 4 <= n; i += 4) {
     for (int32_t t = i; t < i + 4 && t < pn; ++t) {
-      PrefetchRow(pk[t] + off, row_bytes);
-      PrefetchRow(pv[t] + off, row_bytes);
+      PrefetchRow(pk[t] + poff, row_bytes);
+      PrefetchRow(pv[t] + poff, row_bytes);
     }
     const T* k0 = k[i] + off;
     const T* k1 = k[i + 1] + off;
@@ -254,8 +254,8 @@ HWY_INLINE void TileScores(DF df, const float* HWY_RESTRICT q, const T* const* k
     SumOfLanes4(df, hn::Add(a0, b0), hn::Add(a1, b1), hn::Add(a2, b2), hn::Add(a3, b3), s + i);
   }
   for (int32_t t = i; t < pn; ++t) {
-    PrefetchRow(pk[t] + off, row_bytes);
-    PrefetchRow(pv[t] + off, row_bytes);
+    PrefetchRow(pk[t] + poff, row_bytes);
+    PrefetchRow(pv[t] + poff, row_bytes);
   }
   for (; i < n; ++i) {
     V a0 = hn::Zero(df);
@@ -321,6 +321,44 @@ HWY_INLINE void TileAccumulate(DF df, const float* HWY_RESTRICT p, const T* cons
   if (d < D) AccumulateChunk<1>(df, p, v, off, n, d, acc);
 }
 
+/// Online softmax step of one row over a tile: s [ts] scores (padding -inf) become the
+/// probabilities exp(s - m); the running max m, sum l and accumulator acc [D] are rescaled only
+/// when the max grows. Returns false when the tile has no visible key for the row (nothing to
+/// accumulate). Source: Milakov & Gimelshein, "Online normalizer calculation for softmax"
+/// (2018).
+template <class DF>
+HWY_INLINE bool OnlineSoftmax(DF df, float* HWY_RESTRICT s, int64_t ts, int64_t D,
+                              float* HWY_RESTRICT m, float* HWY_RESTRICT l,
+                              float* HWY_RESTRICT acc) {
+  using V = hn::Vec<DF>;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  V vmax = hn::Set(df, kNegInf);
+  for (int64_t i = 0; i < ts; i += L) vmax = hn::Max(vmax, hn::LoadU(df, s + i));
+  const float mt = hn::GetLane(hn::MaxOfLanes(df, vmax));
+  if (mt == kNegInf) return false;
+  if (mt > *m) {
+    if (*m != kNegInf) {
+      const float corr = std::exp(*m - mt);
+      *l *= corr;
+      const V vc = hn::Set(df, corr);
+      for (int64_t d = 0; d < D; d += L) {
+        hn::StoreU(hn::Mul(hn::LoadU(df, acc + d), vc), df, acc + d);
+      }
+    }
+    *m = mt;
+  }
+  const V vm = hn::Set(df, *m);
+  V vsum = hn::Zero(df);
+  for (int64_t i = 0; i < ts; i += L) {
+    const V p = hn::Exp(df, hn::Sub(hn::LoadU(df, s + i), vm));
+    hn::StoreU(p, df, s + i);
+    vsum = hn::Add(vsum, p);
+  }
+  *l += hn::GetLane(hn::SumOfLanes(df, vsum));
+  return true;
+}
+
 /// One partition of one row set (see RowSet for the row order).
 template <typename T, class DF>
 void AttendImpl(DF df, const KernelArgs& a, const RowSet& rs, int32_t part) {
@@ -334,12 +372,11 @@ void AttendImpl(DF df, const KernelArgs& a, const RowSet& rs, int32_t part) {
   const int64_t head_stride = a.cache.head_stride;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-  float* qs = ThreadScratch(static_cast<size_t>(R * (2 * D + ts + 3)));  // [R, D] scaled q
+  float* qs = ThreadScratch(static_cast<size_t>(R * (2 * D + ts + 2)));  // [R, D] scaled q
   float* acc = qs + R * D;                                               // [R, D]
   float* sc = acc + R * D;  // [R, ts] scores, then probabilities
   float* m = sc + R * ts;   // [R] running max
   float* l = m + R;         // [R] running sum
-  float* active = l + R;    // [R] 1 if the row saw a key in the current tile
 
   const V vscale = hn::Set(df, a.scale);
   for (int32_t t = 0; t < rs.num_q; ++t) {
@@ -381,68 +418,39 @@ void AttendImpl(DF df, const KernelArgs& a, const RowSet& rs, int32_t part) {
     const int64_t* kk = keys[cur];
     const int32_t nn = gather(j + n, cur ^ 1);
 
-    // Scores s[r][i] = (scale q_r) . k_i. The first row of each kv head also prefetches that
-    // head's next tile, spread over the key loop rather than in one burst that would stall on
-    // the cache's miss buffers.
-    for (int32_t r = 0; r < R; ++r) {
-      const int64_t off = static_cast<int64_t>((r % RT) / G) * head_stride;
-      float* s = sc + r * ts;
-      if (r < RT && r % G == 0) {
-        TileScores(df, qs + r * D, kt, off, n, D, s, kp[cur ^ 1], vp[cur ^ 1], nn);
-      } else {
-        TileScores(df, qs + r * D, kt, off, n, D, s, kp[cur ^ 1], vp[cur ^ 1], 0);
-      }
-      for (int32_t i = n; i < ts; ++i) s[i] = kNegInf;  // padding lanes: exp gives 0
-    }
-
-    if (masked) {
-      for (int32_t r = 0; r < R; ++r) {
-        const int64_t pos = rs.first_pos + r / RT;
-        const int64_t lo = window_lo(pos, a.window_left);
-        const int64_t se = sink_end(lo, a.window_left, a.sink_tokens);
-        if (kk[n - 1] <= pos && kk[0] >= lo) continue;  // keys ascend: whole tile visible
-        float* s = sc + r * ts;
-        for (int32_t i = 0; i < n; ++i) {
-          if (kk[i] > pos || (kk[i] < lo && kk[i] >= se)) s[i] = kNegInf;
-        }
-      }
-    }
-
-    // Online softmax: rescale the running state only when the row's max grows.
-    for (int32_t r = 0; r < R; ++r) {
-      float* s = sc + r * ts;
-      V vmax = hn::Set(df, kNegInf);
-      for (int64_t i = 0; i < ts; i += L) vmax = hn::Max(vmax, hn::LoadU(df, s + i));
-      const float mt = hn::GetLane(hn::MaxOfLanes(df, vmax));
-      active[r] = mt == kNegInf ? 0.0f : 1.0f;
-      if (mt == kNegInf) continue;  // no visible key in this tile
-      if (mt > m[r]) {
-        if (m[r] != kNegInf) {
-          const float corr = std::exp(m[r] - mt);
-          l[r] *= corr;
-          const V vc = hn::Set(df, corr);
-          float* ar = acc + r * D;
-          for (int64_t d = 0; d < D; d += L) {
-            hn::StoreU(hn::Mul(hn::LoadU(df, ar + d), vc), df, ar + d);
+    // The kv heads of the set one after the other, each completely (scores, softmax, values)
+    // before the next: one head's K and V rows of the tile stay in L1 while its rows use them,
+    // and the whole tile of a block is still read in one sweep. The first row of head hh
+    // prefetches what comes next (head hh + 1 of this tile, or head 0 of the next tile), spread
+    // over its key loop rather than in one burst that would stall on the miss buffers.
+    for (int32_t hh = 0; hh < rs.num_kv; ++hh) {
+      const int64_t off = static_cast<int64_t>(hh) * head_stride;
+      const bool last_head = hh + 1 == rs.num_kv;
+      const T* const* pk = last_head ? kp[cur ^ 1] : kt;
+      const T* const* pv = last_head ? vp[cur ^ 1] : vt;
+      const int32_t pn = last_head ? nn : n;
+      const int64_t poff = last_head ? 0 : off + head_stride;
+      for (int32_t t = 0; t < rs.num_q; ++t) {
+        for (int32_t g = 0; g < G; ++g) {
+          const int32_t r = t * RT + hh * G + g;
+          float* s = sc + r * ts;
+          TileScores(df, qs + r * D, kt, off, n, D, s, pk, pv, poff, r == hh * G ? pn : 0);
+          for (int32_t i = n; i < ts; ++i) s[i] = kNegInf;  // padding lanes: exp gives 0
+          if (masked) {
+            const int64_t pos = rs.first_pos + t;
+            const int64_t lo = window_lo(pos, a.window_left);
+            const int64_t se = sink_end(lo, a.window_left, a.sink_tokens);
+            if (kk[n - 1] > pos || kk[0] < lo) {  // keys ascend: else the whole tile is visible
+              for (int32_t i = 0; i < n; ++i) {
+                if (kk[i] > pos || (kk[i] < lo && kk[i] >= se)) s[i] = kNegInf;
+              }
+            }
+          }
+          if (OnlineSoftmax(df, s, ts, D, m + r, l + r, acc + r * D)) {
+            TileAccumulate(df, s, vt, off, n, D, acc + r * D);
           }
         }
-        m[r] = mt;
       }
-      const V vm = hn::Set(df, m[r]);
-      V vsum = hn::Zero(df);
-      for (int64_t i = 0; i < ts; i += L) {
-        const V p = hn::Exp(df, hn::Sub(hn::LoadU(df, s + i), vm));
-        hn::StoreU(p, df, s + i);
-        vsum = hn::Add(vsum, p);
-      }
-      l[r] += hn::GetLane(hn::SumOfLanes(df, vsum));
-    }
-
-    // acc_r += sum_i p[r][i] v_i.
-    for (int32_t r = 0; r < R; ++r) {
-      if (active[r] == 0.0f) continue;
-      const int64_t off = static_cast<int64_t>((r % RT) / G) * head_stride;
-      TileAccumulate(df, sc + r * ts, vt, off, n, D, acc + r * D);
     }
     if (nn == 0) break;
     j += n;
