@@ -11,12 +11,17 @@
 #                             kind (default 1)
 #   BENCH_REPETITIONS=N       repetitions per benchmark, medians reported (default 3)
 #   OMP_NUM_THREADS           attention threads (default: all cores)
+#   OMP_WAIT_POLICY           default passive here (see below); active suits a dedicated machine
 #   BENCH_FILTER=REGEX        run only matching benchmarks (quick checks; the summary is partial)
 # Only ratios within one run are meaningful: run it on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-bench}
 reps=${BENCH_REPETITIONS:-3}
+# OpenMP threads that spin between parallel regions (libgomp's default) lose the CPU scheduler's
+# favour on a machine shared with other work and then stall every parallel region for a time
+# slice (measured: decode 1.5-2.5x slower); sleeping waiters do not. Override by setting it.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DPAGEDKV_ENABLE_CUDA=OFF \
   -DPAGEDKV_BUILD_TESTS=OFF -DPAGEDKV_BUILD_BENCHMARKS=ON -DPAGEDKV_BUILD_CLI=ON >/dev/null
@@ -41,6 +46,16 @@ for t in "${targets[@]}"; do
   fi
   "$build/benchmarks/$t" "${args[@]}" >/dev/null
   results+=("$out/$t.json")
+  if [ "$t" = bench_attention_cpu ] && [ -z "${OMP_NUM_THREADS:-}" ]; then
+    # Decode again on one thread: the kernel alone, free of the scheduling stalls a parallel
+    # region suffers when other processes share the cores.
+    echo "run.sh: $t (1 thread)" >&2
+    args=(--benchmark_format=json --benchmark_out_format=json --benchmark_out="$out/${t}_1t.json"
+          --benchmark_filter="${BENCH_FILTER:-^BM_Decode/}"
+          --benchmark_repetitions="$reps" --benchmark_report_aggregates_only=true)
+    OMP_NUM_THREADS=1 "$build/benchmarks/$t" "${args[@]}" >/dev/null
+    results+=("$out/${t}_1t.json")
+  fi
 done
 python3 benchmarks/summarize.py --build "$build" --out docs/benchmarks.md \
   --load-before "$load_before" "${results[@]}"
