@@ -53,7 +53,11 @@ Tokenizer::Tokenizer(std::vector<std::string> pieces, std::vector<float> scores)
 }
 
 Tokenizer Tokenizer::load(const std::string& path, int32_t vocab_size) {
-  if (vocab_size < 1) fail_file(path, fmt::format("vocab_size {} must be >= 1", vocab_size));
+  // Ids 0 (<unk>), 1 (BOS) and 2 (EOS) are fixed by the llama2.c format: encode always emits BOS.
+  if (vocab_size < 3) {
+    fail_file(path,
+              fmt::format("vocab_size {} must be >= 3 (ids 0 <unk>, 1 BOS, 2 EOS)", vocab_size));
+  }
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) fail_file(path, "is a directory");
   std::ifstream in(path, std::ios::binary);
