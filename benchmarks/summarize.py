@@ -39,7 +39,9 @@ def load_runs(paths):
         except (OSError, ValueError):  # no benchmark matched a filter: empty output
             print(f"summarize: skipping {path} (missing or empty)", file=sys.stderr)
             continue
-        context.update(data.get("context", {}))
+        # The first file's context wins (later ones, e.g. the 1-thread pass, only fill gaps).
+        for key, value in data.get("context", {}).items():
+            context.setdefault(key, value)
         medians = {}
         singles = {}
         for b in data.get("benchmarks", []):
