@@ -37,11 +37,13 @@ struct FastAttentionConfig {
 ///   `group` query heads of its kv heads for its query tokens (at most 32 rows), so every K/V
 ///   byte read from memory serves all query heads of its kv head (GQA); decode items take
 ///   several kv heads when a block's per-head runs are short (one sweep per block), prefill
-///   items several query tokens (each K/V tile reused by up to 32 rows);
-/// - keys are visited in tiles of 32 positions gathered through the block table (a tile may span
+///   items several query tokens (each K/V tile reused by up to 32 rows); the rows of one kv
+///   head go in pairs, each K/V vector loaded and widened once for both;
+/// - keys are visited in tiles of 64 positions gathered through the block table (a tile may span
 ///   several blocks, so block_size does not limit the vector work); one pass over K and V with
-///   online softmax; fp16/bf16 converted to fp32 in registers; software prefetch one tile ahead
-///   hides the jump between scattered blocks;
+///   online softmax; fp16/bf16 converted to fp32 in registers; software prefetch of what comes
+///   next (the next kv head's rows of the tile, or the next tile) hides the jump between
+///   scattered blocks;
 /// - a partitioned item keeps (running max, sum, unnormalized accumulator) per row and the
 ///   partitions are merged: o = sum_p exp(m_p - M) acc_p / sum_p exp(m_p - M) l_p, M = max m_p.
 /// Results differ from the plain kernel only by float summation order (a few ulp).
