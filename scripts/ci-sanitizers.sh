@@ -14,16 +14,23 @@ jobs=${JOBS:-2}
 asan_dir=${PAGEDKV_ASAN_DIR:-build-asan}
 tsan_dir=${PAGEDKV_TSAN_DIR:-build-tsan}
 
-# -O1 keeps the sanitizers' run time reasonable while leaving stack traces readable; Debug keeps
-# assert() and the expensive debug-only checks on.
-common=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g" -DPAGEDKV_ENABLE_CUDA=OFF
+# Optimization: -O0 by default, measured on the 2-core CI machine: with ASan, -O1 makes the
+# Highway SIMD kernels (every dispatch target instantiated) 15x slower to compile (156 s vs 10 s
+# for src/cpu/attention_hwy.cpp) and the tests 3x slower to compile, while the suite runs only
+# a little faster. PAGEDKV_SANITIZE_OPT=-O1 trades build time for run time. Debug keeps assert()
+# and the debug-only checks on.
+opt=${PAGEDKV_SANITIZE_OPT:--O0}
+common=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=${opt} -g" -DPAGEDKV_ENABLE_CUDA=OFF
         -DPAGEDKV_BUILD_BENCHMARKS=OFF -DPAGEDKV_BUILD_TESTS=ON)
 
 # Tests excluded under ASan, and why:
 #   package.*  the packaging test installs the library and links an uninstrumented consumer
 #              against it, which cannot link the instrumented static library (the plain CI
 #              build runs it).
-asan_exclude=${PAGEDKV_ASAN_EXCLUDE:-'^package\.'}
+#   cli.generate.stories260K_big_bear_512  512 decode steps of the real model end to end: over
+#              10 minutes under ASan at -O0 (34 s at -O1). The same code paths run under ASan in
+#              the shorter generate tests (cli.generate.*, model_test_*), which stay.
+asan_exclude=${PAGEDKV_ASAN_EXCLUDE:-'^package\.|^cli\.generate\.stories260K_big_bear_512$'}
 
 stamp() { date +%s; }
 
@@ -31,17 +38,19 @@ run_asan() {
   local t0; t0=$(stamp)
   echo "ci-sanitizers: ASan+UBSan build in ${asan_dir}"
   cmake -S . -B "${asan_dir}" "${common[@]}" -DPAGEDKV_SANITIZE=ON -DPAGEDKV_TSAN=OFF \
-    -DPAGEDKV_BUILD_CLI=ON >/dev/null
-  cmake --build "${asan_dir}" -j"${jobs}"
+    -DPAGEDKV_BUILD_CLI=ON >/dev/null || return 1
+  cmake --build "${asan_dir}" -j"${jobs}" || return 1
   local t1; t1=$(stamp)
   # halt_on_error / abort_on_error: the first report fails the test; detect_leaks: a leaked
   # block table or file buffer fails the run; check_initialization_order and
   # detect_stack_use_after_return catch the subtler lifetime bugs.
+  local rc=0
   ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:abort_on_error=1:check_initialization_order=1:detect_stack_use_after_return=1:strict_string_checks=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir "${asan_dir}" --output-on-failure -j"${jobs}" -E "${asan_exclude}" \
-      --timeout 600
+      --timeout 600 || rc=$?
   echo "ci-sanitizers: asan build $((t1 - t0)) s, tests $(( $(stamp) - t1 )) s"
+  return "${rc}"
 }
 
 run_tsan() {
@@ -50,21 +59,29 @@ run_tsan() {
   # Only the library and the stress test: the rest of the suite is single-threaded metadata or
   # OpenMP kernels (libgomp is not TSan-instrumented, so those would only give false reports).
   cmake -S . -B "${tsan_dir}" "${common[@]}" -DPAGEDKV_TSAN=ON -DPAGEDKV_SANITIZE=OFF \
-    -DPAGEDKV_BUILD_CLI=OFF >/dev/null
-  cmake --build "${tsan_dir}" -j"${jobs}" --target test_synchronized_manager
+    -DPAGEDKV_BUILD_CLI=OFF >/dev/null || return 1
+  cmake --build "${tsan_dir}" -j"${jobs}" --target test_synchronized_manager || return 1
   local t1; t1=$(stamp)
   # halt_on_error: a data race report fails the test (TSan exits 66 otherwise only at the end).
+  local rc=0
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
     ctest --test-dir "${tsan_dir}" --output-on-failure -R '^SynchronizedKVCacheManager\.' \
-      --no-tests=error --timeout 300
+      --no-tests=error --timeout 300 || rc=$?
   echo "ci-sanitizers: tsan build $((t1 - t0)) s, tests $(( $(stamp) - t1 )) s"
+  return "${rc}"
 }
 
 start=$(stamp)
+failed=()
 case "${what}" in
-  asan) run_asan ;;
-  tsan) run_tsan ;;
-  all) run_asan; run_tsan ;;
+  asan) run_asan || failed+=(asan) ;;
+  tsan) run_tsan || failed+=(tsan) ;;
+  # Both jobs run even when the first fails, so one CI run reports everything.
+  all) run_asan || failed+=(asan); run_tsan || failed+=(tsan) ;;
   *) echo "usage: $0 [asan|tsan|all]" >&2; exit 2 ;;
 esac
 echo "ci-sanitizers: ${what} done in $(( $(stamp) - start )) s"
+if ((${#failed[@]})); then
+  echo "ci-sanitizers: FAILED: ${failed[*]}" >&2
+  exit 1
+fi
