@@ -182,6 +182,8 @@ bool parse_timestamp_ns(std::string_view text, int64_t& ns) {
       expect(text, pos, " T") && read_digits(text, pos, 2, h) && expect(text, pos, ":") &&
       read_digits(text, pos, 2, mi) && expect(text, pos, ":") && read_digits(text, pos, 2, s)) {
     if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || s > 60) return false;
+    // int64 nanoseconds span 1677..2262; outside [1900, 2200] a trace timestamp is corrupt.
+    if (y < 1900 || y > 2200) return false;
     int64_t frac_ns = 0;
     if (pos < text.size() && text[pos] == '.') {
       ++pos;

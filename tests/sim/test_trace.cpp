@@ -87,6 +87,17 @@ TEST(AzureCsv, NumericSecondsTimestamps) {
   EXPECT_NEAR(t.requests[1].arrival_ms, 1500.0, 1e-9);
 }
 
+TEST(ParseTimestamp, HandWorkedValuesAndYearsOutsideInt64NanosecondsAreRejected) {
+  int64_t ns = 0;
+  // 1970-01-02 00:00:01.5 = 86401.5 s after the epoch.
+  ASSERT_TRUE(parse_timestamp_ns("1970-01-02 00:00:01.5", ns));
+  EXPECT_EQ(ns, 86'401'500'000'000);
+  // Year 1011 (found by fuzz_trace) would overflow int64 nanoseconds: a bad row, not UB.
+  EXPECT_FALSE(parse_timestamp_ns("1011-11-16 18:17:03.9799600", ns));
+  EXPECT_FALSE(parse_timestamp_ns("9999-01-01 00:00:00", ns));
+  EXPECT_TRUE(parse_timestamp_ns("2023-11-16 18:17:03.9799600", ns));
+}
+
 TEST(AzureCsv, MissingColumnAlwaysThrowsNamingIt) {
   for (bool strict : {false, true}) {
     try {
