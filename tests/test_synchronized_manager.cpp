@@ -198,8 +198,9 @@ TEST(SynchronizedKVCacheManager, ConcurrentTrafficReturnsEveryBlock) {
   EXPECT_GT(s.preemptions, 0);
   EXPECT_GT(s.swapped_in_blocks, 0);
   EXPECT_GT(s.prefix_hits, 0);
-  EXPECT_GT(errors_expected.load(), 0);
-  EXPECT_GT(cross_forks.load(), 0);
+  // Cross-thread forks and their expected failures depend on how the OS interleaves the
+  // threads (on a loaded 2-core machine a worker may finish before its neighbour publishes an
+  // id), so they are reported below, not asserted.
   std::printf(
       "successes %lld, cross-thread forks %lld, expected errors %lld, preemptions %lld, "
       "swapped in %lld blocks, prefix hits %lld\n",
