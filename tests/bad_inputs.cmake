@@ -123,6 +123,7 @@ set(_strict_cases
   "azure_time_backwards.csv|:3: "
   "azure_huge_tokens.csv|:2: "
   "azure_bad_timestamp.csv|:2: [^\n]*yesterday"
+  "azure_year_1011.csv|:2: [^\n]*1011"
   "mooncake_invalid_json.jsonl|:2: "
   "mooncake_hash_ids_wrong_length.jsonl|:1: [^\n]*hash_ids"
   "mooncake_negative_output.jsonl|:1: [^\n]*-1"
