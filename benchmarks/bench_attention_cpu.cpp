@@ -44,6 +44,7 @@
 #include "pagedkv/attention.hpp"
 #include "pagedkv/contiguous_kv.hpp"
 #include "pagedkv/dtype.hpp"
+#include "pagedkv/host_buffer.hpp"
 #include "pagedkv/host_kv_cache.hpp"
 
 namespace pagedkv {
@@ -140,7 +141,9 @@ struct DecodeData {
   std::vector<int32_t> table;  // [batch, blocks_per_seq]
   std::vector<int32_t> lens;
   int32_t blocks_per_seq = 0;
-  std::vector<std::vector<std::byte>> contiguous_k, contiguous_v;  // [layers]
+  // [layers]; HostBuffer like the paged arena (same allocator, same huge-page advice): only the
+  // layout differs between the two.
+  std::vector<HostBuffer> contiguous_k, contiguous_v;
   PaddedBlockTables identity;
   std::vector<float> q, out;
 
@@ -158,8 +161,8 @@ struct DecodeData {
 };
 
 /// Fills a dtype buffer with values in [-1, 1] from a fixed seed.
-void fill_random(std::vector<std::byte>& buf, DType dtype, uint64_t seed) {
-  const int64_t n = static_cast<int64_t>(buf.size()) / dtype_size(dtype);
+void fill_random(HostBuffer& buf, DType dtype, uint64_t seed) {
+  const int64_t n = buf.size() / dtype_size(dtype);
   uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
   for (int64_t i = 0; i < n; ++i) {
     x ^= x << 13;
@@ -184,11 +187,9 @@ DecodeData& decode_data(const DecodeConfig& c) {
                              esize;  // one of K or V, one layer
 
   // Contiguous layer 0 gets the values; every other layer (and the paged cache) copies them.
-  d->contiguous_k.resize(layers);
-  d->contiguous_v.resize(layers);
   for (int32_t l = 0; l < layers; ++l) {
-    d->contiguous_k[l].resize(static_cast<size_t>(kind_bytes));
-    d->contiguous_v[l].resize(static_cast<size_t>(kind_bytes));
+    d->contiguous_k.emplace_back(kind_bytes);
+    d->contiguous_v.emplace_back(kind_bytes);
     if (l == 0) {
       fill_random(d->contiguous_k[0], c.dtype, 1);
       fill_random(d->contiguous_v[0], c.dtype, 2);

@@ -35,6 +35,7 @@
 #include "pagedkv/attention.hpp"
 #include "pagedkv/contiguous_kv.hpp"
 #include "pagedkv/error.hpp"
+#include "pagedkv/host_buffer.hpp"
 
 namespace pagedkv {
 namespace {
@@ -58,11 +59,10 @@ class ContiguousViewBackend final : public KVBackend {
               .num_kv_heads = c.num_kv_heads,
               .max_len = max_len,
               .head_dim = c.head_dim};
-    k_.resize(static_cast<size_t>(c.num_layers));
-    v_.resize(static_cast<size_t>(c.num_layers));
+    const int64_t bytes = contiguous_kv_elements(shape_) * static_cast<int64_t>(sizeof(float));
     for (int32_t l = 0; l < c.num_layers; ++l) {
-      k_[l].resize(static_cast<size_t>(contiguous_kv_elements(shape_)));
-      v_[l].resize(static_cast<size_t>(contiguous_kv_elements(shape_)));
+      k_.emplace_back(bytes);  // the paged pool's allocator: only the layout differs
+      v_.emplace_back(bytes);
     }
   }
   [[nodiscard]] CacheMode mode() const override { return CacheMode::kContiguous; }
@@ -105,8 +105,8 @@ class ContiguousViewBackend final : public KVBackend {
         for (int32_t h = 0; h < c_.num_kv_heads; ++h) {
           const int64_t dst = view.offset(e.slot, h, e.len + j);
           const int64_t src = t * row + static_cast<int64_t>(h) * c_.head_dim;
-          std::copy_n(k.data() + src, c_.head_dim, k_[layer].data() + dst);
-          std::copy_n(v.data() + src, c_.head_dim, v_[layer].data() + dst);
+          std::copy_n(k.data() + src, c_.head_dim, k_[layer].as<float>() + dst);
+          std::copy_n(v.data() + src, c_.head_dim, v_[layer].as<float>() + dst);
         }
       }
     }
@@ -138,7 +138,7 @@ class ContiguousViewBackend final : public KVBackend {
   int32_t max_len_;
   AttentionParams params_;
   ContiguousKVShape shape_;
-  std::vector<std::vector<float>> k_, v_;  // [layers][max_seqs * heads * max_len * dim]
+  std::vector<HostBuffer> k_, v_;  // [layers] fp32 [max_seqs * heads * max_len * dim]
   std::map<SeqId, Entry> slots_;
   std::vector<SeqId> seqs_;
   std::vector<int64_t> n_new_;

@@ -195,6 +195,12 @@ std::vector<FastCase> grid(bool prefill) {
   extra(DType::kF32, KVLayout::kNHD, 3, 5, 3, 1, 57);
   extra(DType::kBF16, KVLayout::kHND, 256, 16, 1, 2, 260);
   extra(DType::kF32, KVLayout::kHND, 64, 16, 1, 32, 500);
+  // Blocks longer than a tile with several kv heads per item: spans of whole blocks (128 keys
+  // for block_size 100 and 128, capped at 256 for 300), each head through all their tiles.
+  extra(DType::kBF16, KVLayout::kHND, 64, 100, 4, 2, 450);
+  extra(DType::kF32, KVLayout::kHND, 32, 128, 3, 2, 700);
+  extra(DType::kF16, KVLayout::kNHD, 16, 300, 2, 4, kLongContext);
+  extra(DType::kF32, KVLayout::kHND, 16, 128, 4, 1, 129);
   for (FastCase& c : cases) c.name = case_name(c);
   return cases;
 }
@@ -224,7 +230,7 @@ std::vector<FastCase> mask_cases() {
     }
     for (auto [window, sinks] : {std::pair{300, 4}, {100, 45}, {517, 33}, {64, 64}}) {
       FastCase c;
-      c.block_size = 16;
+      c.block_size = window == 300 ? 128 : 16;  // 128: the sink-to-window jump inside a span
       c.group = 4;
       c.context = kLongContext;
       c.prefill = prefill;

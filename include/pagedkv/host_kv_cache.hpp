@@ -8,20 +8,23 @@
 #include <span>
 #include <vector>
 
+#include "pagedkv/host_buffer.hpp"
 #include "pagedkv/kv_cache_config.hpp"
 #include "pagedkv/kv_layer_view.hpp"
 #include "pagedkv/types.hpp"
 
 namespace pagedkv {
 
-/// Host-memory K and V pools for every layer, one 64-byte aligned arena, zero-initialized.
+/// Host-memory K and V pools for every layer, one zero-initialized HostBuffer arena (64-byte
+/// aligned pools; transparent huge pages advised for arenas of 2 MiB or more, see
+/// HostMemoryOptions).
 /// Layout per pool: config.layout (default HND, [num_blocks, num_kv_heads, block_size, head_dim]).
 /// Memory: bytes() == kv_cache_bytes(config) exactly.
 class HostKVCache {
  public:
   /// Errors: throws pagedkv::Error if the config is invalid (see validate()); std::bad_alloc if
   /// the arena cannot be allocated.
-  explicit HostKVCache(const KVCacheConfig& config);
+  explicit HostKVCache(const KVCacheConfig& config, const HostMemoryOptions& memory = {});
 
   /// reshape_and_cache: writes the K and V of new tokens to their slots in layer `layer`,
   /// converting fp32 to the storage dtype (round to nearest even).
@@ -65,10 +68,7 @@ class HostKVCache {
 
   KVCacheConfig config_;
   int64_t pool_bytes_ = 0;
-  struct Free {
-    void operator()(std::byte* p) const;
-  };
-  std::unique_ptr<std::byte, Free> arena_;
+  HostBuffer arena_;
 };
 
 }  // namespace pagedkv

@@ -10,6 +10,7 @@
 #include "pagedkv/dtype.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/eviction_policy.hpp"
+#include "pagedkv/host_buffer.hpp"
 #include "pagedkv/host_kv_cache.hpp"
 #include "pagedkv/kv_cache_config.hpp"
 #include "pagedkv/kv_cache_manager.hpp"

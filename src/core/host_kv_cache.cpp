@@ -1,7 +1,6 @@
 #include "pagedkv/host_kv_cache.hpp"
 
 #include <cstring>
-#include <new>
 
 #include "detail/check.hpp"
 
@@ -9,35 +8,27 @@ namespace pagedkv {
 
 namespace {
 
-/// Cache-line alignment of the arena and of every pool in it, so that vector loads of a pool's
-/// first block never straddle a line.
-constexpr int64_t kAlignment = 64;
-constexpr std::align_val_t kArenaAlignment{kAlignment};
-
-/// Distance between consecutive pools in the arena: the pool size rounded up to kAlignment.
-/// The padding (< 64 bytes a pool) is not part of any pool and not counted in bytes().
+/// Distance between consecutive pools in the arena: the pool size rounded up to a cache line,
+/// so that every pool starts aligned as the arena does and vector loads of a pool's first block
+/// never straddle a line. The padding (< 64 bytes a pool) is not part of any pool and not
+/// counted in bytes().
 int64_t pool_stride(int64_t pool_bytes) {
-  return (pool_bytes + kAlignment - 1) / kAlignment * kAlignment;
+  constexpr int64_t kLine = HostBuffer::kAlignment;
+  return (pool_bytes + kLine - 1) / kLine * kLine;
 }
 
 }  // namespace
 
-void HostKVCache::Free::operator()(std::byte* p) const { ::operator delete(p, kArenaAlignment); }
-
-HostKVCache::HostKVCache(const KVCacheConfig& config) : config_(config) {
-  validate(config_);
-  pool_bytes_ = pool_elements(config_) * dtype_size(config_.dtype);
-  const int64_t total = 2 * static_cast<int64_t>(config_.num_layers) * pool_stride(pool_bytes_);
-  // Pools are zeroed so that reading an unwritten slot gives 0, not garbage (deterministic
-  // tests; fp16/bf16 zero is also all-zero bits).
-  auto* raw = static_cast<std::byte*>(::operator new(static_cast<size_t>(total), kArenaAlignment));
-  arena_.reset(raw);
-  std::memset(raw, 0, static_cast<size_t>(total));
-}
+HostKVCache::HostKVCache(const KVCacheConfig& config, const HostMemoryOptions& memory)
+    : config_((validate(config), config)),
+      pool_bytes_(pool_elements(config_) * dtype_size(config_.dtype)),
+      // Pools are zeroed (HostBuffer) so that reading an unwritten slot gives 0, not garbage
+      // (deterministic tests; fp16/bf16 zero is also all-zero bits).
+      arena_(2 * static_cast<int64_t>(config_.num_layers) * pool_stride(pool_bytes_), memory) {}
 
 std::byte* HostKVCache::pool(int32_t layer, bool value) const {
   // Arena order: layer 0 K, layer 0 V, layer 1 K, ... (one contiguous pool per layer and kind).
-  return arena_.get() +
+  return arena_.data() +
          (2 * static_cast<int64_t>(layer) + (value ? 1 : 0)) * pool_stride(pool_bytes_);
 }
 

@@ -26,8 +26,7 @@ struct FastAttentionConfig {
   /// log-sum-exp merge on short contexts).
   int64_t partition_keys = 0;
   /// KV heads served by one decode work item (a divisor of num_kv_heads is used, at most
-  /// num_kv_heads). 0 = automatic: all heads of a block in one sweep (up to 32 query rows) when
-  /// one head's run in a block is shorter than 16 KiB, else one head per item.
+  /// num_kv_heads). 0 = automatic: all heads of a block in one sweep, up to 32 query rows.
   int32_t heads_per_item = 0;
 };
 
@@ -36,14 +35,16 @@ struct FastAttentionConfig {
 /// - work items = (sequence, kv heads, query tile[, key partition]); the rows of an item are the
 ///   `group` query heads of its kv heads for its query tokens (at most 32 rows), so every K/V
 ///   byte read from memory serves all query heads of its kv head (GQA); decode items take
-///   several kv heads when a block's per-head runs are short (one sweep per block), prefill
-///   items several query tokens (each K/V tile reused by up to 32 rows); the rows of one kv
-///   head go in pairs, each K/V vector loaded and widened once for both;
+///   several kv heads (one sweep per block), prefill items several query tokens (each K/V tile
+///   reused by up to 32 rows); the rows of one kv head go in pairs, each K/V vector loaded and
+///   widened once for both;
 /// - keys are visited in tiles of 64 positions gathered through the block table (a tile may span
-///   several blocks, so block_size does not limit the vector work); one pass over K and V with
-///   online softmax; fp16/bf16 converted to fp32 in registers; software prefetch of what comes
-///   next (the next kv head's rows of the tile, or the next tile) hides the jump between
-///   scattered blocks;
+///   several blocks, so block_size does not limit the vector work); with several kv heads over
+///   blocks longer than a tile, each head goes through all tiles of a block before the next
+///   head, so every block is read in address order; one pass over K and V with online softmax;
+///   fp16/bf16 converted to fp32 in registers; non-temporal software prefetch of what comes
+///   next (the head's next tile, the next head's tile, or the next span), K during the first
+///   row pair and V during the second, hides the jump between scattered blocks;
 /// - a partitioned item keeps (running max, sum, unnormalized accumulator) per row and the
 ///   partitions are merged: o = sum_p exp(m_p - M) acc_p / sum_p exp(m_p - M) l_p, M = max m_p.
 /// Results differ from the plain kernel only by float summation order (a few ulp).

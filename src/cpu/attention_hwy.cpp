@@ -30,14 +30,12 @@ namespace pagedkv::detail::fast {
 /// and the next tile is prefetched one tile ahead. Measured on bf16 d128 decode (one thread):
 /// 64 was 5-10% faster than 32 (prefetch too close) and than 128 (tiles spill L1).
 constexpr int32_t kTile = 64;
+/// Most keys gathered at once (a span: whole blocks of up to 256 positions for a set of several
+/// kv heads; see AttendImpl).
+constexpr int32_t kMaxSpan = 4 * kTile;
 /// Rows (query heads x query tokens) per work item: bounds the L1 footprint of the fp32
 /// accumulators (32 x 128 x 4 B = 16 KiB) while letting prefill reuse each K/V tile 32 times.
 constexpr int32_t kMaxRows = 32;
-/// A head's contiguous run in a block shorter than this is read together with the other heads'
-/// runs of the block (see heads_per_item). Measured (bench_attention_cpu, 1 thread, bf16 d128,
-/// context 32k): per-head items over 4 KiB runs (block_size 16) took 1.6x the time of the
-/// contiguous peer, grouped items 1.25x; runs of 32 KiB and more were within a few percent.
-constexpr int64_t kShortRunBytes = 16 << 10;
 /// Smallest key partition: below it, partial results and their merge cost more than the
 /// parallelism gains.
 constexpr int64_t kMinPartitionKeys = 256;
@@ -171,10 +169,13 @@ HWY_INLINE void GatherTile(const KernelArgs& a, const RowSet& rs, const int32_t*
 /// Requests one K or V row into cache ahead of use: blocks are scattered, so the hardware stream
 /// prefetcher loses the stream at every block boundary. Callers spread these over the compute of
 /// the previous tile (one burst per tile measured slower: it stalls on the miss buffers).
+/// Non-temporal hint (x86 prefetchnta, arm PLDL1STRM): K/V is streamed once per call, so it
+/// should not push the accumulators and scores out of the caches. Measured (bf16 d128, 1
+/// thread): 3-6% faster than a T0 prefetch for paged and contiguous alike.
 template <typename T>
 HWY_INLINE void PrefetchRow(const T* row, int64_t row_bytes) {
   const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t b = 0; b < row_bytes; b += 64) hwy::Prefetch(p + b);
+  for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(p + b, 0, 0);
 }
 
 /// out[k] = sum of the lanes of a_k, k = 0..3. With >= 4 lanes, two interleave rounds leave the
@@ -212,7 +213,8 @@ HWY_INLINE void SumOfLanes4(DF df, V a0, V a1, V a2, V a3, float* HWY_RESTRICT o
 /// s[i] = q . k_i for the n keys of a tile, k_i = k[i] + off. Four keys at a time, each with
 /// two accumulator chains (even / odd vectors of head_dim): eight independent FMA chains hide
 /// the FMA latency. Also prefetches the K and V rows pk[t] + poff, pv[t] + poff of the first
-/// `pn` keys of what comes next, four keys per four computed.
+/// `pn` keys of what comes next, four keys per four computed (a null pk or pv: none of that
+/// kind).
 template <typename T, class DF>
 HWY_INLINE void TileScores(DF df, const float* HWY_RESTRICT q, const T* const* k, int64_t off,
                            int32_t n, int64_t D, float* HWY_RESTRICT s, const T* const* pk,
@@ -223,8 +225,8 @@ HWY_INLINE void TileScores(DF df, const float* HWY_RESTRICT q, const T* const* k
   int32_t i = 0;
   for (; i + 4 <= n; i += 4) {
     for (int32_t t = i; t < i + 4 && t < pn; ++t) {
-      PrefetchRow(pk[t] + poff, row_bytes);
-      PrefetchRow(pv[t] + poff, row_bytes);
+      if (pk != nullptr) PrefetchRow(pk[t] + poff, row_bytes);
+      if (pv != nullptr) PrefetchRow(pv[t] + poff, row_bytes);
     }
     const T* k0 = k[i] + off;
     const T* k1 = k[i + 1] + off;
@@ -255,8 +257,8 @@ HWY_INLINE void TileScores(DF df, const float* HWY_RESTRICT q, const T* const* k
     SumOfLanes4(df, hn::Add(a0, b0), hn::Add(a1, b1), hn::Add(a2, b2), hn::Add(a3, b3), s + i);
   }
   for (int32_t t = i; t < pn; ++t) {
-    PrefetchRow(pk[t] + poff, row_bytes);
-    PrefetchRow(pv[t] + poff, row_bytes);
+    if (pk != nullptr) PrefetchRow(pk[t] + poff, row_bytes);
+    if (pv != nullptr) PrefetchRow(pv[t] + poff, row_bytes);
   }
   for (; i < n; ++i) {
     V a0 = hn::Zero(df);
@@ -281,8 +283,8 @@ HWY_INLINE void TileScores2(DF df, const float* HWY_RESTRICT q0, const float* HW
   int32_t i = 0;
   for (; i + 4 <= n; i += 4) {
     for (int32_t t = i; t < i + 4 && t < pn; ++t) {
-      PrefetchRow(pk[t] + poff, row_bytes);
-      PrefetchRow(pv[t] + poff, row_bytes);
+      if (pk != nullptr) PrefetchRow(pk[t] + poff, row_bytes);
+      if (pv != nullptr) PrefetchRow(pv[t] + poff, row_bytes);
     }
     const T* k0 = k[i] + off;
     const T* k1 = k[i + 1] + off;
@@ -310,8 +312,8 @@ HWY_INLINE void TileScores2(DF df, const float* HWY_RESTRICT q0, const float* HW
     SumOfLanes4(df, b0, b1, b2, b3, s1 + i);
   }
   for (int32_t t = i; t < pn; ++t) {
-    PrefetchRow(pk[t] + poff, row_bytes);
-    PrefetchRow(pv[t] + poff, row_bytes);
+    if (pk != nullptr) PrefetchRow(pk[t] + poff, row_bytes);
+    if (pv != nullptr) PrefetchRow(pv[t] + poff, row_bytes);
   }
   for (; i < n; ++i) {
     V a0 = hn::Zero(df), b0 = hn::Zero(df);
@@ -533,81 +535,113 @@ void AttendImpl(DF df, const KernelArgs& a, const RowSet& rs, int32_t part) {
   // several tokens (prefill) need a per-row causal / window mask.
   const bool masked = rs.num_q > 1;
 
-  // Row pointers of the first kv head of the set; head hh adds hh * head_stride.
-  const T* kp[2][kTile];
-  const T* vp[2][kTile];
-  int64_t keys[2][kTile];
+  // Keys are gathered a span at a time and attended a tile (kTile keys) at a time. A span is one
+  // tile, except for a set of several kv heads over blocks longer than a tile: then it covers
+  // whole blocks (up to kMaxSpan keys) and each head goes through all tiles of the span before
+  // the next head, so K (and V) is read in address order across each block (head 0's run, head
+  // 1's run, ...): one sequential stream per block instead of a jump per tile.
+  // Row pointers are those of the first kv head of the set; head hh adds hh * head_stride.
+  const T* kp[2][kMaxSpan];
+  const T* vp[2][kMaxSpan];
+  int64_t keys[2][kMaxSpan];
+  const int64_t span =
+      rs.num_kv > 1
+          ? std::clamp<int64_t>((a.cache.block_size + kTile - 1) / kTile * kTile, kTile, kMaxSpan)
+          : kTile;
   int cur = 0;
-  // Tiles of kTile keys (the last one shorter); the next tile's pointers are gathered, and its
-  // rows prefetched, while the current one is computed.
+  // The next span's pointers are gathered, and its first rows prefetched, while the current one
+  // is computed.
   auto gather = [&](int64_t from, int buf) -> int32_t {
     if (from >= key_end) return 0;
-    const auto count = static_cast<int32_t>(std::min<int64_t>(kTile, key_end - from));
+    const auto count = static_cast<int32_t>(std::min<int64_t>(span, key_end - from));
     GatherTile(a, rs, table, from, count, kp[buf], vp[buf], keys[buf]);
     return count;
   };
-  int32_t n = gather(key_begin, 0);
-  for (int64_t j = key_begin; j < key_end;) {
-    const T* const* kt = kp[cur];
-    const T* const* vt = vp[cur];
-    const int64_t* kk = keys[cur];
-    const int32_t nn = gather(j + n, cur ^ 1);
+  // Rows of this head in (token, query head) order, two at a time so that each K and V vector
+  // read serves both.
+  const int32_t head_rows = rs.num_q * G;
+  // The prefetch of what comes next is spread over the head's work: with two pairs or more, the
+  // first pair's scores prefetch its K rows and the second pair's its V rows; with one pair,
+  // that pair's scores prefetch both. Measured (bench_attention_cpu, bf16 d128, group 4, 1
+  // thread): one burst of K and V during the first pair took 1.25-1.3x the time of the split,
+  // for paged and contiguous alike, and left block_size 32 paged 8-15% behind contiguous.
+  const bool split_prefetch = head_rows > 2;
 
-    // The kv heads of the set one after the other, each completely (scores, softmax, values)
-    // before the next: one head's K and V rows of the tile stay in L1 while its rows use them,
-    // and the whole tile of a block is still read in one sweep. The first row of head hh
-    // prefetches what comes next (head hh + 1 of this tile, or head 0 of the next tile), spread
-    // over its key loop rather than in one burst that would stall on the miss buffers.
-    for (int32_t hh = 0; hh < rs.num_kv; ++hh) {
-      const int64_t off = static_cast<int64_t>(hh) * head_stride;
-      const bool last_head = hh + 1 == rs.num_kv;
-      const T* const* pk = last_head ? kp[cur ^ 1] : kt;
-      const T* const* pv = last_head ? vp[cur ^ 1] : vt;
-      const int32_t pn = last_head ? nn : n;
-      const int64_t poff = last_head ? 0 : off + head_stride;
-      // Rows of this head in (token, query head) order, two at a time so that each K and V
-      // vector read serves both.
-      const int32_t head_rows = rs.num_q * G;
-      for (int32_t idx = 0; idx < head_rows; idx += 2) {
-        const bool pair = idx + 1 < head_rows;
-        int32_t rows[2];
-        int32_t toks[2];
-        for (int32_t u = 0; u < 2; ++u) {
-          toks[u] = (idx + u) / G;
-          rows[u] = toks[u] * RT + hh * G + (idx + u) % G;
-        }
-        float* s0 = sc + rows[0] * ts;
-        float* s1 = sc + rows[1] * ts;
-        const int32_t prefetch_n = idx == 0 ? pn : 0;
-        if (pair) {
-          TileScores2(df, qs + rows[0] * D, qs + rows[1] * D, kt, off, n, D, s0, s1, pk, pv, poff,
-                      prefetch_n);
-        } else {
-          TileScores(df, qs + rows[0] * D, kt, off, n, D, s0, pk, pv, poff, prefetch_n);
-        }
-        bool active[2] = {false, false};
-        for (int32_t u = 0; u < (pair ? 2 : 1); ++u) {
-          const int32_t r = rows[u];
-          float* s = sc + r * ts;
-          for (int32_t i = n; i < ts; ++i) s[i] = kNegInf;  // padding lanes: exp gives 0
-          if (masked) {
-            const int64_t pos = rs.first_pos + toks[u];
-            const int64_t lo = window_lo(pos, a.window_left);
-            const int64_t se = sink_end(lo, a.window_left, a.sink_tokens);
-            if (kk[n - 1] > pos || kk[0] < lo) {  // keys ascend: else the whole tile is visible
-              for (int32_t i = 0; i < n; ++i) {
-                if (kk[i] > pos || (kk[i] < lo && kk[i] >= se)) s[i] = kNegInf;
-              }
+  // One tile of head hh of the set: scores, mask, online softmax, values. The first rows
+  // prefetch the tile that comes next (pk/pv + poff, pn keys), spread over their key loops
+  // rather than in one burst that would stall on the miss buffers.
+  auto attend_tile = [&](int32_t hh, const T* const* kt, const T* const* vt, const int64_t* kk,
+                         int32_t n, const T* const* pk, const T* const* pv, int64_t poff,
+                         int32_t pn) {
+    const int64_t off = static_cast<int64_t>(hh) * head_stride;
+    for (int32_t idx = 0; idx < head_rows; idx += 2) {
+      const bool pair = idx + 1 < head_rows;
+      int32_t rows[2];
+      int32_t toks[2];
+      for (int32_t u = 0; u < 2; ++u) {
+        toks[u] = (idx + u) / G;
+        rows[u] = toks[u] * RT + hh * G + (idx + u) % G;
+      }
+      float* s0 = sc + rows[0] * ts;
+      float* s1 = sc + rows[1] * ts;
+      const bool prefetch_k = idx == 0;
+      const bool prefetch_v = split_prefetch ? idx == 2 : idx == 0;
+      const int32_t prefetch_n = prefetch_k || prefetch_v ? pn : 0;
+      const T* const* ppk = prefetch_k ? pk : nullptr;
+      const T* const* ppv = prefetch_v ? pv : nullptr;
+      if (pair) {
+        TileScores2(df, qs + rows[0] * D, qs + rows[1] * D, kt, off, n, D, s0, s1, ppk, ppv, poff,
+                    prefetch_n);
+      } else {
+        TileScores(df, qs + rows[0] * D, kt, off, n, D, s0, ppk, ppv, poff, prefetch_n);
+      }
+      bool active[2] = {false, false};
+      for (int32_t u = 0; u < (pair ? 2 : 1); ++u) {
+        const int32_t r = rows[u];
+        float* s = sc + r * ts;
+        for (int32_t i = n; i < ts; ++i) s[i] = kNegInf;  // padding lanes: exp gives 0
+        if (masked) {
+          const int64_t pos = rs.first_pos + toks[u];
+          const int64_t lo = window_lo(pos, a.window_left);
+          const int64_t se = sink_end(lo, a.window_left, a.sink_tokens);
+          if (kk[n - 1] > pos || kk[0] < lo) {  // keys ascend: else the whole tile is visible
+            for (int32_t i = 0; i < n; ++i) {
+              if (kk[i] > pos || (kk[i] < lo && kk[i] >= se)) s[i] = kNegInf;
             }
           }
-          active[u] = OnlineSoftmax(df, s, ts, D, m + r, l + r, acc + r * D);
         }
-        if (active[0] && active[1]) {
-          TileAccumulate2(df, s0, s1, vt, off, n, D, acc + rows[0] * D, acc + rows[1] * D);
+        active[u] = OnlineSoftmax(df, s, ts, D, m + r, l + r, acc + r * D);
+      }
+      if (active[0] && active[1]) {
+        TileAccumulate2(df, s0, s1, vt, off, n, D, acc + rows[0] * D, acc + rows[1] * D);
+      } else {
+        for (int32_t u = 0; u < 2; ++u) {
+          if (active[u]) TileAccumulate(df, sc + rows[u] * ts, vt, off, n, D, acc + rows[u] * D);
+        }
+      }
+    }
+  };
+
+  int32_t n = gather(key_begin, 0);  // keys in the current span
+  for (int64_t j = key_begin; j < key_end;) {
+    const int32_t nn = gather(j + n, cur ^ 1);
+    const T* const* ks = kp[cur];
+    const T* const* vs = vp[cur];
+    for (int32_t hh = 0; hh < rs.num_kv; ++hh) {
+      const int64_t off = static_cast<int64_t>(hh) * head_stride;
+      for (int32_t t0 = 0; t0 < n; t0 += kTile) {
+        const int32_t tn = std::min(kTile, n - t0);
+        // What comes next: this head's next tile of the span, else the next head's first tile,
+        // else head 0's first tile of the next span.
+        if (t0 + kTile < n) {
+          attend_tile(hh, ks + t0, vs + t0, keys[cur] + t0, tn, ks + t0 + kTile, vs + t0 + kTile,
+                      off, std::min(kTile, n - t0 - kTile));
+        } else if (hh + 1 < rs.num_kv) {
+          attend_tile(hh, ks + t0, vs + t0, keys[cur] + t0, tn, ks, vs, off + head_stride,
+                      std::min(kTile, n));
         } else {
-          for (int32_t u = 0; u < 2; ++u) {
-            if (active[u]) TileAccumulate(df, sc + rows[u] * ts, vt, off, n, D, acc + rows[u] * D);
-          }
+          attend_tile(hh, ks + t0, vs + t0, keys[cur] + t0, tn, kp[cur ^ 1], vp[cur ^ 1], 0,
+                      std::min(kTile, nn));
         }
       }
     }
@@ -692,22 +726,17 @@ void merge_row(const float* parts, int32_t num_parts, int64_t stride, int32_t he
 
 namespace {
 
-/// KV heads per decode work item. A block holds every kv head's rows; when one head's rows of a
-/// block are a short contiguous run (HND: block_size x head_dim elements; NHD: head_dim), reading
-/// one head at a time turns a block into many short scattered runs that the hardware prefetcher
-/// never locks onto. Serving several kv heads in one item reads the block in one sweep.
-int32_t heads_per_item(const AttentionParams& params, const KVLayerView& cache,
-                       const FastAttentionConfig& config) {
+/// KV heads per decode work item: by default as many as kMaxRows query rows allow. A block holds
+/// every kv head's rows; reading one head at a time turns each block into short scattered runs
+/// (HND: block_size x head_dim elements) that the hardware prefetcher never locks onto, while
+/// an item over all heads reads each block in one sweep. Measured (bench_attention_cpu, d128,
+/// context 4k, batch 8, 1 thread, paged / contiguous time): one head per item took 1.16-1.25
+/// (bf16, block_size 8 and 16) where all heads took 1.05-1.13; at block_size 128 one head took
+/// 1.07 and all heads 1.01; the contiguous peer itself ran 3% faster with all heads.
+int32_t heads_per_item(const AttentionParams& params, const FastAttentionConfig& config) {
   const int32_t H = params.num_kv_heads;
   const int32_t G = params.num_heads / H;
-  int32_t hg = 1;
-  if (config.heads_per_item > 0) {
-    hg = config.heads_per_item;
-  } else {
-    const int64_t run = (cache.token_stride == cache.head_dim ? cache.block_size : 1) *
-                        int64_t{cache.head_dim} * dtype_size(cache.dtype);
-    if (run < fast::kShortRunBytes) hg = std::max(1, fast::kMaxRows / G);
-  }
+  int32_t hg = config.heads_per_item > 0 ? config.heads_per_item : std::max(1, fast::kMaxRows / G);
   hg = std::clamp(hg, 1, H);
   while (H % hg != 0) --hg;  // equal groups
   return hg;
@@ -777,7 +806,7 @@ void fast_paged_prefill_attention(const AttentionParams& params, const KVLayerVi
   a.sink_tokens = params.sink_tokens;
   const int32_t G = a.group;
   const int32_t H = params.num_kv_heads;
-  const int32_t heads_per_set = heads_per_item(params, cache, config);
+  const int32_t heads_per_set = heads_per_item(params, config);
 
   // Row sets: (sequence, query tile, kv heads), with the union of their rows' visible keys.
   std::vector<RowSet> sets;
