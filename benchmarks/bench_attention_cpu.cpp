@@ -4,6 +4,8 @@
 // Benchmarks (names are parsed by benchmarks/summarize.py):
 //   BM_Memcpy/threads:T       large buffer copy; bytes_per_second = bytes copied per second
 //   BM_ReadStream/threads:T   large buffer sum (read only); bytes_per_second = bytes read
+//   BM_ScatteredRead/run_kib:R  256 MiB read in R KiB runs, address order vs shuffled (1 thread):
+//                             the memory system's own paging cost, no kernel involved
 //   BM_Decode/<dtype>/d:<D>/bs:<bs>/ctx:<T>/batch:<B>
 //       paged: a scattered block table (physical blocks in shuffled order, the worst case for
 //       locality); contiguous: the same K/V values in a [B, H_kv, T, D] cache viewed with
@@ -60,6 +62,14 @@ int32_t bench_threads() { return std::max(1, detail::fast_attention_max_threads(
 
 // ---- memory bandwidth peers -------------------------------------------------------------------
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+double minimum(const std::vector<double>& v) {
+  return v.empty() ? 0.0 : *std::min_element(v.begin(), v.end());
+}
+
 /// Runs fn(begin, end) over [0, n) split evenly across `threads` std::threads.
 template <typename Fn>
 void split_run(int32_t threads, int64_t n, Fn fn) {
@@ -76,7 +86,9 @@ void split_run(int32_t threads, int64_t n, Fn fn) {
 
 void BM_Memcpy(benchmark::State& state) {
   const auto threads = static_cast<int32_t>(state.range(0));
-  std::vector<char> src(kCopyBytes, 1), dst(kCopyBytes, 0);
+  // HostBuffer, as the caches: every peer gets the same allocator and huge-page advice.
+  const HostBuffer src(kCopyBytes), dst(kCopyBytes);
+  std::memset(src.data(), 1, kCopyBytes);
   for (auto _ : state) {
     split_run(threads, kCopyBytes, [&](int64_t b, int64_t e) {
       std::memcpy(dst.data() + b, src.data() + b, static_cast<size_t>(e - b));
@@ -86,26 +98,94 @@ void BM_Memcpy(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * kCopyBytes);
 }
 
+/// Sum of the 16-byte words of [p, p + bytes) (bytes a multiple of 64, p 16-byte aligned):
+/// four independent vector accumulators, so the loop issues several 16-byte loads a cycle and
+/// reading is bound by memory, not by the core (a scalar 8-byte loop tops out near 20 GB/s at
+/// 2.6 GHz). GCC/Clang vector extension: SSE2/NEON without any -m flag.
+using U64x2 = uint64_t __attribute__((vector_size(16)));
+U64x2 sum_words(const std::byte* p, int64_t bytes) {
+  const auto* w = reinterpret_cast<const U64x2*>(p);
+  U64x2 a0{}, a1{}, a2{}, a3{};
+  for (int64_t i = 0; i < bytes / 16; i += 4) {
+    a0 += w[i];
+    a1 += w[i + 1];
+    a2 += w[i + 2];
+    a3 += w[i + 3];
+  }
+  return a0 + a1 + a2 + a3;
+}
+
+/// sum_words over runs [base + order[r] * run, + run) in the given order, prefetching (non-
+/// temporal, as the decode kernel) kAhead bytes ahead across run boundaries when `prefetch`.
+U64x2 sum_runs(const std::byte* base, const std::vector<int64_t>& order, int64_t run,
+               bool prefetch) {
+  constexpr int64_t kAhead = 4096;
+  constexpr int64_t kStep = 256;
+  U64x2 acc{};
+  const auto n = static_cast<int64_t>(order.size());
+  for (int64_t r = 0; r < n; ++r) {
+    const std::byte* p = base + order[r] * run;
+    const std::byte* next = base + order[std::min(r + 1, n - 1)] * run;
+    for (int64_t b = 0; b < run; b += kStep) {
+      if (prefetch) {
+        const std::byte* q = b + kAhead < run ? p + b + kAhead : next + (b + kAhead - run) % run;
+        for (int64_t c = 0; c < kStep; c += 64) __builtin_prefetch(q + c, 0, 0);
+      }
+      acc += sum_words(p + b, kStep);
+    }
+  }
+  return acc;
+}
+
 void BM_ReadStream(benchmark::State& state) {
   const auto threads = static_cast<int32_t>(state.range(0));
-  const int64_t n = kCopyBytes / 8;
-  std::vector<uint64_t> buffer(static_cast<size_t>(n), 3);
-  const uint64_t* src = buffer.data();
+  const HostBuffer buffer(kCopyBytes);
   for (auto _ : state) {
-    split_run(threads, n, [&](int64_t b, int64_t e) {
-      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      int64_t i = b;
-      for (; i + 4 <= e; i += 4) {
-        s0 += src[i];
-        s1 += src[i + 1];
-        s2 += src[i + 2];
-        s3 += src[i + 3];
-      }
-      for (; i < e; ++i) s0 += src[i];
-      benchmark::DoNotOptimize(s0 + s1 + s2 + s3);
+    split_run(threads, kCopyBytes, [&](int64_t b, int64_t e) {
+      benchmark::DoNotOptimize(sum_words(buffer.data() + b, e - b));
     });
   }
-  state.SetBytesProcessed(state.iterations() * n * 8);
+  state.SetBytesProcessed(state.iterations() * kCopyBytes);
+}
+
+/// The memory system's own cost of paging, without any kernel: a 256 MiB buffer read in runs of
+/// run_kib KiB, in address order, with the runs shuffled (as a paged pool's blocks after a long
+/// serving run), and shuffled with a software prefetch 4 KiB ahead (as the decode kernel does),
+/// side by side every iteration, one thread. Counters: sequential_GBps, shuffled_GBps,
+/// prefetched_GBps, ratio and ratio_prefetched (shuffled time / sequential time, medians). A
+/// kernel reading blocks of this size is that much slower than contiguous unless its compute
+/// hides the difference.
+void BM_ScatteredRead(benchmark::State& state) {
+  const int64_t run = state.range(0) << 10;
+  static const HostBuffer buffer(kCopyBytes);
+  const int64_t runs = kCopyBytes / run;
+  std::vector<int64_t> in_order(static_cast<size_t>(runs));
+  std::iota(in_order.begin(), in_order.end(), 0);
+  std::vector<int64_t> shuffled = in_order;
+  std::shuffle(shuffled.begin(), shuffled.end(), std::mt19937(42));
+  std::vector<double> times[3];  // address order, shuffled, shuffled + prefetch
+  int64_t iteration = 0;
+  for (auto _ : state) {
+    double total = 0;
+    for (int k = 0; k < 3; ++k) {
+      const int which = static_cast<int>((iteration + k) % 3);
+      const auto t0 = std::chrono::steady_clock::now();
+      benchmark::DoNotOptimize(
+          sum_runs(buffer.data(), which == 0 ? in_order : shuffled, run, which == 2));
+      const double dt =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      times[which].push_back(dt);
+      total += dt;
+    }
+    state.SetIterationTime(total);
+    ++iteration;
+  }
+  const double bytes = static_cast<double>(kCopyBytes);
+  state.counters["sequential_GBps"] = bytes / median(times[0]) * 1e-9;
+  state.counters["shuffled_GBps"] = bytes / median(times[1]) * 1e-9;
+  state.counters["prefetched_GBps"] = bytes / median(times[2]) * 1e-9;
+  state.counters["ratio"] = median(times[1]) / median(times[0]);
+  state.counters["ratio_prefetched"] = median(times[2]) / median(times[0]);
 }
 
 // ---- decode setup -----------------------------------------------------------------------------
@@ -248,17 +328,10 @@ DecodeData& decode_data(const DecodeConfig& c) {
 /// Source and destination of the memcpy peer timed inside BM_Decode (64 MiB each, >> L3).
 struct CopyBuffers {
   static constexpr int64_t kBytes = int64_t{64} << 20;
-  std::vector<char> src = std::vector<char>(kBytes, 1);
-  std::vector<char> dst = std::vector<char>(kBytes, 0);
+  HostBuffer src{kBytes};
+  HostBuffer dst{kBytes};
+  CopyBuffers() { std::memset(src.data(), 1, kBytes); }
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-double minimum(const std::vector<double>& v) {
-  return v.empty() ? 0.0 : *std::min_element(v.begin(), v.end());
-}
 
 /// One iteration = one paged call, one contiguous call and one 64 MiB memcpy (the same threads
 /// as the kernel), in an order that rotates every iteration, each timed on its own. Machine load
@@ -382,6 +455,14 @@ void register_all() {
         ->ArgName("threads")
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
+  }
+  for (int64_t run_kib : {8, 16, 32, 64, 256}) {
+    benchmark::RegisterBenchmark("BM_ScatteredRead", BM_ScatteredRead)
+        ->Arg(run_kib)
+        ->ArgName("run_kib")
+        ->Unit(benchmark::kMillisecond)
+        ->UseManualTime()
+        ->MinTime(0.5);
   }
   const char* max_gib = std::getenv("PAGEDKV_BENCH_MAX_GIB");
   const int64_t max_bytes =
