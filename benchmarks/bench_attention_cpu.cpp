@@ -70,6 +70,31 @@ double minimum(const std::vector<double>& v) {
   return v.empty() ? 0.0 : *std::min_element(v.begin(), v.end());
 }
 
+/// Times kKinds competitors side by side: every iteration calls fn(which, iteration) once for
+/// each which in [0, kKinds), in an order that rotates every iteration, each call timed on its
+/// own into times[which]. Machine load that comes and goes then hits all competitors alike, and
+/// ratios are taken between medians (or minima) of calls made side by side. The Google
+/// Benchmark iteration time (manual) is the sum of the calls.
+template <int kKinds, typename Fn>
+void time_side_by_side(benchmark::State& state, std::vector<double> (&times)[kKinds], Fn fn) {
+  int64_t iteration = 0;
+  for (auto _ : state) {
+    double total = 0;
+    for (int k = 0; k < kKinds; ++k) {
+      const int which = static_cast<int>((iteration + k) % kKinds);
+      const auto t0 = std::chrono::steady_clock::now();
+      fn(which, iteration);
+      benchmark::ClobberMemory();
+      const double dt =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      times[which].push_back(dt);
+      total += dt;
+    }
+    state.SetIterationTime(total);
+    ++iteration;
+  }
+}
+
 /// Runs fn(begin, end) over [0, n) split evenly across `threads` std::threads.
 template <typename Fn>
 void split_run(int32_t threads, int64_t n, Fn fn) {
@@ -164,22 +189,10 @@ void BM_ScatteredRead(benchmark::State& state) {
   std::vector<int64_t> shuffled = in_order;
   std::shuffle(shuffled.begin(), shuffled.end(), std::mt19937(42));
   std::vector<double> times[3];  // address order, shuffled, shuffled + prefetch
-  int64_t iteration = 0;
-  for (auto _ : state) {
-    double total = 0;
-    for (int k = 0; k < 3; ++k) {
-      const int which = static_cast<int>((iteration + k) % 3);
-      const auto t0 = std::chrono::steady_clock::now();
-      benchmark::DoNotOptimize(
-          sum_runs(buffer.data(), which == 0 ? in_order : shuffled, run, which == 2));
-      const double dt =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      times[which].push_back(dt);
-      total += dt;
-    }
-    state.SetIterationTime(total);
-    ++iteration;
-  }
+  time_side_by_side(state, times, [&](int which, int64_t) {
+    benchmark::DoNotOptimize(
+        sum_runs(buffer.data(), which == 0 ? in_order : shuffled, run, which == 2));
+  });
   const double bytes = static_cast<double>(kCopyBytes);
   state.counters["sequential_GBps"] = bytes / median(times[0]) * 1e-9;
   state.counters["shuffled_GBps"] = bytes / median(times[1]) * 1e-9;
@@ -334,42 +347,29 @@ struct CopyBuffers {
 };
 
 /// One iteration = one paged call, one contiguous call and one 64 MiB memcpy (the same threads
-/// as the kernel), in an order that rotates every iteration, each timed on its own. Machine load
-/// that comes and goes then hits all three alike, and the ratios are taken between medians
-/// (and minima) of calls made side by side. The Google Benchmark time is the sum of the three.
+/// as the kernel), side by side (time_side_by_side).
 void BM_Decode(benchmark::State& state, DecodeConfig c) {
   DecodeData& d = decode_data(c);
   static CopyBuffers copy;
   const int32_t threads = bench_threads();
   const int32_t layers = c.layers();
-  int32_t layer = 0;
-  std::vector<double> paged_s, contiguous_s, copy_s;
-  int64_t iteration = 0;
-  for (auto _ : state) {
-    double total = 0;
-    for (int k = 0; k < 3; ++k) {
-      const int which = static_cast<int>((iteration + k) % 3);
-      const auto t0 = std::chrono::steady_clock::now();
-      if (which == 0) {
-        paged_decode_attention(d.params, d.paged->layer(layer), d.paged_tables(), d.q, d.out);
-      } else if (which == 1) {
-        paged_decode_attention(d.params, d.contiguous_view(layer), d.identity.view(), d.q, d.out);
-      } else {
-        split_run(threads, CopyBuffers::kBytes, [&](int64_t b, int64_t e) {
-          std::memcpy(copy.dst.data() + b, copy.src.data() + b, static_cast<size_t>(e - b));
-        });
-      }
-      benchmark::DoNotOptimize(d.out.data());
-      benchmark::ClobberMemory();
-      const double dt =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      (which == 0 ? paged_s : which == 1 ? contiguous_s : copy_s).push_back(dt);
-      total += dt;
+  std::vector<double> times[3];  // paged, contiguous, memcpy
+  time_side_by_side(state, times, [&](int which, int64_t iteration) {
+    const auto layer = static_cast<int32_t>(iteration % layers);  // a new layer each iteration
+    if (which == 0) {
+      paged_decode_attention(d.params, d.paged->layer(layer), d.paged_tables(), d.q, d.out);
+    } else if (which == 1) {
+      paged_decode_attention(d.params, d.contiguous_view(layer), d.identity.view(), d.q, d.out);
+    } else {
+      split_run(threads, CopyBuffers::kBytes, [&](int64_t b, int64_t e) {
+        std::memcpy(copy.dst.data() + b, copy.src.data() + b, static_cast<size_t>(e - b));
+      });
     }
-    state.SetIterationTime(total);
-    layer = layer + 1 == layers ? 0 : layer + 1;
-    ++iteration;
-  }
+    benchmark::DoNotOptimize(d.out.data());
+  });
+  const std::vector<double>& paged_s = times[0];
+  const std::vector<double>& contiguous_s = times[1];
+  const std::vector<double>& copy_s = times[2];
   const double bytes = static_cast<double>(c.layer_bytes());
   const double pm = median(paged_s), cm = median(contiguous_s), mm = median(copy_s);
   state.counters["paged_ms"] = 1e3 * pm;
