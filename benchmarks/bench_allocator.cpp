@@ -8,10 +8,12 @@
 //   BM_AppendSlots/seqs:256        a decode step: append_slots(seq, 1) for each of 256 sequences;
 //                                  items = appended tokens. Every 2048 steps the sequences are
 //                                  freed and re-added (inside the timing: part of the lifecycle)
-//   BM_BatchMetadata/seqs:256/blocks:256   KVCacheManager::batch_metadata for a decode step of
-//                                  256 sequences of 256 blocks each (both formats + slots);
-//                                  items = sequences
+//   BM_BatchMetadata/seqs:256/blocks:256/reuse:R   KVCacheManager::batch_metadata for a decode
+//                                  step of 256 sequences of 256 blocks each (both formats +
+//                                  slots); items = sequences
 //   BM_BuildPadded/..., BM_BuildCsr/...    each format alone from per-sequence tables
+//   .../reuse:0 the returning forms; .../reuse:1 the output-parameter overloads into one object
+//   kept across steps (what a serving loop calls)
 
 #include <benchmark/benchmark.h>
 
@@ -105,38 +107,71 @@ struct MetadataFixture {
   }
 };
 
-void BM_BatchMetadata(benchmark::State& state) {
+using TableSpans = std::span<const std::span<const BlockId>>;
+
+/// Times `step(fixture, tables)` on the 256-sequence fixture; items = sequences.
+template <typename Step>
+void run_metadata_step(benchmark::State& state, Step step) {
   MetadataFixture f(static_cast<int32_t>(state.range(0)), static_cast<int32_t>(state.range(1)));
-  for (auto _ : state) {
-    BatchMetadata meta = f.manager.batch_metadata(f.seqs, f.num_new);
-    benchmark::DoNotOptimize(meta.padded.block_tables.data());
-    benchmark::DoNotOptimize(meta.csr.indices.data());
-  }
+  const std::vector<std::span<const BlockId>> tables(f.tables.begin(), f.tables.end());
+  for (auto _ : state) step(f, TableSpans(tables));
   state.SetItemsProcessed(state.iterations() * state.range(0));
 }
-BENCHMARK(BM_BatchMetadata)->ArgNames({"seqs", "blocks"})->Args({256, 256});
+
+// reuse:0 calls the returning forms (fresh vectors every step, freed at the end of the step);
+// reuse:1 the output-parameter overloads into one object kept across steps.
+void BM_BatchMetadata(benchmark::State& state) {
+  const bool reuse = state.range(2) != 0;
+  BatchMetadata meta;
+  run_metadata_step(state, [&](MetadataFixture& f, auto) {
+    if (reuse) {
+      f.manager.batch_metadata(f.seqs, f.num_new, meta);
+      benchmark::DoNotOptimize(meta);
+    } else {
+      BatchMetadata fresh = f.manager.batch_metadata(f.seqs, f.num_new);
+      benchmark::DoNotOptimize(fresh);
+    }
+  });
+}
+BENCHMARK(BM_BatchMetadata)
+    ->ArgNames({"seqs", "blocks", "reuse"})
+    ->Args({256, 256, 0})
+    ->Args({256, 256, 1});
+
+/// One format's builder: reuse:0 through its returning form, reuse:1 through its
+/// output-parameter form.
+template <typename Tables>
+void run_builder(benchmark::State& state,
+                 Tables (*build)(TableSpans, std::span<const int32_t>, int32_t),
+                 void (*build_into)(TableSpans, std::span<const int32_t>, int32_t, Tables&)) {
+  const bool reuse = state.range(2) != 0;
+  Tables t;
+  run_metadata_step(state, [&](MetadataFixture& f, TableSpans tables) {
+    if (reuse) {
+      build_into(tables, f.lens, kBlockSize, t);
+      benchmark::DoNotOptimize(t);
+    } else {
+      Tables fresh = build(tables, f.lens, kBlockSize);
+      benchmark::DoNotOptimize(fresh);
+    }
+  });
+}
 
 void BM_BuildPadded(benchmark::State& state) {
-  MetadataFixture f(static_cast<int32_t>(state.range(0)), static_cast<int32_t>(state.range(1)));
-  const std::vector<std::span<const BlockId>> tables(f.tables.begin(), f.tables.end());
-  for (auto _ : state) {
-    PaddedBlockTables t = build_padded_block_tables(tables, f.lens, kBlockSize);
-    benchmark::DoNotOptimize(t.block_tables.data());
-  }
-  state.SetItemsProcessed(state.iterations() * state.range(0));
+  run_builder<PaddedBlockTables>(state, build_padded_block_tables, build_padded_block_tables);
 }
-BENCHMARK(BM_BuildPadded)->ArgNames({"seqs", "blocks"})->Args({256, 256});
+BENCHMARK(BM_BuildPadded)
+    ->ArgNames({"seqs", "blocks", "reuse"})
+    ->Args({256, 256, 0})
+    ->Args({256, 256, 1});
 
 void BM_BuildCsr(benchmark::State& state) {
-  MetadataFixture f(static_cast<int32_t>(state.range(0)), static_cast<int32_t>(state.range(1)));
-  const std::vector<std::span<const BlockId>> tables(f.tables.begin(), f.tables.end());
-  for (auto _ : state) {
-    CsrBlockTables t = build_csr_block_tables(tables, f.lens, kBlockSize);
-    benchmark::DoNotOptimize(t.indices.data());
-  }
-  state.SetItemsProcessed(state.iterations() * state.range(0));
+  run_builder<CsrBlockTables>(state, build_csr_block_tables, build_csr_block_tables);
 }
-BENCHMARK(BM_BuildCsr)->ArgNames({"seqs", "blocks"})->Args({256, 256});
+BENCHMARK(BM_BuildCsr)
+    ->ArgNames({"seqs", "blocks", "reuse"})
+    ->Args({256, 256, 0})
+    ->Args({256, 256, 1});
 
 }  // namespace
 }  // namespace pagedkv

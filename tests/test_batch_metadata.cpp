@@ -49,6 +49,44 @@ TEST(BatchMetadata, CsrFormatElementByElement) {
   EXPECT_THAT(c.last_page_len, ElementsAre(2, 0, 1, 4));
 }
 
+TEST(BatchMetadata, OutputParameterFormsMatchAndReuseStorage) {
+  Example ex;
+  // A larger batch first, as an earlier serving step: its storage is reused for the example.
+  std::vector<BlockId> big{9, 8, 7, 6, 5, 4};
+  std::vector<std::span<const BlockId>> big_tables{big, big, big};
+  std::vector<int32_t> big_lens{24, 21, 17};
+  PaddedBlockTables p;
+  CsrBlockTables c;
+  build_padded_block_tables(big_tables, big_lens, 4, p);
+  build_csr_block_tables(big_tables, big_lens, 4, c);
+  EXPECT_THAT(c.indices, ElementsAre(9, 8, 7, 6, 5, 4, 9, 8, 7, 6, 5, 4, 9, 8, 7, 6, 5));
+  const int32_t* padded_storage = p.block_tables.data();
+  const int32_t* csr_storage = c.indices.data();
+
+  build_padded_block_tables(ex.tables, ex.lens, 4, p);
+  build_csr_block_tables(ex.tables, ex.lens, 4, c);
+  const PaddedBlockTables p_ref = build_padded_block_tables(ex.tables, ex.lens, 4);
+  const CsrBlockTables c_ref = build_csr_block_tables(ex.tables, ex.lens, 4);
+  EXPECT_EQ(p.num_seqs, p_ref.num_seqs);
+  EXPECT_EQ(p.max_blocks_per_seq, p_ref.max_blocks_per_seq);
+  EXPECT_EQ(p.block_tables, p_ref.block_tables);
+  EXPECT_EQ(p.context_lens, p_ref.context_lens);
+  EXPECT_EQ(c.indptr, c_ref.indptr);
+  EXPECT_EQ(c.indices, c_ref.indices);
+  EXPECT_EQ(c.last_page_len, c_ref.last_page_len);
+  EXPECT_EQ(p.block_tables.data(), padded_storage);
+  EXPECT_EQ(c.indices.data(), csr_storage);
+
+  // A throwing call leaves the output as it was.
+  std::vector<int32_t> too_long{6, 0, 13, 4};
+  EXPECT_THAT([&] { build_csr_block_tables(ex.tables, too_long, 4, c); },
+              ThrowsMessage<Error>(HasSubstr("sequence 2 has context length 13 (needs 4 blocks)")));
+  EXPECT_THAT([&] { build_padded_block_tables(ex.tables, too_long, 4, p); },
+              ThrowsMessage<Error>(HasSubstr("sequence 2 has context length 13 (needs 4 blocks)")));
+  EXPECT_EQ(c.indices, c_ref.indices);
+  EXPECT_EQ(p.block_tables, p_ref.block_tables);
+}
+
 TEST(BatchMetadata, EmptyBatch) {
   PaddedBlockTables p = build_padded_block_tables({}, {}, 16);
   EXPECT_EQ(p.num_seqs, 0);

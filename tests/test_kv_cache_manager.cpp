@@ -150,6 +150,30 @@ TEST(KVCacheManager, BatchMetadataWithPaddingRow) {
   std::vector<SeqId> one{20};
   std::vector<int64_t> all{4};
   EXPECT_THAT(m.batch_metadata(one, all).slot_mapping, ElementsAre(8, 9, 10, 11));
+
+  // The output-parameter form, one object reused across steps (the prefill, then the decode
+  // batch): the same contents as the returned metadata.
+  BatchMetadata reused;
+  m.batch_metadata(one, all, reused);
+  EXPECT_THAT(reused.slot_mapping, ElementsAre(8, 9, 10, 11));
+  m.batch_metadata(seqs, n_new, reused);
+  EXPECT_EQ(reused.block_size, meta.block_size);
+  EXPECT_EQ(reused.padded.max_blocks_per_seq, meta.padded.max_blocks_per_seq);
+  EXPECT_EQ(reused.padded.block_tables, meta.padded.block_tables);
+  EXPECT_EQ(reused.padded.context_lens, meta.padded.context_lens);
+  EXPECT_EQ(reused.csr.indptr, meta.csr.indptr);
+  EXPECT_EQ(reused.csr.indices, meta.csr.indices);
+  EXPECT_EQ(reused.csr.last_page_len, meta.csr.last_page_len);
+  EXPECT_EQ(reused.slot_mapping, meta.slot_mapping);
+  EXPECT_EQ(reused.query_start, meta.query_start);
+  // A contract violation anywhere in the batch leaves it as it was.
+  std::vector<SeqId> bad{10, 42};
+  std::vector<int64_t> bad_new{1, 1};
+  EXPECT_THAT([&] { m.batch_metadata(bad, bad_new, reused); },
+              ThrowsMessage<Error>(HasSubstr("unknown sequence 42")));
+  EXPECT_EQ(reused.slot_mapping, meta.slot_mapping);
+  EXPECT_EQ(reused.query_start, meta.query_start);
+  EXPECT_EQ(reused.csr.indices, meta.csr.indices);
 }
 
 TEST(KVCacheManager, ScatteredBlocksAfterChurn) {

@@ -76,6 +76,22 @@ struct BatchMetadata {
     std::span<const std::span<const BlockId>> tables, std::span<const int32_t> context_lens,
     int32_t block_size);
 
+/// The two builders above, writing into caller-owned storage: `out` is overwritten and its
+/// vectors keep their capacity, so a serving loop that passes the same object every step
+/// allocates only when a batch outgrows all earlier ones (the returning forms allocate every
+/// array on every call). Shapes, units and contents: exactly those of the returning forms.
+/// `tables` and `context_lens` must not point into `out`.
+/// Errors: as build_padded_block_tables; every check runs before `out` is written, so a throw
+/// leaves `out` unchanged.
+/// Worked example: `CsrBlockTables csr;` once, then each step
+/// `build_csr_block_tables(tables, lens, bs, csr);` reuses csr.indices' storage.
+void build_padded_block_tables(std::span<const std::span<const BlockId>> tables,
+                               std::span<const int32_t> context_lens, int32_t block_size,
+                               PaddedBlockTables& out);
+void build_csr_block_tables(std::span<const std::span<const BlockId>> tables,
+                            std::span<const int32_t> context_lens, int32_t block_size,
+                            CsrBlockTables& out);
+
 /// Slot of position `pos` (tokens) given a sequence's block table: table[pos / bs] * bs + pos % bs,
 /// computed in int64. Errors: throws pagedkv::Error if pos is negative or past the table.
 [[nodiscard]] Slot slot_for_position(std::span<const BlockId> table, int64_t pos,

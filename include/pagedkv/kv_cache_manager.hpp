@@ -212,6 +212,14 @@ class KVCacheManager {
   [[nodiscard]] BatchMetadata batch_metadata(std::span<const SeqId> seqs,
                                              std::span<const int64_t> num_new_tokens) const;
 
+  /// batch_metadata() into caller-owned storage, what a serving loop calls every step: `out`
+  /// is overwritten (same shapes and contents as the returning form) and its vectors keep their
+  /// capacity, so steps allocate nothing once the batch stops growing.
+  /// Errors: as the returning form; all checks run before `out` is written, so a throw leaves
+  /// `out` (and the manager) unchanged.
+  void batch_metadata(std::span<const SeqId> seqs, std::span<const int64_t> num_new_tokens,
+                      BatchMetadata& out) const;
+
   /// The kept sets of `seqs` (see KeptTokens): for a heavy-hitter sequence its kept list; for a
   /// positional policy the positions the query at num_tokens - 1 sees (all of them without a
   /// policy). Errors: throws if a seq is unknown or swapped.

@@ -153,6 +153,11 @@ class SynchronizedKVCacheManager {
     std::lock_guard lock(mutex_);
     return manager_.batch_metadata(seqs, num_new_tokens);
   }
+  void batch_metadata(std::span<const SeqId> seqs, std::span<const int64_t> num_new_tokens,
+                      BatchMetadata& out) const {
+    std::lock_guard lock(mutex_);
+    manager_.batch_metadata(seqs, num_new_tokens, out);
+  }
   [[nodiscard]] KeptTokens kept_tokens(std::span<const SeqId> seqs) const {
     std::lock_guard lock(mutex_);
     return manager_.kept_tokens(seqs);

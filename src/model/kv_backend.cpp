@@ -44,7 +44,7 @@ class PagedBackend : public KVBackend {
   void begin_step(std::span<const SeqId> seqs, std::span<const int64_t> n_new) override {
     detail::append_step(manager_, seqs, n_new,
                         [this](std::span<const BlockCopy> copies) { cache_.copy_blocks(copies); });
-    meta_ = manager_.batch_metadata(seqs, n_new);
+    manager_.batch_metadata(seqs, n_new, meta_);  // reuses meta_'s storage every step
     decode_ = std::all_of(n_new.begin(), n_new.end(), [](int64_t n) { return n == 1; });
   }
 

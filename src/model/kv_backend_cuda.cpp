@@ -47,7 +47,7 @@ class CudaPagedBackend final : public KVBackend {
     detail::append_step(manager_, seqs, n_new, [this](std::span<const BlockCopy> copies) {
       cache_.copy_blocks(copies, runner_.stream());
     });
-    meta_ = manager_.batch_metadata(seqs, n_new);
+    manager_.batch_metadata(seqs, n_new, meta_);  // reuses meta_'s storage every step
     decode_ = std::all_of(n_new.begin(), n_new.end(), [](int64_t n) { return n == 1; });
   }
 
