@@ -4,7 +4,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
 #include <numeric>
+#include <random>
 
 #include "pagedkv/error.hpp"
 #include "pagedkv/kv_cache_manager.hpp"
@@ -72,6 +75,53 @@ TEST(PrefixCache, LookupConfirmsContentOnKeyMatch) {
   EXPECT_EQ(c.erase(3), std::nullopt);
   // Serials are never reused.
   EXPECT_GT(c.insert(3, {.hash = 42, .tokens = t}), s);
+}
+
+TEST(PrefixCache, RandomInsertEraseMatchesAMapModel) {
+  // The key index is open addressing with backward-shift erase and entries are kept dense by
+  // moving the last one into a freed place; a std::map model checks every key and block after
+  // each step. Keys come from a small set with patterned values (multiples of 2^32, small
+  // integers), so probe runs collide, wrap around and grow the table.
+  constexpr int32_t kBlocks = 300;
+  PrefixCache c(kBlocks, 1);
+  std::map<BlockId, BlockHash> model;  // block -> key
+  std::mt19937_64 rng(17);
+  auto key_of = [](uint64_t k) { return k % 2 == 0 ? (k << 32) : k; };
+  for (int step = 0; step < 20000; ++step) {
+    const auto block = static_cast<BlockId>(rng() % kBlocks);
+    const BlockHash key = key_of(rng() % 400);
+    const TokenId token = static_cast<TokenId>(key % 1000);
+    if (rng() % 2 == 0) {
+      const bool key_taken =
+          std::any_of(model.begin(), model.end(), [&](const auto& kv) { return kv.second == key; });
+      if (model.contains(block) || key_taken) continue;
+      (void)c.insert(block, {.hash = key, .tokens = {token}});
+      model[block] = key;
+    } else {
+      const std::optional<PrefixCache::Entry> e = c.erase(block);
+      ASSERT_EQ(e.has_value(), model.contains(block)) << "step " << step;
+      if (e) {
+        EXPECT_EQ(e->hash, model[block]);
+        model.erase(block);
+      }
+    }
+    ASSERT_EQ(c.size(), static_cast<int32_t>(model.size()));
+    if (step % 97 != 0) continue;  // the full sweep below is O(kBlocks)
+    for (BlockId b = 0; b < kBlocks; ++b) {
+      const PrefixCache::Entry* e = c.entry(b);
+      ASSERT_EQ(e != nullptr, model.contains(b)) << "block " << b << " step " << step;
+      if (e == nullptr) continue;
+      ASSERT_EQ(e->hash, model[b]);
+      ASSERT_EQ(c.find(e->hash), b);
+      const TokenId t = static_cast<TokenId>(e->hash % 1000);
+      ASSERT_EQ(c.lookup(e->hash, 0, 0, std::vector<TokenId>{t}), b);
+    }
+  }
+  for (uint64_t k = 0; k < 400; ++k) {
+    const bool present = std::any_of(model.begin(), model.end(),
+                                     [&](const auto& kv) { return kv.second == key_of(k); });
+    EXPECT_EQ(c.find(key_of(k)).has_value(), present) << "key " << key_of(k);
+  }
 }
 
 TEST(KVCacheManagerPrefix, HandWorkedHitsAndComputedTokens) {

@@ -43,6 +43,9 @@ inline constexpr BlockHash kRootBlockHash = 0x9E3779B97F4A7C15ull;
 /// to what was stored. At most one block is registered per key; a second block with the same
 /// content stays unregistered (it is freed normally).
 ///
+/// Every operation is O(1) expected: an open-addressing index over the keys, an int32 per pool
+/// block naming its entry, and the entries in one dense array.
+///
 /// Not internally synchronized.
 class PrefixCache {
  public:
@@ -74,7 +77,8 @@ class PrefixCache {
   /// Errors: throws if the id is out of range.
   std::optional<Entry> erase(BlockId block);
 
-  /// Entry of a registered block, or nullptr. Errors: throws if the id is out of range.
+  /// Entry of a registered block, or nullptr; the pointer is valid until the next insert() or
+  /// erase(). Errors: throws if the id is out of range.
   [[nodiscard]] const Entry* entry(BlockId block) const;
   /// Block registered under `hash`, or empty.
   [[nodiscard]] std::optional<BlockId> find(BlockHash hash) const;
@@ -84,14 +88,41 @@ class PrefixCache {
   [[nodiscard]] int32_t block_size() const { return block_size_; }
 
  private:
+  /// Key -> block, linear probing over a power-of-two table kept at most half full; erase
+  /// shifts the following run back, so there are no tombstones and probes stay short.
+  class KeyIndex {
+   public:
+    [[nodiscard]] std::optional<BlockId> find(BlockHash hash) const;
+    void insert(BlockHash hash, BlockId block);  // precondition: hash absent
+    void erase(BlockHash hash);                  // precondition: hash present
+    [[nodiscard]] int32_t size() const { return size_; }
+
+   private:
+    struct Cell {
+      BlockHash hash = 0;
+      BlockId block = -1;  // -1 = empty cell
+    };
+    [[nodiscard]] size_t home(BlockHash hash) const;
+    [[nodiscard]] size_t position(BlockHash hash) const;  // the cell of hash, or an empty one
+    void grow();
+
+    std::vector<Cell> cells_;  // [capacity], a power of two (empty before the first insert)
+    int32_t size_ = 0;
+    int shift_ = 64;  // 64 - log2(capacity): home() takes the top bits of a Fibonacci product
+  };
+
   void check_block(BlockId block, const char* op) const;
+  [[nodiscard]] int32_t entry_index(BlockId block) const;  // -1: not registered
 
   int32_t num_blocks_;
   int32_t block_size_;
   uint64_t next_serial_ = 1;
-  // Maps, not [num_blocks] arrays: memory follows the registered blocks, not the pool size.
-  std::unordered_map<BlockId, Entry> by_block_;
-  std::unordered_map<BlockHash, BlockId> by_hash_;
+  // Memory: 4 bytes per pool block from the first insert on (none while prefix caching is
+  // unused); the entries and the key index follow the registered blocks.
+  std::vector<int32_t> entry_of_;  // [num_blocks] or empty: index into entries_, -1 = none
+  std::vector<Entry> entries_;     // registered entries, dense (erase moves the last one in)
+  std::vector<BlockId> block_of_;  // [entries_.size()]: the block of each entry
+  KeyIndex by_hash_;
 };
 
 }  // namespace pagedkv

@@ -299,19 +299,21 @@ void KVCacheManager::register_full_blocks(Sequence& s) {
           serial = prefix_.entry(*existing)->serial;
         }
       } else if (prefix_.entry(b) == nullptr && allocator_.ref_count(b) == 1) {
-        std::vector<TokenId> copy(tokens.begin(), tokens.end());
         serial = prefix_.insert(b, {.hash = h,
                                     .parent_hash = parent,
                                     .parent_serial = parent_serial,
                                     .extra_key = s.extra_key,
-                                    .tokens = copy});
+                                    .tokens = {tokens.begin(), tokens.end()}});
         allocator_.set_cached(b, true);
-        emit({.kind = KVCacheEvent::Kind::kStored,
-              .block = b,
-              .hash = h,
-              .parent_hash = parent,
-              .extra_key = s.extra_key,
-              .tokens = std::move(copy)});
+        // Events are off by default: copy the tokens for one only when it is kept.
+        if (config_.enable_events) {
+          emit({.kind = KVCacheEvent::Kind::kStored,
+                .block = b,
+                .hash = h,
+                .parent_hash = parent,
+                .extra_key = s.extra_key,
+                .tokens = {tokens.begin(), tokens.end()}});
+        }
       }
     }
     s.hashes.push_back(h);
