@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <deque>
 #include <random>
 #include <set>
 
@@ -165,6 +167,50 @@ TEST(BlockAllocator, RandomOperationsKeepInvariants) {
     }
     for (BlockId b = 0; b < 16; ++b) ASSERT_EQ(a.ref_count(b), refs[b]);
     ASSERT_EQ(a.num_free() + a.num_used() + a.num_cached(), 16);
+  }
+}
+
+TEST(BlockAllocator, FreeListStaysFifoAcrossManyWraparounds) {
+  // The free list is a ring of ids: a std::deque models its exact order while blocks are
+  // allocated, released, cached, uncached and evicted for many times the pool size.
+  constexpr int32_t kBlocks = 8;
+  BlockAllocator a(kBlocks);
+  std::deque<BlockId> free_model{0, 1, 2, 3, 4, 5, 6, 7};
+  std::deque<BlockId> lru_model;
+  std::vector<BlockId> held;
+  std::mt19937 rng(5);
+  for (int step = 0; step < 4000; ++step) {
+    const int op = rng() % 4;
+    if (op <= 1) {
+      const std::optional<BlockId> id = a.allocate();
+      if (!free_model.empty()) {
+        ASSERT_EQ(id, free_model.front());
+        free_model.pop_front();
+      } else if (!lru_model.empty()) {
+        ASSERT_EQ(id, lru_model.front());  // evicted: the least recently released cached block
+        lru_model.pop_front();
+      } else {
+        ASSERT_EQ(id, std::nullopt);
+      }
+      if (id) held.push_back(*id);
+    } else if (op == 2 && !held.empty()) {
+      const size_t i = rng() % held.size();
+      const BlockId b = held[i];
+      held.erase(held.begin() + static_cast<std::ptrdiff_t>(i));
+      if (rng() % 2 == 0) a.set_cached(b, true);
+      ASSERT_TRUE(a.release(b));
+      (a.is_cached(b) ? lru_model : free_model).push_back(b);
+    } else if (op == 3 && !lru_model.empty()) {
+      const BlockId b = lru_model[rng() % lru_model.size()];
+      a.set_cached(b, false);  // uncached with ref 0: to the free list's tail
+      lru_model.erase(std::find(lru_model.begin(), lru_model.end(), b));
+      free_model.push_back(b);
+    }
+    ASSERT_EQ(a.free_list(), std::vector<BlockId>(free_model.begin(), free_model.end()))
+        << "step " << step;
+    ASSERT_EQ(a.cached_lru(), std::vector<BlockId>(lru_model.begin(), lru_model.end()))
+        << "step " << step;
+    expect_conserved(a);
   }
 }
 

@@ -14,7 +14,8 @@ BlockAllocator::BlockAllocator(int32_t num_blocks) {
   prev_.assign(num_blocks, -1);
   next_.assign(num_blocks, -1);
   cached_.assign(num_blocks, 0);
-  for (BlockId id = 0; id < num_blocks; ++id) push_back(free_, id);
+  free_ring_.resize(num_blocks);
+  for (BlockId id = 0; id < num_blocks; ++id) push_free(id);
 }
 
 void BlockAllocator::check_id(BlockId id, const char* op) const {
@@ -51,16 +52,24 @@ void BlockAllocator::unlink(List& list, BlockId id) {
   --list.size;
 }
 
-BlockId BlockAllocator::pop_front(List& list) {
-  const BlockId id = list.head;
-  unlink(list, id);
+void BlockAllocator::push_free(BlockId id) {
+  const int32_t n = num_blocks();
+  const int32_t tail = free_head_ + free_size_;
+  free_ring_[tail >= n ? tail - n : tail] = id;
+  ++free_size_;
+}
+
+BlockId BlockAllocator::pop_free() {
+  const BlockId id = free_ring_[free_head_];
+  free_head_ = free_head_ + 1 == num_blocks() ? 0 : free_head_ + 1;
+  --free_size_;
   return id;
 }
 
 std::optional<BlockId> BlockAllocator::allocate() {
   BlockId id;
-  if (free_.size > 0) {
-    id = pop_front(free_);
+  if (free_size_ > 0) {
+    id = pop_free();
   } else if (lru_.size > 0) {
     id = lru_.head;
     // Tell the owner of the cached contents first: if it throws, nothing has changed here.
@@ -97,7 +106,11 @@ bool BlockAllocator::release(BlockId id) {
   PAGEDKV_CHECK(ref_[id] > 0, "BlockAllocator::release: block {} is not allocated (double free?)",
                 id);
   if (--ref_[id] > 0) return false;
-  push_back(cached_[id] ? lru_ : free_, id);
+  if (cached_[id]) {
+    push_back(lru_, id);
+  } else {
+    push_free(id);
+  }
   return true;
 }
 
@@ -108,7 +121,7 @@ void BlockAllocator::set_cached(BlockId id, bool cached) {
   if (static_cast<bool>(cached_[id]) == cached) return;
   if (ref_[id] == 0) {  // cached with ref 0 -> uncache: move from the LRU to the free list
     unlink(lru_, id);
-    push_back(free_, id);
+    push_free(id);
   }
   cached_[id] = cached ? 1 : 0;
 }
@@ -120,18 +133,19 @@ int32_t BlockAllocator::evict_all_cached() {
     if (on_evict_) on_evict_(id);
     unlink(lru_, id);
     cached_[id] = 0;
-    push_back(free_, id);
+    push_free(id);
     ++n;
   }
   return n;
 }
 
 void BlockAllocator::shuffle_free_list(uint64_t seed) {
-  std::vector<BlockId> ids = to_vector(free_);
+  std::vector<BlockId> ids = free_list();
   std::mt19937_64 rng(seed);
   std::shuffle(ids.begin(), ids.end(), rng);
-  while (free_.size > 0) pop_front(free_);
-  for (BlockId id : ids) push_back(free_, id);
+  free_head_ = 0;
+  free_size_ = 0;
+  for (BlockId id : ids) push_free(id);
 }
 
 int32_t BlockAllocator::ref_count(BlockId id) const {
@@ -149,14 +163,20 @@ bool BlockAllocator::is_cached(BlockId id) const {
   return cached_[id] != 0;
 }
 
-std::vector<BlockId> BlockAllocator::to_vector(const List& list) const {
+std::vector<BlockId> BlockAllocator::free_list() const {
   std::vector<BlockId> ids;
-  ids.reserve(list.size);
-  for (BlockId id = list.head; id >= 0; id = next_[id]) ids.push_back(id);
+  ids.reserve(free_size_);
+  for (int32_t k = 0, i = free_head_; k < free_size_; ++k, i = i + 1 == num_blocks() ? 0 : i + 1) {
+    ids.push_back(free_ring_[i]);
+  }
   return ids;
 }
 
-std::vector<BlockId> BlockAllocator::free_list() const { return to_vector(free_); }
-std::vector<BlockId> BlockAllocator::cached_lru() const { return to_vector(lru_); }
+std::vector<BlockId> BlockAllocator::cached_lru() const {
+  std::vector<BlockId> ids;
+  ids.reserve(lru_.size);
+  for (BlockId id = lru_.head; id >= 0; id = next_[id]) ids.push_back(id);
+  return ids;
+}
 
 }  // namespace pagedkv
