@@ -89,6 +89,59 @@ TEST(HostBuffer, MoveTransfersOwnership) {
   EXPECT_EQ(c.data(), p);
 }
 
+TEST(HostBuffer, SizesAroundTheHugePageThreshold) {
+  // 1 and 63 bytes (less than one alignment unit), one byte short of the threshold (never
+  // advised, cache-line aligned) and exactly the threshold (one whole huge page, 2 MiB aligned).
+  for (int64_t bytes : {int64_t{1}, int64_t{63}, HostBuffer::kHugePageBytes - 1}) {
+    SCOPED_TRACE(bytes);
+    const HostBuffer b(bytes);
+    EXPECT_EQ(b.size(), bytes);
+    ASSERT_NE(b.data(), nullptr);
+    EXPECT_EQ(address(b) % HostBuffer::kAlignment, 0u);
+    EXPECT_FALSE(b.huge_pages_advised());
+    EXPECT_TRUE(all_zero(b));
+  }
+  const HostBuffer exact(HostBuffer::kHugePageBytes);
+  EXPECT_EQ(exact.size(), HostBuffer::kHugePageBytes);
+  EXPECT_EQ(address(exact) % HostBuffer::kHugePageBytes, 0u);
+  EXPECT_TRUE(all_zero(exact));
+  const std::string mode = thp_mode();
+  if (mode == "always" || mode == "madvise") EXPECT_TRUE(exact.huge_pages_advised());
+}
+
+TEST(HostBuffer, MovedFromIsEmpty) {
+  // A moved-from buffer must not report the bytes it no longer owns: size() > 0 with
+  // data() == nullptr sends a caller that loops over [data(), data() + size()) to address 0.
+  HostBuffer a(3 * kMiB);
+  const bool advised = a.huge_pages_advised();
+  HostBuffer b(std::move(a));
+  EXPECT_EQ(a.data(), nullptr);  // NOLINT(bugprone-use-after-move): the state under test
+  EXPECT_EQ(a.size(), 0);
+  EXPECT_FALSE(a.huge_pages_advised());
+  EXPECT_EQ(b.size(), 3 * kMiB);
+  EXPECT_EQ(b.huge_pages_advised(), advised);
+
+  HostBuffer c(100);
+  c = std::move(b);  // the old 100 bytes are freed, c takes b's
+  EXPECT_EQ(c.size(), 3 * kMiB);
+  EXPECT_EQ(c.huge_pages_advised(), advised);
+  EXPECT_EQ(b.data(), nullptr);  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(b.size(), 0);
+  EXPECT_FALSE(b.huge_pages_advised());
+  EXPECT_TRUE(all_zero(c));
+}
+
+TEST(HostBuffer, SelfMoveKeepsTheBuffer) {
+  HostBuffer a(4096);
+  a.as<int32_t>()[7] = 42;
+  std::byte* const p = a.data();
+  HostBuffer& alias = a;  // through a reference: the compiler's self-move warning stays quiet
+  a = std::move(alias);
+  EXPECT_EQ(a.data(), p);
+  EXPECT_EQ(a.size(), 4096);
+  EXPECT_EQ(a.as<int32_t>()[7], 42);
+}
+
 TEST(HostBuffer, NegativeSizeNamesIt) {
   EXPECT_THAT([] { HostBuffer b(-5); }, ThrowsMessage<Error>(HasSubstr("-5")));
 }

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 namespace pagedkv {
 
@@ -43,6 +44,21 @@ class HostBuffer {
   /// Errors: throws pagedkv::Error if bytes < 0 (naming it); std::bad_alloc if the memory cannot
   /// be allocated. bytes == 0 gives an empty buffer (data() == nullptr).
   explicit HostBuffer(int64_t bytes, const HostMemoryOptions& options = {});
+
+  /// Moves leave `other` empty (data() == nullptr, size() == 0, no advice): the memberwise
+  /// default kept the old size next to a null pointer. Self-move keeps the buffer.
+  HostBuffer(HostBuffer&& other) noexcept
+      : data_(std::move(other.data_)),
+        size_(std::exchange(other.size_, 0)),
+        huge_pages_advised_(std::exchange(other.huge_pages_advised_, false)) {}
+  HostBuffer& operator=(HostBuffer&& other) noexcept {
+    if (this != &other) {
+      data_ = std::move(other.data_);
+      size_ = std::exchange(other.size_, 0);
+      huge_pages_advised_ = std::exchange(other.huge_pages_advised_, false);
+    }
+    return *this;
+  }
 
   [[nodiscard]] std::byte* data() const { return data_.get(); }
   [[nodiscard]] int64_t size() const { return size_; }
