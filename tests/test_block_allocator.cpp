@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -210,6 +211,126 @@ TEST(BlockAllocator, FreeListStaysFifoAcrossManyWraparounds) {
         << "step " << step;
     ASSERT_EQ(a.cached_lru(), std::vector<BlockId>(lru_model.begin(), lru_model.end()))
         << "step " << step;
+    expect_conserved(a);
+  }
+}
+
+TEST(BlockAllocator, EveryOperationMatchesAQueueModel) {
+  // The documented contract as a model: a FIFO free list, an LRU of cached ref-0 blocks (a
+  // retain takes one out of the middle), ref counts and cached marks, under every public
+  // mutator: allocate(), allocate(n) (all or nothing), retain, release, set_cached both ways
+  // on used and cached blocks, evict_all_cached, and shuffle_free_list; checked after every
+  // step, with the eviction listener's reports.
+  constexpr int32_t kBlocks = 13;
+  BlockAllocator a(kBlocks);
+  std::deque<BlockId> free_model;
+  for (BlockId b = 0; b < kBlocks; ++b) free_model.push_back(b);
+  std::deque<BlockId> lru_model;
+  std::vector<int32_t> refs(kBlocks, 0);
+  std::vector<bool> cached(kBlocks, false);
+  std::vector<BlockId> evicted;
+  a.set_eviction_listener([&](BlockId b) { evicted.push_back(b); });
+  std::mt19937 rng(23);
+  auto pick = [&](auto pred) -> std::optional<BlockId> {
+    std::vector<BlockId> ids;
+    for (BlockId b = 0; b < kBlocks; ++b)
+      if (pred(b)) ids.push_back(b);
+    if (ids.empty()) return std::nullopt;
+    return ids[rng() % ids.size()];
+  };
+  auto model_allocate = [&]() -> std::optional<BlockId> {
+    BlockId b;
+    if (!free_model.empty()) {
+      b = free_model.front();
+      free_model.pop_front();
+    } else if (!lru_model.empty()) {
+      b = lru_model.front();
+      lru_model.pop_front();
+      cached[b] = false;
+    } else {
+      return std::nullopt;
+    }
+    refs[b] = 1;
+    return b;
+  };
+  for (int step = 0; step < 20000; ++step) {
+    SCOPED_TRACE(step);
+    const int op = static_cast<int>(rng() % 8);
+    if (op == 0) {
+      const std::vector<BlockId> lru_before(lru_model.begin(), lru_model.end());
+      const bool evicts = free_model.empty() && !lru_model.empty();
+      evicted.clear();
+      const std::optional<BlockId> expect = model_allocate();
+      ASSERT_EQ(a.allocate(), expect);
+      if (evicts) {
+        ASSERT_EQ(evicted, std::vector<BlockId>{lru_before.front()});
+      } else {
+        ASSERT_TRUE(evicted.empty());
+      }
+    } else if (op == 1) {
+      const auto n = static_cast<int32_t>(rng() % 5);
+      const auto available = static_cast<int32_t>(free_model.size() + lru_model.size());
+      const std::optional<std::vector<BlockId>> got = a.allocate(n);
+      if (n > available) {
+        ASSERT_EQ(got, std::nullopt);
+      } else {
+        std::vector<BlockId> expect;
+        for (int32_t i = 0; i < n; ++i) expect.push_back(*model_allocate());
+        ASSERT_EQ(got, expect);
+      }
+    } else if (op == 2) {  // retain a used block, or a cached ref-0 one (a prefix hit)
+      const std::optional<BlockId> b = pick([&](BlockId x) { return refs[x] > 0 || cached[x]; });
+      if (!b) continue;
+      if (refs[*b] == 0) lru_model.erase(std::find(lru_model.begin(), lru_model.end(), *b));
+      ++refs[*b];
+      a.retain(*b);
+    } else if (op == 3 || op == 4) {
+      const std::optional<BlockId> b = pick([&](BlockId x) { return refs[x] > 0; });
+      if (!b) continue;
+      const bool to_zero = --refs[*b] == 0;
+      ASSERT_EQ(a.release(*b), to_zero);
+      if (to_zero) (cached[*b] ? lru_model : free_model).push_back(*b);
+    } else if (op == 5) {  // mark or unmark a used or cached block
+      const std::optional<BlockId> b = pick([&](BlockId x) { return refs[x] > 0 || cached[x]; });
+      if (!b) continue;
+      const bool mark = rng() % 2 == 0;
+      if (!mark && cached[*b] && refs[*b] == 0) {
+        lru_model.erase(std::find(lru_model.begin(), lru_model.end(), *b));
+        free_model.push_back(*b);
+      }
+      cached[*b] = mark;
+      a.set_cached(*b, mark);
+    } else if (op == 6) {
+      if (rng() % 8 != 0) continue;  // rare: it empties the LRU
+      evicted.clear();
+      const std::vector<BlockId> lru_before(lru_model.begin(), lru_model.end());
+      ASSERT_EQ(a.evict_all_cached(), static_cast<int32_t>(lru_before.size()));
+      ASSERT_EQ(evicted, lru_before);  // reported oldest first
+      for (BlockId b : lru_before) {
+        cached[b] = false;
+        free_model.push_back(b);
+      }
+      lru_model.clear();
+    } else {
+      if (rng() % 8 != 0) continue;
+      a.shuffle_free_list(rng());
+      const std::vector<BlockId> now = a.free_list();
+      std::vector<BlockId> sorted_now = now;
+      std::vector<BlockId> sorted_model(free_model.begin(), free_model.end());
+      std::sort(sorted_now.begin(), sorted_now.end());
+      std::sort(sorted_model.begin(), sorted_model.end());
+      ASSERT_EQ(sorted_now, sorted_model);  // a permutation of the same ids
+      free_model.assign(now.begin(), now.end());
+    }
+    ASSERT_EQ(a.free_list(), std::vector<BlockId>(free_model.begin(), free_model.end()));
+    ASSERT_EQ(a.cached_lru(), std::vector<BlockId>(lru_model.begin(), lru_model.end()));
+    for (BlockId b = 0; b < kBlocks; ++b) {
+      ASSERT_EQ(a.ref_count(b), refs[b]) << "block " << b;
+      ASSERT_EQ(a.is_cached(b), cached[b]) << "block " << b;
+      ASSERT_EQ(a.is_free(b), refs[b] == 0 && !cached[b]) << "block " << b;
+    }
+    ASSERT_EQ(a.num_free(), static_cast<int32_t>(free_model.size()));
+    ASSERT_EQ(a.num_cached(), static_cast<int32_t>(lru_model.size()));
     expect_conserved(a);
   }
 }

@@ -3,7 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <random>
 
 #include "pagedkv/error.hpp"
@@ -174,6 +176,107 @@ TEST(KVCacheManager, BatchMetadataWithPaddingRow) {
   EXPECT_EQ(reused.slot_mapping, meta.slot_mapping);
   EXPECT_EQ(reused.query_start, meta.query_start);
   EXPECT_EQ(reused.csr.indices, meta.csr.indices);
+}
+
+/// Field-by-field equality of two batch metadata objects (the struct has no operator==).
+void expect_same_metadata(const BatchMetadata& a, const BatchMetadata& b) {
+  EXPECT_EQ(a.block_size, b.block_size);
+  EXPECT_EQ(a.padded.num_seqs, b.padded.num_seqs);
+  EXPECT_EQ(a.padded.max_blocks_per_seq, b.padded.max_blocks_per_seq);
+  EXPECT_EQ(a.padded.block_tables, b.padded.block_tables);
+  EXPECT_EQ(a.padded.context_lens, b.padded.context_lens);
+  EXPECT_EQ(a.csr.indptr, b.csr.indptr);
+  EXPECT_EQ(a.csr.indices, b.csr.indices);
+  EXPECT_EQ(a.csr.last_page_len, b.csr.last_page_len);
+  EXPECT_EQ(a.slot_mapping, b.slot_mapping);
+  EXPECT_EQ(a.query_start, b.query_start);
+}
+
+TEST(KVCacheManager, ReusedBatchMetadataMatchesTheReturningFormUnderRandomBatches) {
+  // One BatchMetadata reused over thousands of random batches (growing and shrinking, with
+  // padding rows, repeated sequences, empty batches, and tables with entries released by
+  // token eviction) must always equal a freshly returned one: nothing of a bigger earlier batch
+  // may leak. Batches the returning form rejects (unknown or finished sequences, padding rows
+  // with new tokens, too many new tokens, a released position, mismatched sizes) must throw
+  // from the output form too and leave the reused object exactly as it was.
+  const EvictionPolicyConfig policies[] = {
+      {},
+      {.kind = EvictionKind::kSlidingWindow, .window = 6},
+      {.kind = EvictionKind::kAttentionSinks, .window = 5, .sinks = 2},
+  };
+  for (const EvictionPolicyConfig& policy : policies) {
+    SCOPED_TRACE(eviction_kind_name(policy.kind));
+    KVCacheManager m({.num_blocks = 48, .block_size = 4, .eviction = policy});
+    std::mt19937 rng(41);
+    std::vector<SeqId> live;
+    SeqId next = 0;
+    BatchMetadata reused;
+    int accepted = 0;
+    int rejected = 0;
+    int released_rows = 0;  // batch rows whose table has entries released by token eviction
+    for (int step = 0; step < 3000; ++step) {
+      SCOPED_TRACE(step);
+      const int op = static_cast<int>(rng() % 6);
+      if (op == 0 || live.empty()) {
+        m.add_sequence(next);
+        live.push_back(next++);
+      } else if (op == 1 && live.size() > 1) {
+        const size_t i = rng() % live.size();
+        m.free_sequence(live[i]);
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+      } else if (op == 2) {
+        (void)m.append_slots(live[rng() % live.size()], 1 + static_cast<int64_t>(rng() % 9));
+      }
+      // A random batch, mostly valid: live sequences (some repeated), padding rows, and now
+      // and then an id that never existed or a count that cannot be right.
+      const size_t n = rng() % 7;
+      std::vector<SeqId> seqs;
+      std::vector<int64_t> n_new;
+      for (size_t i = 0; i < n; ++i) {
+        const uint32_t kind = rng() % 20;
+        if (kind == 0) {
+          seqs.push_back(kPaddingSeq);
+          n_new.push_back(rng() % 4 == 0 ? 1 : 0);
+        } else if (kind == 1) {
+          seqs.push_back(next + 1000);  // unknown
+          n_new.push_back(0);
+        } else {
+          const SeqId s = live[rng() % live.size()];
+          seqs.push_back(s);
+          const int64_t tokens = m.num_tokens(s);
+          n_new.push_back(kind == 2 ? tokens + 1 : std::min<int64_t>(tokens, rng() % 3));
+        }
+      }
+      if (rng() % 25 == 0) n_new.push_back(0);  // size mismatch
+      for (SeqId s : seqs) {
+        if (s == kPaddingSeq || !m.has_sequence(s)) continue;
+        const std::span<const BlockId> t = m.block_table(s);
+        if (std::find(t.begin(), t.end(), KVCacheManager::kNoBlock) != t.end()) ++released_rows;
+      }
+      std::optional<BatchMetadata> fresh;
+      try {
+        fresh = m.batch_metadata(seqs, n_new);
+      } catch (const Error&) {
+      }
+      if (fresh) {
+        ++accepted;
+        m.batch_metadata(seqs, n_new, reused);
+        expect_same_metadata(reused, *fresh);
+        if (::testing::Test::HasFailure()) return;
+      } else {
+        ++rejected;
+        const BatchMetadata before = reused;
+        EXPECT_THROW(m.batch_metadata(seqs, n_new, reused), Error);
+        expect_same_metadata(reused, before);
+        if (::testing::Test::HasFailure()) return;
+      }
+    }
+    // Both paths were exercised many times.
+    EXPECT_GT(accepted, 500);
+    EXPECT_GT(rejected, 100);
+    if (policy.kind != EvictionKind::kNone) EXPECT_GT(released_rows, 500);
+    m.check_invariants();
+  }
 }
 
 TEST(KVCacheManager, ScatteredBlocksAfterChurn) {

@@ -124,6 +124,78 @@ TEST(PrefixCache, RandomInsertEraseMatchesAMapModel) {
   }
 }
 
+TEST(PrefixCache, KeysSharingOneHomeCellMatchAMapModel) {
+  // Keys built so that every one lands in the same home cell of the key index (or in the last
+  // cell, so probe runs wrap around), whatever the table size: the worst case of linear probing
+  // and of backward-shift erase. The index multiplies keys by the 64-bit Fibonacci constant and
+  // keeps the top bits, so key = x * inverse(constant) has home x >> (64 - log2(capacity)):
+  // x < 2^50 gives cell 0, x > 2^64 - 2^50 the last cell, for every capacity up to 2^14.
+  constexpr uint64_t kFib = 0x9E3779B97F4A7C15ull;
+  uint64_t inv = kFib;  // Newton's iteration for the inverse mod 2^64: correct bits double
+  for (int i = 0; i < 6; ++i) inv *= 2 - kFib * inv;
+  ASSERT_EQ(kFib * inv, 1u);
+  constexpr int kKeys = 600;
+  std::vector<BlockHash> keys;
+  for (uint64_t i = 0; i < kKeys; ++i) {
+    const uint64_t x = i % 2 == 0 ? i : ~uint64_t{0} - i;
+    keys.push_back(x * inv);
+  }
+  constexpr int32_t kBlocks = 400;
+  constexpr int32_t kBlockSize = 3;
+  auto tokens_of = [](BlockHash key) {
+    const auto t = static_cast<TokenId>(key & 0xFFFF);
+    return std::vector<TokenId>{t, t + 1, t + 2};
+  };
+  PrefixCache c(kBlocks, kBlockSize);
+  std::map<BlockId, size_t> model;  // block -> index into keys
+  std::map<BlockId, uint64_t> serials;
+  std::vector<bool> key_used(kKeys, false);
+  uint64_t last_serial = 0;
+  std::mt19937_64 rng(29);
+  for (int step = 0; step < 6000; ++step) {
+    const auto block = static_cast<BlockId>(rng() % kBlocks);
+    // Grow towards a full pool first, then churn around half of it.
+    const bool insert = step < 1500 ? rng() % 5 != 0 : rng() % 2 == 0;
+    if (insert) {
+      const size_t k = rng() % kKeys;
+      if (model.contains(block) || key_used[k]) continue;
+      const uint64_t serial = c.insert(
+          block, {.hash = keys[k], .parent_serial = k, .extra_key = k % 3, .tokens = tokens_of(keys[k])});
+      ASSERT_GT(serial, last_serial) << "serials must never repeat";
+      last_serial = serial;
+      model[block] = k;
+      serials[block] = serial;
+      key_used[k] = true;
+    } else {
+      const std::optional<PrefixCache::Entry> e = c.erase(block);
+      ASSERT_EQ(e.has_value(), model.contains(block)) << "step " << step;
+      if (e) {
+        const size_t k = model[block];
+        EXPECT_EQ(e->hash, keys[k]);
+        EXPECT_EQ(e->serial, serials[block]);
+        EXPECT_EQ(e->tokens, tokens_of(keys[k]));
+        key_used[k] = false;
+        model.erase(block);
+        serials.erase(block);
+      }
+    }
+    ASSERT_EQ(c.size(), static_cast<int32_t>(model.size()));
+    if (step % 11 != 0) continue;
+    for (size_t k = 0; k < kKeys; ++k) {
+      const std::optional<BlockId> found = c.find(keys[k]);
+      ASSERT_EQ(found.has_value(), static_cast<bool>(key_used[k])) << "key " << k << " step " << step;
+      if (!found) continue;
+      ASSERT_EQ(model.at(*found), k);
+      ASSERT_EQ(c.lookup(keys[k], k, k % 3, tokens_of(keys[k])), found);
+      ASSERT_EQ(c.lookup(keys[k], k + 1, k % 3, tokens_of(keys[k])), std::nullopt);
+      const PrefixCache::Entry* e = c.entry(*found);
+      ASSERT_NE(e, nullptr);
+      ASSERT_EQ(e->serial, serials.at(*found));
+      ASSERT_EQ(e->parent_serial, k);
+    }
+  }
+}
+
 TEST(KVCacheManagerPrefix, HandWorkedHitsAndComputedTokens) {
   KVCacheManager m(cached_config(10, 4));
   const auto p1 = iota_tokens(10);  // blocks [1..4] [5..8] [9 10]
