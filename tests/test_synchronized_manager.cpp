@@ -48,6 +48,56 @@ TEST(SynchronizedKVCacheManager, ErrorsPropagateAndReleaseTheLock) {
   EXPECT_EQ(m.num_sequences(), 1);
 }
 
+TEST(SynchronizedKVCacheManager, BatchMetadataIntoReusedStorage) {
+  // The forwarded output-parameter form: a smaller batch after a bigger one leaves nothing of
+  // the bigger one, an empty batch gives the empty metadata, and a rejected batch changes
+  // nothing. Expected values come from the returning form of the same manager.
+  SynchronizedKVCacheManager m({.num_blocks = 16, .block_size = 4});
+  m.add_sequence(1);
+  m.add_sequence(2);
+  ASSERT_TRUE(m.append_slots(1, 13));
+  ASSERT_TRUE(m.append_slots(2, 3));
+  BatchMetadata out;
+  const std::vector<SeqId> big{1, 2, 1};
+  const std::vector<int64_t> big_new{5, 3, 1};
+  m.batch_metadata(big, big_new, out);
+  const std::vector<SeqId> small{2};
+  const std::vector<int64_t> small_new{1};
+  m.batch_metadata(small, small_new, out);
+  const BatchMetadata fresh = m.batch_metadata(small, small_new);
+  EXPECT_EQ(out.block_size, fresh.block_size);
+  EXPECT_EQ(out.padded.num_seqs, 1);
+  EXPECT_EQ(out.padded.max_blocks_per_seq, fresh.padded.max_blocks_per_seq);
+  EXPECT_EQ(out.padded.block_tables, fresh.padded.block_tables);
+  EXPECT_EQ(out.padded.context_lens, fresh.padded.context_lens);
+  EXPECT_EQ(out.csr.indptr, fresh.csr.indptr);
+  EXPECT_EQ(out.csr.indices, fresh.csr.indices);
+  EXPECT_EQ(out.csr.last_page_len, fresh.csr.last_page_len);
+  EXPECT_EQ(out.slot_mapping, fresh.slot_mapping);
+  EXPECT_EQ(out.query_start, fresh.query_start);
+
+  const std::vector<SeqId> bad{2, 99};
+  const std::vector<int64_t> bad_new{1, 1};
+  EXPECT_THROW(m.batch_metadata(bad, bad_new, out), Error);
+  const std::vector<int64_t> mismatched{1, 1};
+  EXPECT_THROW(m.batch_metadata(small, mismatched, out), Error);
+  EXPECT_EQ(out.padded.block_tables, fresh.padded.block_tables);
+  EXPECT_EQ(out.csr.indices, fresh.csr.indices);
+  EXPECT_EQ(out.slot_mapping, fresh.slot_mapping);
+  EXPECT_EQ(out.query_start, fresh.query_start);
+
+  m.batch_metadata({}, {}, out);
+  EXPECT_EQ(out.padded.num_seqs, 0);
+  EXPECT_EQ(out.padded.max_blocks_per_seq, 0);
+  EXPECT_TRUE(out.padded.block_tables.empty());
+  EXPECT_TRUE(out.padded.context_lens.empty());
+  EXPECT_EQ(out.csr.indptr, std::vector<int32_t>{0});
+  EXPECT_TRUE(out.csr.indices.empty());
+  EXPECT_TRUE(out.csr.last_page_len.empty());
+  EXPECT_TRUE(out.slot_mapping.empty());
+  EXPECT_EQ(out.query_start, std::vector<int32_t>{0});
+}
+
 TEST(SynchronizedKVCacheManager, WithLockReturnsTheCallablesResult) {
   SynchronizedKVCacheManager m({.num_blocks = 2, .block_size = 4});
   m.add_sequence(1);
