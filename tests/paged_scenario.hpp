@@ -162,4 +162,30 @@ inline double rel_error(std::span<const float> out, std::span<const float> ref) 
   return max_abs_diff(out, ref) / std::max(scale, 1e-30);
 }
 
+/// Bounds of DESIGN.md "Precision", shared by the attention tests: fp32 outputs within this
+/// absolute error of the reference; fp16/bf16 K/V within this relative error of the unrounded
+/// reference.
+constexpr double kF32MaxAbs = 1e-5;
+constexpr double kLowPrecisionRel = 2e-2;
+
+/// make_scenario for a test-case struct with the usual fields (block_size, num_kv_heads,
+/// head_dim, dtype, layout, group, window_left, sink_tokens): geometry and params from the case,
+/// num_heads = num_kv_heads * group.
+template <typename Case>
+PagedScenario scenario_from_case(const Case& c, std::vector<SeqSpec> seqs, uint32_t seed) {
+  KVCacheConfig geometry;
+  geometry.block_size = c.block_size;
+  geometry.num_kv_heads = c.num_kv_heads;
+  geometry.head_dim = c.head_dim;
+  geometry.dtype = c.dtype;
+  geometry.layout = c.layout;
+  AttentionParams params;
+  params.num_kv_heads = c.num_kv_heads;
+  params.num_heads = c.num_kv_heads * c.group;
+  params.head_dim = c.head_dim;
+  params.window_left = c.window_left;
+  params.sink_tokens = c.sink_tokens;
+  return make_scenario(geometry, params, std::move(seqs), seed);
+}
+
 }  // namespace pagedkv::testing

@@ -23,14 +23,14 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::make_scenario;
+using testing::scenario_from_case;
 using testing::max_abs_diff;
 using testing::PagedScenario;
 using testing::rel_error;
 using testing::SeqSpec;
 
-// Bounds of DESIGN.md "Precision".
-constexpr double kF32MaxAbs = 1e-5;
-constexpr double kLowPrecisionRel = 2e-2;
+using testing::kF32MaxAbs;
+using testing::kLowPrecisionRel;
 constexpr int32_t kLongContext = 1031;  // > 1000, prime: ends mid-block for every block size
 
 struct AttnCase {
@@ -69,19 +69,7 @@ std::vector<SeqSpec> batch_for(const AttnCase& c) {
 }
 
 PagedScenario scenario_for(const AttnCase& c, uint32_t seed) {
-  KVCacheConfig geometry;
-  geometry.block_size = c.block_size;
-  geometry.num_kv_heads = c.num_kv_heads;
-  geometry.head_dim = c.head_dim;
-  geometry.dtype = c.dtype;
-  geometry.layout = c.layout;
-  AttentionParams params;
-  params.num_kv_heads = c.num_kv_heads;
-  params.num_heads = c.num_kv_heads * c.group;
-  params.head_dim = c.head_dim;
-  params.window_left = c.window_left;
-  params.sink_tokens = c.sink_tokens;
-  return make_scenario(geometry, params, batch_for(c), seed);
+  return scenario_from_case(c, batch_for(c), seed);
 }
 
 /// The public functions (whatever kernel they dispatch to) or the plain kernel directly: the

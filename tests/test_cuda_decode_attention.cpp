@@ -267,7 +267,7 @@ TEST(DecodeRejection, BadArgumentsFailOnTheHost) {
 
 // ---- GPU: kernels vs the CPU implementation ----------------------------------------------------
 
-using testing::make_scenario;
+using testing::scenario_from_case;
 using testing::max_abs_diff;
 using testing::PagedScenario;
 using testing::rel_error;
@@ -298,21 +298,9 @@ std::string gpu_case_name(const GpuCase& c) {
 }
 
 PagedScenario scenario_for(const GpuCase& c, uint32_t seed) {
-  KVCacheConfig geometry;
-  geometry.block_size = c.block_size;
-  geometry.num_kv_heads = c.num_kv_heads;
-  geometry.head_dim = c.head_dim;
-  geometry.dtype = c.dtype;
-  geometry.layout = c.layout;
-  AttentionParams params;
-  params.num_kv_heads = c.num_kv_heads;
-  params.num_heads = c.num_kv_heads * c.group;
-  params.head_dim = c.head_dim;
-  params.window_left = c.window_left;
-  params.sink_tokens = c.sink_tokens;
   std::vector<SeqSpec> seqs;
   for (int32_t ctx : c.contexts) seqs.push_back({ctx, 1});
-  return make_scenario(geometry, params, seqs, seed);
+  return scenario_from_case(c, std::move(seqs), seed);
 }
 
 void expect_close(DType dtype, const std::vector<float>& out, const std::vector<float>& ref,

@@ -8,6 +8,7 @@
 #include <optional>
 #include <random>
 
+#include "batch_metadata_expect.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/host_kv_cache.hpp"
 #include "pagedkv/kv_cache_manager.hpp"
@@ -159,15 +160,7 @@ TEST(KVCacheManager, BatchMetadataWithPaddingRow) {
   m.batch_metadata(one, all, reused);
   EXPECT_THAT(reused.slot_mapping, ElementsAre(8, 9, 10, 11));
   m.batch_metadata(seqs, n_new, reused);
-  EXPECT_EQ(reused.block_size, meta.block_size);
-  EXPECT_EQ(reused.padded.max_blocks_per_seq, meta.padded.max_blocks_per_seq);
-  EXPECT_EQ(reused.padded.block_tables, meta.padded.block_tables);
-  EXPECT_EQ(reused.padded.context_lens, meta.padded.context_lens);
-  EXPECT_EQ(reused.csr.indptr, meta.csr.indptr);
-  EXPECT_EQ(reused.csr.indices, meta.csr.indices);
-  EXPECT_EQ(reused.csr.last_page_len, meta.csr.last_page_len);
-  EXPECT_EQ(reused.slot_mapping, meta.slot_mapping);
-  EXPECT_EQ(reused.query_start, meta.query_start);
+  testing::expect_same_metadata(reused, meta);
   // A contract violation anywhere in the batch leaves it as it was.
   std::vector<SeqId> bad{10, 42};
   std::vector<int64_t> bad_new{1, 1};
@@ -178,19 +171,7 @@ TEST(KVCacheManager, BatchMetadataWithPaddingRow) {
   EXPECT_EQ(reused.csr.indices, meta.csr.indices);
 }
 
-/// Field-by-field equality of two batch metadata objects (the struct has no operator==).
-void expect_same_metadata(const BatchMetadata& a, const BatchMetadata& b) {
-  EXPECT_EQ(a.block_size, b.block_size);
-  EXPECT_EQ(a.padded.num_seqs, b.padded.num_seqs);
-  EXPECT_EQ(a.padded.max_blocks_per_seq, b.padded.max_blocks_per_seq);
-  EXPECT_EQ(a.padded.block_tables, b.padded.block_tables);
-  EXPECT_EQ(a.padded.context_lens, b.padded.context_lens);
-  EXPECT_EQ(a.csr.indptr, b.csr.indptr);
-  EXPECT_EQ(a.csr.indices, b.csr.indices);
-  EXPECT_EQ(a.csr.last_page_len, b.csr.last_page_len);
-  EXPECT_EQ(a.slot_mapping, b.slot_mapping);
-  EXPECT_EQ(a.query_start, b.query_start);
-}
+using testing::expect_same_metadata;
 
 TEST(KVCacheManager, ReusedBatchMetadataMatchesTheReturningFormUnderRandomBatches) {
   // One BatchMetadata reused over thousands of random batches (growing and shrinking, with

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "batch_metadata_expect.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/synchronized_manager.hpp"
 
@@ -65,16 +66,8 @@ TEST(SynchronizedKVCacheManager, BatchMetadataIntoReusedStorage) {
   const std::vector<int64_t> small_new{1};
   m.batch_metadata(small, small_new, out);
   const BatchMetadata fresh = m.batch_metadata(small, small_new);
-  EXPECT_EQ(out.block_size, fresh.block_size);
   EXPECT_EQ(out.padded.num_seqs, 1);
-  EXPECT_EQ(out.padded.max_blocks_per_seq, fresh.padded.max_blocks_per_seq);
-  EXPECT_EQ(out.padded.block_tables, fresh.padded.block_tables);
-  EXPECT_EQ(out.padded.context_lens, fresh.padded.context_lens);
-  EXPECT_EQ(out.csr.indptr, fresh.csr.indptr);
-  EXPECT_EQ(out.csr.indices, fresh.csr.indices);
-  EXPECT_EQ(out.csr.last_page_len, fresh.csr.last_page_len);
-  EXPECT_EQ(out.slot_mapping, fresh.slot_mapping);
-  EXPECT_EQ(out.query_start, fresh.query_start);
+  testing::expect_same_metadata(out, fresh);
 
   const std::vector<SeqId> bad{2, 99};
   const std::vector<int64_t> bad_new{1, 1};
