@@ -65,6 +65,11 @@ TEST(DeviceKVCacheErrors, InvalidArgumentsBeforeAnyDeviceCall) {
   EXPECT_THROW(DeviceKVCache{bad}, Error);
   EXPECT_THAT(message_of([] { DeviceKVCache cache(config_of(DType::kF16), -1); }),
               HasSubstr("num_host_blocks must be >= 0, got -1"));
+  // Interleaved K/V is host-only: upload/download copy whole K and V pools.
+  KVCacheConfig interleaved = config_of(DType::kF16);
+  interleaved.placement = KVPlacement::kInterleaved;
+  EXPECT_THAT(message_of([&] { DeviceKVCache cache(interleaved); }),
+              HasSubstr("placement 1 (interleaved) is not supported on the device"));
 }
 
 TEST(DeviceKVCacheErrors, NoDeviceIsAClearError) {

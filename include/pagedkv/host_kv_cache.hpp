@@ -18,7 +18,9 @@ namespace pagedkv {
 /// Host-memory K and V pools for every layer, one zero-initialized HostBuffer arena (64-byte
 /// aligned pools; transparent huge pages advised for arenas of 2 MiB or more, see
 /// HostMemoryOptions).
-/// Layout per pool: config.layout (default HND, [num_blocks, num_kv_heads, block_size, head_dim]).
+/// Layout per pool: config.layout (default HND, [num_blocks, num_kv_heads, block_size, head_dim]);
+/// config.placement: separate K and V pools per layer (default), or per layer one pool with each
+/// block's K and V adjacent ([num_blocks, 2, ...]). layer() expresses either through its strides.
 /// Memory: bytes() == kv_cache_bytes(config) exactly.
 class HostKVCache {
  public:
@@ -63,7 +65,8 @@ class HostKVCache {
   [[nodiscard]] int64_t bytes() const { return kv_cache_bytes(config_); }
 
  private:
-  [[nodiscard]] std::byte* pool(int32_t layer, bool value) const;
+  /// First byte of block `block`'s K (value false) or V (true) in layer `layer`.
+  [[nodiscard]] std::byte* block_ptr(int32_t layer, bool value, int64_t block) const;
   void check_block(BlockId block, const char* op) const;
 
   KVCacheConfig config_;

@@ -9,6 +9,18 @@
 
 namespace pagedkv {
 
+/// Where a block's K and V live in host storage (the view's strides express either; kernels do
+/// not care).
+enum class KVPlacement : uint8_t {
+  /// Per layer a K pool and a V pool, each [num_blocks, ...layout] (vLLM's caches; the default).
+  kSeparate,
+  /// Per layer one pool [num_blocks, 2 (K then V), ...layout]: a block's K and V are adjacent,
+  /// so a scattered block is one run twice as long (FlashInfer's paged kv_cache). Measured
+  /// (bench_attention_cpu, bf16 d128, block_size 16, 8 kv heads, 1 thread): paged decode 3-5%
+  /// faster than with separate pools. Host storage only (cuda::DeviceKVCache rejects it).
+  kInterleaved,
+};
+
 /// Geometry of a paged KV cache: num_layers x {K, V} pools of num_blocks blocks.
 struct KVCacheConfig {
   int32_t num_layers = 1;
@@ -18,6 +30,7 @@ struct KVCacheConfig {
   int32_t head_dim = 64;
   DType dtype = DType::kF32;
   KVLayout layout = KVLayout::kHND;
+  KVPlacement placement = KVPlacement::kSeparate;
 };
 
 /// Checks every field (>= 1, and total elements per pool representable in int64).

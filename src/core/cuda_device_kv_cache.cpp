@@ -51,6 +51,8 @@ void check_config_equal(const char* fn, const KVCacheConfig& a, const KVCacheCon
   PAGEDKV_CHECK(a.head_dim == b.head_dim, "{}: head_dim {} != {}", fn, a.head_dim, b.head_dim);
   PAGEDKV_CHECK(a.dtype == b.dtype, "{}: dtype {} != {}", fn, dtype_name(a.dtype),
                 dtype_name(b.dtype));
+  PAGEDKV_CHECK(a.placement == b.placement, "{}: placement {} != {}", fn,
+                static_cast<int>(a.placement), static_cast<int>(b.placement));
   PAGEDKV_CHECK(a.layout == b.layout, "{}: layout {} != {}", fn, static_cast<int>(a.layout),
                 static_cast<int>(b.layout));
 }
@@ -60,6 +62,10 @@ void check_config_equal(const char* fn, const KVCacheConfig& a, const KVCacheCon
 DeviceKVCache::DeviceKVCache(const KVCacheConfig& config, int32_t num_host_blocks)
     : config_(config), num_host_blocks_(num_host_blocks) {
   validate(config_);
+  PAGEDKV_CHECK(config_.placement == KVPlacement::kSeparate,
+                "DeviceKVCache: placement {} (interleaved) is not supported on the device; use "
+                "separate K and V pools",
+                static_cast<int>(config_.placement));
   PAGEDKV_CHECK(num_host_blocks >= 0, "DeviceKVCache: num_host_blocks must be >= 0, got {}",
                 num_host_blocks);
   require_device();

@@ -26,10 +26,15 @@ HostKVCache::HostKVCache(const KVCacheConfig& config, const HostMemoryOptions& m
       // (deterministic tests; fp16/bf16 zero is also all-zero bits).
       arena_(2 * static_cast<int64_t>(config_.num_layers) * pool_stride(pool_bytes_), memory) {}
 
-std::byte* HostKVCache::pool(int32_t layer, bool value) const {
-  // Arena order: layer 0 K, layer 0 V, layer 1 K, ... (one contiguous pool per layer and kind).
-  return arena_.data() +
-         (2 * static_cast<int64_t>(layer) + (value ? 1 : 0)) * pool_stride(pool_bytes_);
+std::byte* HostKVCache::block_ptr(int32_t layer, bool value, int64_t block) const {
+  // Arena: one region of 2 pool strides per layer. Separate: layer 0 K pool, layer 0 V pool,
+  // layer 1 K, ...; interleaved: per layer block 0 K, block 0 V, block 1 K, ...
+  const int64_t per_block = pool_bytes_ / config_.num_blocks;
+  std::byte* region = arena_.data() + 2 * static_cast<int64_t>(layer) * pool_stride(pool_bytes_);
+  if (config_.placement == KVPlacement::kInterleaved) {
+    return region + (2 * block + (value ? 1 : 0)) * per_block;
+  }
+  return region + (value ? pool_stride(pool_bytes_) : 0) + block * per_block;
 }
 
 void HostKVCache::check_block(BlockId block, const char* op) const {
@@ -41,8 +46,8 @@ KVLayerView HostKVCache::layer(int32_t layer) const {
   PAGEDKV_CHECK(layer >= 0 && layer < config_.num_layers,
                 "HostKVCache::layer: layer {} out of range [0, {})", layer, config_.num_layers);
   KVLayerView view;
-  view.k = pool(layer, false);
-  view.v = pool(layer, true);
+  view.k = block_ptr(layer, false, 0);
+  view.v = block_ptr(layer, true, 0);
   view.dtype = config_.dtype;
   view.num_blocks = config_.num_blocks;
   view.block_size = config_.block_size;
@@ -50,6 +55,7 @@ KVLayerView HostKVCache::layer(int32_t layer) const {
   view.head_dim = config_.head_dim;
   layout_strides(config_.layout, config_.block_size, config_.num_kv_heads, config_.head_dim,
                  &view.block_stride, &view.head_stride, &view.token_stride);
+  if (config_.placement == KVPlacement::kInterleaved) view.block_stride *= 2;  // K, V, K, V...
   return view;
 }
 
@@ -95,14 +101,14 @@ void HostKVCache::copy_blocks(std::span<const BlockCopy> pairs) {
     check_block(p.src, "copy_blocks(src)");
     check_block(p.dst, "copy_blocks(dst)");
   }
-  // A block is contiguous in both layouts (block is the outermost dimension).
+  // A block's K (and V) is contiguous in every layout and placement (block is the outermost
+  // dimension).
   const int64_t per_block = pool_bytes_ / config_.num_blocks;
   for (const BlockCopy& p : pairs) {
     if (p.src == p.dst) continue;  // memcpy onto itself is undefined; the result is the same
     for (int32_t l = 0; l < config_.num_layers; ++l) {
       for (bool value : {false, true}) {
-        std::byte* base = pool(l, value);
-        std::memcpy(base + p.dst * per_block, base + p.src * per_block,
+        std::memcpy(block_ptr(l, value, p.dst), block_ptr(l, value, p.src),
                     static_cast<size_t>(per_block));
       }
     }
@@ -132,10 +138,8 @@ void HostKVCache::fill_blocks(std::span<const BlockId> blocks, float value) {
   for (BlockId b : blocks) {
     for (int32_t l = 0; l < config_.num_layers; ++l) {
       for (bool is_v : {false, true}) {
-        std::byte* base = pool(l, is_v);
-        for (int64_t i = 0; i < block_elems; ++i) {
-          store_from_f32(base, config_.dtype, b * block_elems + i, value);
-        }
+        std::byte* base = block_ptr(l, is_v, b);
+        for (int64_t i = 0; i < block_elems; ++i) store_from_f32(base, config_.dtype, i, value);
       }
     }
   }
@@ -148,7 +152,7 @@ std::vector<std::byte> HostKVCache::block_bytes(BlockId block) const {
   std::byte* dst = out.data();
   for (int32_t l = 0; l < config_.num_layers; ++l) {
     for (bool value : {false, true}) {
-      std::memcpy(dst, pool(l, value) + block * per_pool, static_cast<size_t>(per_pool));
+      std::memcpy(dst, block_ptr(l, value, block), static_cast<size_t>(per_pool));
       dst += per_pool;
     }
   }
@@ -165,7 +169,7 @@ void HostKVCache::set_block_bytes(BlockId block, std::span<const std::byte> byte
   const std::byte* src = bytes.data();
   for (int32_t l = 0; l < config_.num_layers; ++l) {
     for (bool value : {false, true}) {
-      std::memcpy(pool(l, value) + block * per_pool, src, static_cast<size_t>(per_pool));
+      std::memcpy(block_ptr(l, value, block), src, static_cast<size_t>(per_pool));
       src += per_pool;
     }
   }

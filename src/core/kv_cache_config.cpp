@@ -31,6 +31,9 @@ void validate(const KVCacheConfig& c) {
   const auto layout_raw = static_cast<int>(c.layout);
   PAGEDKV_CHECK(layout_raw >= 0 && layout_raw <= static_cast<int>(KVLayout::kNHD),
                 "KVCacheConfig: unknown layout value {}", layout_raw);
+  const auto placement_raw = static_cast<int>(c.placement);
+  PAGEDKV_CHECK(placement_raw >= 0 && placement_raw <= static_cast<int>(KVPlacement::kInterleaved),
+                "KVCacheConfig: unknown placement value {}", placement_raw);
   // Four int32 factors can reach 2^124: check every partial product so that pool_elements() and
   // kv_cache_bytes() (which multiply without checks, being constexpr helpers) cannot overflow.
   int64_t n = c.num_blocks;
