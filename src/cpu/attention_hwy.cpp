@@ -178,6 +178,25 @@ HWY_INLINE void PrefetchRow(const T* row, int64_t row_bytes) {
   for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(p + b, 0, 0);
 }
 
+/// What a score loop prefetches while it computes: the K rows k[t] + off and V rows v[t] + off
+/// of keys t < n (a null k or v: none of that kind).
+template <typename T>
+struct PrefetchPlan {
+  const T* const* k = nullptr;
+  const T* const* v = nullptr;
+  int64_t off = 0;
+  int32_t n = 0;
+  int64_t row_bytes = 0;
+
+  /// Prefetches the rows of keys [from, min(to, n)).
+  HWY_INLINE void rows(int32_t from, int32_t to) const {
+    for (int32_t t = from; t < to && t < n; ++t) {
+      if (k != nullptr) PrefetchRow(k[t] + off, row_bytes);
+      if (v != nullptr) PrefetchRow(v[t] + off, row_bytes);
+    }
+  }
+};
+
 /// out[k] = sum of the lanes of a_k, k = 0..3. With >= 4 lanes, two interleave rounds leave the
 /// four partial sums side by side in every 128-bit block, then the blocks are added: about a
 /// quarter of the shuffles of four separate reductions.
@@ -212,22 +231,15 @@ HWY_INLINE void SumOfLanes4(DF df, V a0, V a1, V a2, V a3, float* HWY_RESTRICT o
 
 /// s[i] = q . k_i for the n keys of a tile, k_i = k[i] + off. Four keys at a time, each with
 /// two accumulator chains (even / odd vectors of head_dim): eight independent FMA chains hide
-/// the FMA latency. Also prefetches the K and V rows pk[t] + poff, pv[t] + poff of the first
-/// `pn` keys of what comes next, four keys per four computed (a null pk or pv: none of that
-/// kind).
+/// the FMA latency. Also prefetches what comes next (`pf`), four keys per four computed.
 template <typename T, class DF>
 HWY_INLINE void TileScores(DF df, const float* HWY_RESTRICT q, const T* const* k, int64_t off,
-                           int32_t n, int64_t D, float* HWY_RESTRICT s, const T* const* pk,
-                           const T* const* pv, int64_t poff, int32_t pn) {
+                           int32_t n, int64_t D, float* HWY_RESTRICT s, const PrefetchPlan<T>& pf) {
   using V = hn::Vec<DF>;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
-  const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T));
   int32_t i = 0;
   for (; i + 4 <= n; i += 4) {
-    for (int32_t t = i; t < i + 4 && t < pn; ++t) {
-      if (pk != nullptr) PrefetchRow(pk[t] + poff, row_bytes);
-      if (pv != nullptr) PrefetchRow(pv[t] + poff, row_bytes);
-    }
+    pf.rows(i, i + 4);
     const T* k0 = k[i] + off;
     const T* k1 = k[i + 1] + off;
     const T* k2 = k[i + 2] + off;
@@ -256,10 +268,7 @@ HWY_INLINE void TileScores(DF df, const float* HWY_RESTRICT q, const T* const* k
     }
     SumOfLanes4(df, hn::Add(a0, b0), hn::Add(a1, b1), hn::Add(a2, b2), hn::Add(a3, b3), s + i);
   }
-  for (int32_t t = i; t < pn; ++t) {
-    if (pk != nullptr) PrefetchRow(pk[t] + poff, row_bytes);
-    if (pv != nullptr) PrefetchRow(pv[t] + poff, row_bytes);
-  }
+  pf.rows(i, pf.n);
   for (; i < n; ++i) {
     V a0 = hn::Zero(df);
     for (int64_t d = 0; d < D; d += L) {
@@ -275,17 +284,13 @@ HWY_INLINE void TileScores(DF df, const float* HWY_RESTRICT q, const T* const* k
 template <typename T, class DF>
 HWY_INLINE void TileScores2(DF df, const float* HWY_RESTRICT q0, const float* HWY_RESTRICT q1,
                             const T* const* k, int64_t off, int32_t n, int64_t D,
-                            float* HWY_RESTRICT s0, float* HWY_RESTRICT s1, const T* const* pk,
-                            const T* const* pv, int64_t poff, int32_t pn) {
+                            float* HWY_RESTRICT s0, float* HWY_RESTRICT s1,
+                            const PrefetchPlan<T>& pf) {
   using V = hn::Vec<DF>;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
-  const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T));
   int32_t i = 0;
   for (; i + 4 <= n; i += 4) {
-    for (int32_t t = i; t < i + 4 && t < pn; ++t) {
-      if (pk != nullptr) PrefetchRow(pk[t] + poff, row_bytes);
-      if (pv != nullptr) PrefetchRow(pv[t] + poff, row_bytes);
-    }
+    pf.rows(i, i + 4);
     const T* k0 = k[i] + off;
     const T* k1 = k[i + 1] + off;
     const T* k2 = k[i + 2] + off;
@@ -311,10 +316,7 @@ HWY_INLINE void TileScores2(DF df, const float* HWY_RESTRICT q0, const float* HW
     SumOfLanes4(df, a0, a1, a2, a3, s0 + i);
     SumOfLanes4(df, b0, b1, b2, b3, s1 + i);
   }
-  for (int32_t t = i; t < pn; ++t) {
-    if (pk != nullptr) PrefetchRow(pk[t] + poff, row_bytes);
-    if (pv != nullptr) PrefetchRow(pv[t] + poff, row_bytes);
-  }
+  pf.rows(i, pf.n);
   for (; i < n; ++i) {
     V a0 = hn::Zero(df), b0 = hn::Zero(df);
     for (int64_t d = 0; d < D; d += L) {
@@ -566,6 +568,7 @@ void AttendImpl(DF df, const KernelArgs& a, const RowSet& rs, int32_t part) {
   // thread): one burst of K and V during the first pair took 1.25-1.3x the time of the split,
   // for paged and contiguous alike, and left block_size 32 paged 8-15% behind contiguous.
   const bool split_prefetch = head_rows > 2;
+  const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T));
 
   // One tile of head hh of the set: scores, mask, online softmax, values. The first rows
   // prefetch the tile that comes next (pk/pv + poff, pn keys), spread over their key loops
@@ -586,14 +589,12 @@ void AttendImpl(DF df, const KernelArgs& a, const RowSet& rs, int32_t part) {
       float* s1 = sc + rows[1] * ts;
       const bool prefetch_k = idx == 0;
       const bool prefetch_v = split_prefetch ? idx == 2 : idx == 0;
-      const int32_t prefetch_n = prefetch_k || prefetch_v ? pn : 0;
-      const T* const* ppk = prefetch_k ? pk : nullptr;
-      const T* const* ppv = prefetch_v ? pv : nullptr;
+      const PrefetchPlan<T> pf{prefetch_k ? pk : nullptr, prefetch_v ? pv : nullptr, poff,
+                               prefetch_k || prefetch_v ? pn : 0, row_bytes};
       if (pair) {
-        TileScores2(df, qs + rows[0] * D, qs + rows[1] * D, kt, off, n, D, s0, s1, ppk, ppv, poff,
-                    prefetch_n);
+        TileScores2(df, qs + rows[0] * D, qs + rows[1] * D, kt, off, n, D, s0, s1, pf);
       } else {
-        TileScores(df, qs + rows[0] * D, kt, off, n, D, s0, ppk, ppv, poff, prefetch_n);
+        TileScores(df, qs + rows[0] * D, kt, off, n, D, s0, pf);
       }
       bool active[2] = {false, false};
       for (int32_t u = 0; u < (pair ? 2 : 1); ++u) {
