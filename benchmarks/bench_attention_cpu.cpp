@@ -6,9 +6,10 @@
 //   BM_ReadStream/threads:T   large buffer sum (read only); bytes_per_second = bytes read
 //   BM_ScatteredRead/run_kib:R  256 MiB read in R KiB runs, address order vs shuffled (1 thread):
 //                             the memory system's own paging cost, no kernel involved
-//   BM_Decode/<dtype>/d:<D>/bs:<bs>/ctx:<T>/batch:<B>[/kv:interleaved]
+//   BM_Decode/<dtype>/d:<D>/bs:<bs>/ctx:<T>/batch:<B>/kv:<interleaved|separate>
 //       paged: a scattered block table (physical blocks in shuffled order, the worst case for
-//       locality), separate K and V pools or (kv:interleaved) K and V adjacent per block;
+//       locality), K and V adjacent per block (kv:interleaved, the library's default) or in
+//       separate pools (kv:separate);
 //       contiguous: the same K/V values in a [B, H_kv, T, D] cache viewed with
 //       block_size = T (contiguous_kv.hpp): the same kernel, only the table differs. Each
 //       iteration times one paged call, one contiguous call and one 64 MiB memcpy side by side
@@ -210,7 +211,7 @@ struct DecodeConfig {
   int32_t block_size = 16;
   int32_t context = 4096;
   int32_t batch = 1;
-  KVPlacement placement = KVPlacement::kSeparate;  // of the paged cache
+  KVPlacement placement = KVPlacement::kInterleaved;  // of the paged cache
 
   [[nodiscard]] int64_t layer_bytes() const {  // K and V of one layer
     return 2 * static_cast<int64_t>(batch) * context * kNumKvHeads * head_dim * dtype_size(dtype);
@@ -223,7 +224,7 @@ struct DecodeConfig {
     return std::string(dtype_name(dtype)) + "/d:" + std::to_string(head_dim) +
            "/bs:" + std::to_string(block_size) + "/ctx:" + std::to_string(context) +
            "/batch:" + std::to_string(batch) +
-           (placement == KVPlacement::kInterleaved ? "/kv:interleaved" : "");
+           (placement == KVPlacement::kInterleaved ? "/kv:interleaved" : "/kv:separate");
   }
   friend bool operator==(const DecodeConfig&, const DecodeConfig&) = default;
 };
@@ -437,12 +438,12 @@ bool env_flag(const char* name) {
   return v != nullptr && *v != '\0' && std::string(v) != "0";
 }
 
-/// Registers c with the paged cache in both placements (separate K and V pools, the default,
-/// and K/V interleaved per block).
+/// Registers c with the paged cache in both placements (K/V interleaved per block, the default,
+/// and separate K and V pools).
 void register_decode(DecodeConfig c, int64_t max_bytes) {
   // One layer of one kind (paged or contiguous) above the budget: skipped (memory).
   if (c.layer_bytes() > max_bytes) return;
-  for (KVPlacement placement : {KVPlacement::kSeparate, KVPlacement::kInterleaved}) {
+  for (KVPlacement placement : {KVPlacement::kInterleaved, KVPlacement::kSeparate}) {
     c.placement = placement;
     benchmark::RegisterBenchmark(("BM_Decode/" + c.name()).c_str(), BM_Decode, c)
         ->Unit(benchmark::kMillisecond)

@@ -83,9 +83,11 @@ struct WriteCase {
   DType dtype;
   KVLayout layout;
   DType src_dtype;
+  KVPlacement placement;
 };
 
-KVCacheConfig small_config(DType dtype, KVLayout layout) {
+KVCacheConfig small_config(DType dtype, KVLayout layout,
+                           KVPlacement placement = KVPlacement::kInterleaved) {
   KVCacheConfig c;
   c.num_layers = 2;
   c.num_blocks = 20;
@@ -94,7 +96,12 @@ KVCacheConfig small_config(DType dtype, KVLayout layout) {
   c.head_dim = 64;
   c.dtype = dtype;
   c.layout = layout;
+  c.placement = placement;
   return c;
+}
+
+const char* placement_name(KVPlacement p) {
+  return p == KVPlacement::kInterleaved ? "interleaved" : "separate";
 }
 
 /// Every byte of every block of a host cache.
@@ -129,7 +136,7 @@ class CudaReshapeAndCache : public ::testing::TestWithParam<WriteCase> {};
 TEST_P(CudaReshapeAndCache, BitIdenticalToHostWrite) {
   PAGEDKV_REQUIRE_CUDA_DEVICE();
   const WriteCase& wc = GetParam();
-  const KVCacheConfig config = small_config(wc.dtype, wc.layout);
+  const KVCacheConfig config = small_config(wc.dtype, wc.layout, wc.placement);
   const int64_t row = int64_t{config.num_kv_heads} * config.head_dim;
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> uni(-2.0f, 2.0f);
@@ -179,7 +186,7 @@ TEST_P(CudaReshapeAndCache, BitIdenticalToHostWrite) {
 std::string write_name(const ::testing::TestParamInfo<WriteCase>& info) {
   return std::string(dtype_name(info.param.dtype)) +
          (info.param.layout == KVLayout::kHND ? "_hnd" : "_nhd") + "_from_" +
-         std::string(dtype_name(info.param.src_dtype));
+         std::string(dtype_name(info.param.src_dtype)) + "_" + placement_name(info.param.placement);
 }
 
 std::vector<WriteCase> write_cases() {
@@ -187,7 +194,9 @@ std::vector<WriteCase> write_cases() {
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (KVLayout layout : {KVLayout::kHND, KVLayout::kNHD}) {
       for (DType src : {DType::kF32, DType::kF16, DType::kBF16}) {
-        cases.push_back({dtype, layout, src});
+        for (KVPlacement placement : {KVPlacement::kSeparate, KVPlacement::kInterleaved}) {
+          cases.push_back({dtype, layout, src, placement});
+        }
       }
     }
   }
@@ -199,18 +208,22 @@ INSTANTIATE_TEST_SUITE_P(All, CudaReshapeAndCache, ::testing::ValuesIn(write_cas
 TEST(CudaCopyBlocks, BitIdenticalToHostCopyBlocks) {
   PAGEDKV_REQUIRE_CUDA_DEVICE();
   for (DType dtype : {DType::kF32, DType::kBF16}) {
-    KVCacheConfig config = small_config(dtype, KVLayout::kHND);
-    config.num_layers = 3;
-    HostKVCache host(config);
-    fill_random(host, 11);
-    DeviceKVCache device(config);
-    device.upload(host);
-    const std::vector<BlockCopy> pairs = {{3, 10}, {4, 11}, {7, 2}, {19, 0}};
-    host.copy_blocks(pairs);
-    device.copy_blocks(pairs);  // one launch: 4 pairs x 6 pools
-    HostKVCache back(config);
-    device.download(back);
-    EXPECT_EQ(all_bytes(back), all_bytes(host)) << dtype_name(dtype);
+    for (KVPlacement placement : {KVPlacement::kSeparate, KVPlacement::kInterleaved}) {
+      KVCacheConfig config = small_config(dtype, KVLayout::kHND, placement);
+      config.num_layers = 3;
+      HostKVCache host(config);
+      fill_random(host, 11);
+      DeviceKVCache device(config);
+      device.upload(host);
+      const std::vector<BlockCopy> pairs = {{3, 10}, {4, 11}, {7, 2}, {19, 0}};
+      host.copy_blocks(pairs);
+      device.copy_blocks(pairs);  // one launch: 4 pairs x 6 pools (separate) or 3 (interleaved)
+      EXPECT_EQ(device.num_copy_pools(), placement == KVPlacement::kSeparate ? 6 : 3);
+      HostKVCache back(config);
+      device.download(back);
+      EXPECT_EQ(all_bytes(back), all_bytes(host))
+          << dtype_name(dtype) << " " << placement_name(placement);
+    }
   }
 }
 

@@ -31,7 +31,14 @@ std::string message_of(auto&& fn) {
   return "(no exception)";
 }
 
-KVCacheConfig config_of(DType dtype, KVLayout layout = KVLayout::kHND) {
+constexpr KVPlacement kPlacements[] = {KVPlacement::kSeparate, KVPlacement::kInterleaved};
+
+std::string placement_name(KVPlacement p) {
+  return p == KVPlacement::kInterleaved ? " interleaved" : " separate";
+}
+
+KVCacheConfig config_of(DType dtype, KVLayout layout = KVLayout::kHND,
+                        KVPlacement placement = KVPlacement::kInterleaved) {
   KVCacheConfig c;
   c.num_layers = 3;
   c.num_blocks = 16;
@@ -40,6 +47,7 @@ KVCacheConfig config_of(DType dtype, KVLayout layout = KVLayout::kHND) {
   c.head_dim = 64;
   c.dtype = dtype;
   c.layout = layout;
+  c.placement = placement;
   return c;
 }
 
@@ -65,11 +73,6 @@ TEST(DeviceKVCacheErrors, InvalidArgumentsBeforeAnyDeviceCall) {
   EXPECT_THROW(DeviceKVCache{bad}, Error);
   EXPECT_THAT(message_of([] { DeviceKVCache cache(config_of(DType::kF16), -1); }),
               HasSubstr("num_host_blocks must be >= 0, got -1"));
-  // Interleaved K/V is host-only: upload/download copy whole K and V pools.
-  KVCacheConfig interleaved = config_of(DType::kF16);
-  interleaved.placement = KVPlacement::kInterleaved;
-  EXPECT_THAT(message_of([&] { DeviceKVCache cache(interleaved); }),
-              HasSubstr("placement 1 (interleaved) is not supported on the device"));
 }
 
 TEST(DeviceKVCacheErrors, NoDeviceIsAClearError) {
@@ -81,42 +84,57 @@ TEST(DeviceKVCacheErrors, NoDeviceIsAClearError) {
 TEST(DeviceKVCache, GeometryMatchesHost) {
   PAGEDKV_REQUIRE_CUDA_DEVICE();
   for (KVLayout layout : {KVLayout::kHND, KVLayout::kNHD}) {
-    const KVCacheConfig c = config_of(DType::kBF16, layout);
-    DeviceKVCache device(c, 4);
-    HostKVCache host(c);
-    EXPECT_EQ(device.bytes(), host.bytes());
-    EXPECT_EQ(device.pool_block_bytes(), 8 * 2 * 64 * 2);
-    EXPECT_EQ(device.block_bytes(), 2 * 3 * device.pool_block_bytes());
-    EXPECT_EQ(static_cast<int64_t>(host.block_bytes(0).size()), device.block_bytes());
-    for (int32_t l = 0; l < c.num_layers; ++l) {
-      const KVLayerView d = device.layer(l);
-      const KVLayerView h = host.layer(l);
-      EXPECT_EQ(d.block_stride, h.block_stride);
-      EXPECT_EQ(d.head_stride, h.head_stride);
-      EXPECT_EQ(d.token_stride, h.token_stride);
-      EXPECT_EQ(static_cast<std::byte*>(d.v) - static_cast<std::byte*>(d.k),
-                static_cast<std::byte*>(h.v) - static_cast<std::byte*>(h.k));
+    for (KVPlacement placement : kPlacements) {
+      SCOPED_TRACE(placement_name(placement));
+      const KVCacheConfig c = config_of(DType::kBF16, layout, placement);
+      DeviceKVCache device(c, 4);
+      HostKVCache host(c);
+      EXPECT_EQ(device.bytes(), host.bytes());
+      EXPECT_EQ(device.pool_block_bytes(), 8 * 2 * 64 * 2);
+      EXPECT_EQ(device.block_bytes(), 2 * 3 * device.pool_block_bytes());
+      EXPECT_EQ(static_cast<int64_t>(host.block_bytes(0).size()), device.block_bytes());
+      const bool interleaved = placement == KVPlacement::kInterleaved;
+      EXPECT_EQ(device.num_copy_pools(), interleaved ? 3 : 6);
+      EXPECT_EQ(device.copy_block_bytes(), (interleaved ? 2 : 1) * device.pool_block_bytes());
+      for (int32_t l = 0; l < c.num_layers; ++l) {
+        const KVLayerView d = device.layer(l);
+        const KVLayerView h = host.layer(l);
+        EXPECT_EQ(d.block_stride, h.block_stride);
+        EXPECT_EQ(d.head_stride, h.head_stride);
+        EXPECT_EQ(d.token_stride, h.token_stride);
+        EXPECT_EQ(static_cast<std::byte*>(d.v) - static_cast<std::byte*>(d.k),
+                  static_cast<std::byte*>(h.v) - static_cast<std::byte*>(h.k));
+      }
+      EXPECT_THAT(message_of([&] { (void)device.layer(3); }),
+                  HasSubstr("layer 3 out of range [0, 3)"));
     }
-    EXPECT_THAT(message_of([&] { (void)device.layer(3); }),
-                HasSubstr("layer 3 out of range [0, 3)"));
   }
 }
 
 TEST(DeviceKVCache, UploadDownloadRoundTrip) {
   PAGEDKV_REQUIRE_CUDA_DEVICE();
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
-    const KVCacheConfig c = config_of(dtype);
-    HostKVCache host(c);
-    fill_random(host, 3);
-    DeviceKVCache device(c);
-    device.upload(host);
-    HostKVCache back(c);
-    device.download(back);
-    for (BlockId b = 0; b < c.num_blocks; ++b) EXPECT_EQ(back.block_bytes(b), host.block_bytes(b));
-    KVCacheConfig other = c;
-    other.head_dim = 128;
-    HostKVCache wrong(other);
-    EXPECT_THAT(message_of([&] { device.upload(wrong); }), HasSubstr("head_dim 64 != 128"));
+    for (KVPlacement placement : kPlacements) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + placement_name(placement));
+      const KVCacheConfig c = config_of(dtype, KVLayout::kHND, placement);
+      HostKVCache host(c);
+      fill_random(host, 3);
+      DeviceKVCache device(c);
+      device.upload(host);
+      HostKVCache back(c);
+      device.download(back);
+      for (BlockId b = 0; b < c.num_blocks; ++b)
+        EXPECT_EQ(back.block_bytes(b), host.block_bytes(b));
+      KVCacheConfig other = c;
+      other.head_dim = 128;
+      HostKVCache wrong(other);
+      EXPECT_THAT(message_of([&] { device.upload(wrong); }), HasSubstr("head_dim 64 != 128"));
+      KVCacheConfig other_placement = c;
+      other_placement.placement =
+          placement == KVPlacement::kSeparate ? KVPlacement::kInterleaved : KVPlacement::kSeparate;
+      HostKVCache mismatched(other_placement);
+      EXPECT_THAT(message_of([&] { device.upload(mismatched); }), HasSubstr("placement"));
+    }
   }
 }
 
@@ -124,39 +142,42 @@ TEST(DeviceKVCache, SwapRoundTripIsBitIdenticalAtNewIds) {
   PAGEDKV_REQUIRE_CUDA_DEVICE();
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (KVLayout layout : {KVLayout::kHND, KVLayout::kNHD}) {
-      SCOPED_TRACE(std::string(dtype_name(dtype)) + (layout == KVLayout::kHND ? " HND" : " NHD"));
-      const KVCacheConfig c = config_of(dtype, layout);
-      HostKVCache original(c);
-      fill_random(original, 21);
-      DeviceKVCache device(c, /*num_host_blocks=*/6);
-      device.upload(original);
+      for (KVPlacement placement : kPlacements) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + (layout == KVLayout::kHND ? " HND" : " NHD") +
+                     placement_name(placement));
+        const KVCacheConfig c = config_of(dtype, layout, placement);
+        HostKVCache original(c);
+        fill_random(original, 21);
+        DeviceKVCache device(c, /*num_host_blocks=*/6);
+        device.upload(original);
 
-      // Blocks 3, 4, 5 (one run: one 2D copy per pool) and 9 go to host blocks 0..3.
-      const std::vector<BlockCopy> out = {{3, 0}, {4, 1}, {5, 2}, {9, 3}};
-      device.swap_out(out);
-      synchronize(nullptr);
-      for (const BlockCopy& p : out) {
-        const std::span<const std::byte> swapped = device.host_block(p.dst);
-        const std::vector<std::byte> expected = original.block_bytes(p.src);
-        EXPECT_TRUE(std::equal(swapped.begin(), swapped.end(), expected.begin(), expected.end()))
-            << "host block " << p.dst;
-      }
-
-      // Preemption frees the device blocks; they come back at other ids.
-      device.zero();
-      const std::vector<BlockCopy> in = {{0, 12}, {1, 13}, {2, 14}, {3, 1}};
-      device.swap_in(in);
-      synchronize(nullptr);
-      HostKVCache back(c);
-      device.download(back);
-      const std::vector<std::byte> zeros(static_cast<size_t>(device.block_bytes()), std::byte{0});
-      for (BlockId b = 0; b < c.num_blocks; ++b) {
-        BlockId from = -1;
-        for (size_t i = 0; i < in.size(); ++i) {
-          if (in[i].dst == b) from = out[static_cast<size_t>(in[i].src)].src;
+        // Blocks 3, 4, 5 (one run: one 2D copy per pool) and 9 go to host blocks 0..3.
+        const std::vector<BlockCopy> out = {{3, 0}, {4, 1}, {5, 2}, {9, 3}};
+        device.swap_out(out);
+        synchronize(nullptr);
+        for (const BlockCopy& p : out) {
+          const std::span<const std::byte> swapped = device.host_block(p.dst);
+          const std::vector<std::byte> expected = original.block_bytes(p.src);
+          EXPECT_TRUE(std::equal(swapped.begin(), swapped.end(), expected.begin(), expected.end()))
+              << "host block " << p.dst;
         }
-        EXPECT_EQ(back.block_bytes(b), from < 0 ? zeros : original.block_bytes(from))
-            << "device block " << b;
+
+        // Preemption frees the device blocks; they come back at other ids.
+        device.zero();
+        const std::vector<BlockCopy> in = {{0, 12}, {1, 13}, {2, 14}, {3, 1}};
+        device.swap_in(in);
+        synchronize(nullptr);
+        HostKVCache back(c);
+        device.download(back);
+        const std::vector<std::byte> zeros(static_cast<size_t>(device.block_bytes()), std::byte{0});
+        for (BlockId b = 0; b < c.num_blocks; ++b) {
+          BlockId from = -1;
+          for (size_t i = 0; i < in.size(); ++i) {
+            if (in[i].dst == b) from = out[static_cast<size_t>(in[i].src)].src;
+          }
+          EXPECT_EQ(back.block_bytes(b), from < 0 ? zeros : original.block_bytes(from))
+              << "device block " << b;
+        }
       }
     }
   }

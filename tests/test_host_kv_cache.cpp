@@ -33,7 +33,8 @@ std::string storage_name(const ::testing::TestParamInfo<StorageCase>& info) {
 class HostKVCacheTest : public ::testing::TestWithParam<StorageCase> {
  protected:
   /// 3 layers, 6 blocks of 4 tokens, 2 kv heads, head_dim 5: small, and no size is a power of
-  /// two except block_size, so stride mix-ups show.
+  /// two except block_size, so stride mix-ups show. Separate K and V pools, the placement of
+  /// DESIGN.md's worked examples (interleaved: test_kv_placement.cpp).
   static KVCacheConfig config() {
     KVCacheConfig c;
     c.num_layers = 3;
@@ -43,6 +44,7 @@ class HostKVCacheTest : public ::testing::TestWithParam<StorageCase> {
     c.head_dim = 5;
     c.dtype = GetParam().dtype;
     c.layout = GetParam().layout;
+    c.placement = KVPlacement::kSeparate;
     return c;
   }
   /// Value x rounded to the storage dtype, as read() must return it.

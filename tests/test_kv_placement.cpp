@@ -29,6 +29,14 @@ KVCacheConfig small(DType dtype, KVLayout layout, KVPlacement placement) {
           .dtype = dtype, .layout = layout, .placement = placement};
 }
 
+TEST(KVPlacement, DefaultIsInterleaved) {
+  // The documented default (kv_cache_config.hpp): the placement that meets the paged/contiguous
+  // decode target in docs/benchmarks.md.
+  EXPECT_EQ(KVCacheConfig{}.placement, KVPlacement::kInterleaved);
+  const HostKVCache cache(KVCacheConfig{.num_blocks = 3});
+  EXPECT_EQ(cache.layer(0).block_stride, 2 * 16 * 64);
+}
+
 TEST(KVPlacement, InterleavedAddressesAreTheDocumentedOnes) {
   HostKVCache cache(small(DType::kF32, KVLayout::kHND, KVPlacement::kInterleaved));
   const KVLayerView v1 = cache.layer(1);

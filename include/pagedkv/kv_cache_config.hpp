@@ -9,15 +9,15 @@
 
 namespace pagedkv {
 
-/// Where a block's K and V live in host storage (the view's strides express either; kernels do
-/// not care).
+/// Where a block's K and V live in a layer's storage, host or device (the view's strides
+/// express either; kernels do not care).
 enum class KVPlacement : uint8_t {
-  /// Per layer a K pool and a V pool, each [num_blocks, ...layout] (vLLM's caches; the default).
+  /// Per layer a K pool and a V pool, each [num_blocks, ...layout] (vLLM's caches).
   kSeparate,
   /// Per layer one pool [num_blocks, 2 (K then V), ...layout]: a block's K and V are adjacent,
   /// so a scattered block is one run twice as long (FlashInfer's paged kv_cache). Measured
-  /// (bench_attention_cpu, bf16 d128, block_size 16, 8 kv heads, 1 thread): paged decode 3-5%
-  /// faster than with separate pools. Host storage only (cuda::DeviceKVCache rejects it).
+  /// (bench_attention_cpu, bf16 d128, block_size 16-32, 8 kv heads, shuffled block tables):
+  /// CPU paged decode 1-7% faster than with separate pools (docs/benchmarks.md).
   kInterleaved,
 };
 
@@ -30,12 +30,18 @@ struct KVCacheConfig {
   int32_t head_dim = 64;
   DType dtype = DType::kF32;
   KVLayout layout = KVLayout::kHND;
-  KVPlacement placement = KVPlacement::kSeparate;
+  KVPlacement placement = KVPlacement::kInterleaved;
 };
 
 /// Checks every field (>= 1, and total elements per pool representable in int64).
 /// Errors: throws pagedkv::Error naming the field and value.
 void validate(const KVCacheConfig& config);
+
+/// The geometry of one layer of a cache with this config, over K and V data at `k` and `v`:
+/// dtype, block counts and sizes, and the strides (elements) of config.layout, with the
+/// block_stride doubled for KVPlacement::kInterleaved (K and V alternate block by block).
+/// Shared by HostKVCache and cuda::DeviceKVCache, so both give identical views.
+[[nodiscard]] KVLayerView layer_view(const KVCacheConfig& c, void* k, void* v);
 
 /// Elements in one pool (K or V) of one layer: num_blocks * block_size * num_kv_heads * head_dim.
 [[nodiscard]] constexpr int64_t pool_elements(const KVCacheConfig& c) {

@@ -1,5 +1,6 @@
-// DeviceKVCache: one cudaMalloc arena of per-layer K/V pools, a pinned host swap pool, batched
-// swap copies. Kernel launches go through cuda::reshape_and_cache / cuda::copy_blocks.
+// DeviceKVCache: one cudaMalloc arena of per-layer K/V pools (separate or interleaved), a pinned
+// host swap pool, batched swap copies. Kernel launches go through cuda::reshape_and_cache /
+// cuda::copy_blocks.
 
 #include "pagedkv/config.hpp"
 
@@ -62,23 +63,18 @@ void check_config_equal(const char* fn, const KVCacheConfig& a, const KVCacheCon
 DeviceKVCache::DeviceKVCache(const KVCacheConfig& config, int32_t num_host_blocks)
     : config_(config), num_host_blocks_(num_host_blocks) {
   validate(config_);
-  PAGEDKV_CHECK(config_.placement == KVPlacement::kSeparate,
-                "DeviceKVCache: placement {} (interleaved) is not supported on the device; use "
-                "separate K and V pools",
-                static_cast<int>(config_.placement));
   PAGEDKV_CHECK(num_host_blocks >= 0, "DeviceKVCache: num_host_blocks must be >= 0, got {}",
                 num_host_blocks);
   require_device();
   pool_block_bytes_ = int64_t{config_.block_size} * config_.num_kv_heads * config_.head_dim *
                       dtype_size(config_.dtype);
-  pool_bytes_ = pool_elements(config_) * dtype_size(config_.dtype);
+  const bool interleaved = config_.placement == KVPlacement::kInterleaved;
+  num_copy_pools_ = interleaved ? config_.num_layers : 2 * config_.num_layers;
+  copy_block_bytes_ = interleaved ? 2 * pool_block_bytes_ : pool_block_bytes_;
   arena_ = DeviceBuffer(bytes());
   arena_.zero();
   std::vector<void*> ptrs;
-  for (int32_t l = 0; l < config_.num_layers; ++l) {
-    ptrs.push_back(pool(l, false));
-    ptrs.push_back(pool(l, true));
-  }
+  for (int32_t p = 0; p < num_copy_pools_; ++p) ptrs.push_back(copy_pool(p));
   pool_ptrs_ = DeviceBuffer(static_cast<int64_t>(ptrs.size() * sizeof(void*)));
   pool_ptrs_.upload(std::span<void* const>(ptrs));
   host_pool_ = PinnedHostBuffer(int64_t{num_host_blocks_} * block_bytes());
@@ -89,24 +85,21 @@ DeviceKVCache::~DeviceKVCache() = default;
 DeviceKVCache::DeviceKVCache(DeviceKVCache&&) noexcept = default;
 DeviceKVCache& DeviceKVCache::operator=(DeviceKVCache&&) noexcept = default;
 
+std::byte* DeviceKVCache::copy_pool(int32_t p) const {
+  return arena_.as<std::byte>() + int64_t{p} * config_.num_blocks * copy_block_bytes_;
+}
+
 std::byte* DeviceKVCache::pool(int32_t layer, bool value) const {
-  return arena_.as<std::byte>() + (2 * int64_t{layer} + (value ? 1 : 0)) * pool_bytes_;
+  if (config_.placement == KVPlacement::kInterleaved) {
+    return copy_pool(layer) + (value ? pool_block_bytes_ : 0);  // block 0 K, block 0 V, ...
+  }
+  return copy_pool(2 * layer + (value ? 1 : 0));
 }
 
 KVLayerView DeviceKVCache::layer(int32_t layer) const {
   PAGEDKV_CHECK(layer >= 0 && layer < config_.num_layers,
                 "DeviceKVCache::layer: layer {} out of range [0, {})", layer, config_.num_layers);
-  KVLayerView view;
-  view.k = pool(layer, false);
-  view.v = pool(layer, true);
-  view.dtype = config_.dtype;
-  view.num_blocks = config_.num_blocks;
-  view.block_size = config_.block_size;
-  view.num_kv_heads = config_.num_kv_heads;
-  view.head_dim = config_.head_dim;
-  layout_strides(config_.layout, config_.block_size, config_.num_kv_heads, config_.head_dim,
-                 &view.block_stride, &view.head_stride, &view.token_stride);
-  return view;
+  return layer_view(config_, pool(layer, false), pool(layer, true));
 }
 
 void DeviceKVCache::write(int32_t layer, const NewKV& input, Stream stream) {
@@ -136,7 +129,7 @@ void DeviceKVCache::copy_blocks(std::span<const BlockCopy> pairs, Stream stream)
   const auto need = static_cast<int64_t>(pairs.size_bytes());
   if (pair_staging_.bytes() < need) pair_staging_ = DeviceBuffer(need);
   pair_staging_.upload(pairs.data(), need, 0, stream);
-  cuda::copy_blocks(pool_pointers(), 2 * config_.num_layers, pool_block_bytes_,
+  cuda::copy_blocks(pool_pointers(), num_copy_pools_, copy_block_bytes_,
                     pair_staging_.as<const BlockCopy>(), static_cast<int32_t>(pairs.size()),
                     stream);
 }
@@ -166,17 +159,19 @@ void DeviceKVCache::swap(std::span<const BlockCopy> pairs, bool out, Stream stre
   }
   const auto s = static_cast<cudaStream_t>(stream);
   const auto host_pitch = static_cast<size_t>(block_bytes());
-  const auto dev_pitch = static_cast<size_t>(pool_block_bytes_);
-  // One 2D copy per pool per run: a run of n consecutive blocks is n rows of pool_block_bytes,
-  // contiguous in the device pool and host_pitch apart in the block-major host pool.
+  const auto dev_pitch = static_cast<size_t>(copy_block_bytes_);
+  // One 2D copy per copy pool per run: a run of n consecutive blocks is n rows of
+  // copy_block_bytes, contiguous in the device pool and host_pitch apart in the block-major
+  // host pool. Copy pool p's block is bytes [p, p + 1) x copy_block_bytes of a host block in
+  // both placements (per layer K then V).
   for (const Run& run : consecutive_runs(pairs)) {
     const BlockCopy& first = pairs[run.first];
     const BlockId dev_block = out ? first.src : first.dst;
     const BlockId host_block = out ? first.dst : first.src;
-    for (int32_t p = 0; p < 2 * config_.num_layers; ++p) {
-      std::byte* dev = pool(p / 2, p % 2 == 1) + int64_t{dev_block} * pool_block_bytes_;
+    for (int32_t p = 0; p < num_copy_pools_; ++p) {
+      std::byte* dev = copy_pool(p) + int64_t{dev_block} * copy_block_bytes_;
       std::byte* host =
-          host_pool_.data() + int64_t{host_block} * block_bytes() + int64_t{p} * pool_block_bytes_;
+          host_pool_.data() + int64_t{host_block} * block_bytes() + int64_t{p} * copy_block_bytes_;
       if (out) {
         PAGEDKV_CUDA_CHECK(cudaMemcpy2DAsync(host, host_pitch, dev, dev_pitch, dev_pitch,
                                              static_cast<size_t>(run.length),
@@ -197,25 +192,31 @@ std::span<const std::byte> DeviceKVCache::host_block(int32_t block) const {
   return {host_pool_.data() + int64_t{block} * block_bytes(), static_cast<size_t>(block_bytes())};
 }
 
+std::byte* DeviceKVCache::host_copy_pool(const HostKVCache& host, int32_t p) const {
+  // A HostKVCache layer is either two pools (K at view.k, V at view.v) or, interleaved, one
+  // pool starting at view.k; both are laid out as the device's copy pools (without the host's
+  // 64-byte padding between pools, which is why the copies go pool by pool).
+  if (config_.placement == KVPlacement::kInterleaved)
+    return static_cast<std::byte*>(host.layer(p).k);
+  const KVLayerView h = host.layer(p / 2);
+  return static_cast<std::byte*>(p % 2 == 0 ? h.k : h.v);
+}
+
 void DeviceKVCache::upload(const HostKVCache& host) {
   check_config_equal("DeviceKVCache::upload", config_, host.config());
-  for (int32_t l = 0; l < config_.num_layers; ++l) {
-    const KVLayerView h = host.layer(l);
+  const auto bytes = static_cast<size_t>(int64_t{config_.num_blocks} * copy_block_bytes_);
+  for (int32_t p = 0; p < num_copy_pools_; ++p) {
     PAGEDKV_CUDA_CHECK(
-        cudaMemcpy(pool(l, false), h.k, static_cast<size_t>(pool_bytes_), cudaMemcpyHostToDevice));
-    PAGEDKV_CUDA_CHECK(
-        cudaMemcpy(pool(l, true), h.v, static_cast<size_t>(pool_bytes_), cudaMemcpyHostToDevice));
+        cudaMemcpy(copy_pool(p), host_copy_pool(host, p), bytes, cudaMemcpyHostToDevice));
   }
 }
 
 void DeviceKVCache::download(HostKVCache& host) const {
   check_config_equal("DeviceKVCache::download", config_, host.config());
-  for (int32_t l = 0; l < config_.num_layers; ++l) {
-    const KVLayerView h = host.layer(l);
+  const auto bytes = static_cast<size_t>(int64_t{config_.num_blocks} * copy_block_bytes_);
+  for (int32_t p = 0; p < num_copy_pools_; ++p) {
     PAGEDKV_CUDA_CHECK(
-        cudaMemcpy(h.k, pool(l, false), static_cast<size_t>(pool_bytes_), cudaMemcpyDeviceToHost));
-    PAGEDKV_CUDA_CHECK(
-        cudaMemcpy(h.v, pool(l, true), static_cast<size_t>(pool_bytes_), cudaMemcpyDeviceToHost));
+        cudaMemcpy(host_copy_pool(host, p), copy_pool(p), bytes, cudaMemcpyDeviceToHost));
   }
 }
 

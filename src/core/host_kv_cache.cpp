@@ -45,18 +45,7 @@ void HostKVCache::check_block(BlockId block, const char* op) const {
 KVLayerView HostKVCache::layer(int32_t layer) const {
   PAGEDKV_CHECK(layer >= 0 && layer < config_.num_layers,
                 "HostKVCache::layer: layer {} out of range [0, {})", layer, config_.num_layers);
-  KVLayerView view;
-  view.k = block_ptr(layer, false, 0);
-  view.v = block_ptr(layer, true, 0);
-  view.dtype = config_.dtype;
-  view.num_blocks = config_.num_blocks;
-  view.block_size = config_.block_size;
-  view.num_kv_heads = config_.num_kv_heads;
-  view.head_dim = config_.head_dim;
-  layout_strides(config_.layout, config_.block_size, config_.num_kv_heads, config_.head_dim,
-                 &view.block_stride, &view.head_stride, &view.token_stride);
-  if (config_.placement == KVPlacement::kInterleaved) view.block_stride *= 2;  // K, V, K, V...
-  return view;
+  return layer_view(config_, block_ptr(layer, false, 0), block_ptr(layer, true, 0));
 }
 
 void HostKVCache::write(int32_t layer, std::span<const Slot> slot_mapping, std::span<const float> k,

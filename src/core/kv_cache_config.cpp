@@ -50,4 +50,19 @@ void validate(const KVCacheConfig& c) {
                 c.num_layers, n, dtype_name(c.dtype));
 }
 
+KVLayerView layer_view(const KVCacheConfig& c, void* k, void* v) {
+  KVLayerView view;
+  view.k = k;
+  view.v = v;
+  view.dtype = c.dtype;
+  view.num_blocks = c.num_blocks;
+  view.block_size = c.block_size;
+  view.num_kv_heads = c.num_kv_heads;
+  view.head_dim = c.head_dim;
+  layout_strides(c.layout, c.block_size, c.num_kv_heads, c.head_dim, &view.block_stride,
+                 &view.head_stride, &view.token_stride);
+  if (c.placement == KVPlacement::kInterleaved) view.block_stride *= 2;  // K, V, K, V, ...
+  return view;
+}
+
 }  // namespace pagedkv

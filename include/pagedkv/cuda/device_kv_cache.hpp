@@ -18,8 +18,10 @@
 namespace pagedkv::cuda {
 
 /// Device K and V pools for every layer in ONE cudaMalloc arena (zeroed), in HostKVCache's
-/// order: layer 0 K, layer 0 V, layer 1 K, ... Each pool is [num_blocks, ...] per
-/// config.layout, so block b of a pool is pool_block_bytes() contiguous bytes.
+/// order, per config.placement: separate, layer 0 K pool, layer 0 V pool, layer 1 K, ...
+/// (each [num_blocks, ...layout]); interleaved, per layer one pool [num_blocks, 2, ...layout]
+/// (block 0 K, block 0 V, block 1 K, ...). Either way a block's K (and V) is
+/// pool_block_bytes() contiguous bytes, and layer() gives the same strides as HostKVCache.
 /// Memory: bytes() == kv_cache_bytes(config) on the device, plus
 /// num_host_blocks * block_bytes() of pinned host memory for swapping.
 ///
@@ -50,9 +52,16 @@ class DeviceKVCache {
   /// Bytes of one block across all layers, K and V: 2 * num_layers * pool_block_bytes().
   [[nodiscard]] int64_t block_bytes() const { return 2 * config_.num_layers * pool_block_bytes_; }
   [[nodiscard]] int32_t num_host_blocks() const { return num_host_blocks_; }
-  /// Device array [2 * num_layers] of device pool pointers (K of layer 0, V of layer 0, ...):
-  /// the `pools` argument of copy_blocks().
+  /// Device array [num_copy_pools()] of device pointers, the `pools` argument of
+  /// cuda::copy_blocks() with block_bytes = copy_block_bytes(): separate placement, the
+  /// 2 * num_layers pools (K of layer 0, V of layer 0, ...), blocks of pool_block_bytes();
+  /// interleaved, the num_layers layer pools, blocks of 2 * pool_block_bytes() (K then V).
   [[nodiscard]] void* const* pool_pointers() const { return pool_ptrs_.as<void* const>(); }
+  /// Entries of pool_pointers(): 2 * num_layers (separate) or num_layers (interleaved).
+  [[nodiscard]] int32_t num_copy_pools() const { return num_copy_pools_; }
+  /// Bytes of one block in one entry of pool_pointers(): pool_block_bytes() (separate) or
+  /// 2 * pool_block_bytes() (interleaved).
+  [[nodiscard]] int64_t copy_block_bytes() const { return copy_block_bytes_; }
 
   /// reshape_and_cache into layer `layer`: see cuda::reshape_and_cache. Asynchronous.
   /// Errors: throws if layer is out of range, plus reshape_and_cache's errors.
@@ -66,7 +75,7 @@ class DeviceKVCache {
   void copy_blocks(std::span<const BlockCopy> pairs, Stream stream = nullptr);
 
   /// Swap out (preemption): for each pair, device block `src` (all layers, K and V) is copied
-  /// into host swap block `dst`, batched: one cudaMemcpy2DAsync per pool per run of
+  /// into host swap block `dst`, batched: one cudaMemcpy2DAsync per copy pool per run of
   /// consecutive pairs (src and dst both incrementing), never per token. Asynchronous on
   /// `stream`: synchronize it before reading host_block().
   /// Errors: throws, before anything is copied, if src is not in [0, num_blocks), dst not in
@@ -88,13 +97,19 @@ class DeviceKVCache {
   void zero(Stream stream = nullptr);
 
  private:
+  /// Entry p of pool_pointers() (host-side address arithmetic on the arena).
+  [[nodiscard]] std::byte* copy_pool(int32_t p) const;
+  /// The same pool in `host` (same config): where upload/download copy it from/to.
+  [[nodiscard]] std::byte* host_copy_pool(const HostKVCache& host, int32_t p) const;
+  /// Block 0 of layer `layer`'s K (value false) or V (true).
   [[nodiscard]] std::byte* pool(int32_t layer, bool value) const;
   void swap(std::span<const BlockCopy> pairs, bool out, Stream stream);
 
   KVCacheConfig config_;
   int32_t num_host_blocks_ = 0;
   int64_t pool_block_bytes_ = 0;
-  int64_t pool_bytes_ = 0;
+  int32_t num_copy_pools_ = 0;
+  int64_t copy_block_bytes_ = 0;
   DeviceBuffer arena_;
   DeviceBuffer pool_ptrs_;     // [2 * num_layers] void*
   DeviceBuffer pair_staging_;  // BlockCopy list for copy_blocks()
