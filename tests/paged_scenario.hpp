@@ -169,8 +169,8 @@ constexpr double kF32MaxAbs = 1e-5;
 constexpr double kLowPrecisionRel = 2e-2;
 
 /// make_scenario for a test-case struct with the usual fields (block_size, num_kv_heads,
-/// head_dim, dtype, layout, group, window_left, sink_tokens): geometry and params from the case,
-/// num_heads = num_kv_heads * group.
+/// head_dim, dtype, layout, group, window_left, sink_tokens; placement when it has one):
+/// geometry and params from the case, num_heads = num_kv_heads * group.
 template <typename Case>
 PagedScenario scenario_from_case(const Case& c, std::vector<SeqSpec> seqs, uint32_t seed) {
   KVCacheConfig geometry;
@@ -179,6 +179,7 @@ PagedScenario scenario_from_case(const Case& c, std::vector<SeqSpec> seqs, uint3
   geometry.head_dim = c.head_dim;
   geometry.dtype = c.dtype;
   geometry.layout = c.layout;
+  if constexpr (requires { c.placement; }) geometry.placement = c.placement;
   AttentionParams params;
   params.num_kv_heads = c.num_kv_heads;
   params.num_heads = c.num_kv_heads * c.group;
