@@ -1,10 +1,13 @@
 // Tests for include/pagedkv/batch_metadata.hpp: both formats element by element on a
 // hand-computed example, slot arithmetic in int64, and the documented errors.
-#include "pagedkv/batch_metadata.hpp"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
+#include <cstdint>
+#include <limits>
+
+#include "pagedkv/batch_metadata.hpp"
 #include "pagedkv/error.hpp"
 
 namespace pagedkv {
@@ -121,6 +124,29 @@ TEST(BatchMetadata, ErrorsNameTheValue) {
               ThrowsMessage<Error>(HasSubstr("block_size must be >= 1, got 0")));
   EXPECT_THAT([&] { (void)slot_for_position(ex.t0, 8, 4); },
               ThrowsMessage<Error>(HasSubstr("position 8 outside a table of 2 blocks")));
+}
+
+TEST(BatchMetadata, CsrRejectsMoreBlocksThanInt32IndptrHolds) {
+  // Two sequences of 2^30 + 1 one-token blocks: 2^31 + 2 blocks in all, past int32. The tables
+  // are views of an untouched, unreserved mapping (4 GiB of address space, no memory): the check
+  // reads only their sizes and must throw before reading any id or writing `out`.
+  constexpr int32_t kLen = (1 << 30) + 1;
+  const size_t bytes = static_cast<size_t>(kLen) * sizeof(BlockId);
+  void* region =
+      mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (region == MAP_FAILED) GTEST_SKIP() << "cannot map 4 GiB of address space";
+  const std::span<const BlockId> huge(static_cast<const BlockId*>(region), kLen);
+  const std::vector<std::span<const BlockId>> tables{huge, huge};
+  const std::vector<int32_t> lens{kLen, kLen};
+  Example ex;
+  CsrBlockTables out = build_csr_block_tables(ex.tables, ex.lens, 4);
+  const CsrBlockTables before = out;
+  EXPECT_THAT([&] { build_csr_block_tables(tables, lens, 1, out); },
+              ThrowsMessage<Error>(HasSubstr("2147483650 blocks in the batch overflow the int32")));
+  EXPECT_EQ(out.indptr, before.indptr);
+  EXPECT_EQ(out.indices, before.indices);
+  EXPECT_EQ(out.last_page_len, before.last_page_len);
+  munmap(region, bytes);
 }
 
 }  // namespace

@@ -64,14 +64,16 @@ struct BatchMetadata {
 
 /// Builds the padded format from per-sequence tables.
 /// Shapes: tables[i] = physical blocks of sequence i in logical order; context_lens[i] tokens.
-/// Errors: throws pagedkv::Error if sizes differ, a context length is negative, or a table has
-/// fewer than ceil(context_len / block_size) blocks (the message names the sequence index).
+/// Errors: throws pagedkv::Error if sizes differ, a context length is negative, a table has
+/// fewer than ceil(context_len / block_size) blocks (the message names the sequence index), or
+/// there are more than 2^31 - 1 sequences (int32 num_seqs).
 [[nodiscard]] PaddedBlockTables build_padded_block_tables(
     std::span<const std::span<const BlockId>> tables, std::span<const int32_t> context_lens,
     int32_t block_size);
 
 /// Builds the CSR format; only the ceil(context_len / block_size) blocks in use are listed.
-/// Errors: as build_padded_block_tables.
+/// Errors: as build_padded_block_tables, and if the batch lists more than 2^31 - 1 blocks in
+/// all (int32 indptr; the message gives the count).
 [[nodiscard]] CsrBlockTables build_csr_block_tables(
     std::span<const std::span<const BlockId>> tables, std::span<const int32_t> context_lens,
     int32_t block_size);

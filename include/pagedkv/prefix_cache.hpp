@@ -70,7 +70,8 @@ class PrefixCache {
 
   /// Registers `block` as holding the content `entry` describes (entry.serial is assigned here
   /// and returned). Errors: throws pagedkv::Error if the block id is out of range, the block is
-  /// already registered, the key is already taken, or tokens.size() != block_size.
+  /// already registered, the key is already taken, or tokens.size() != block_size; std::bad_alloc
+  /// when memory runs out. Either way the cache is left as it was.
   uint64_t insert(BlockId block, Entry entry);
 
   /// Unregisters `block`; returns its entry, or empty if it was not registered.

@@ -1,6 +1,7 @@
 #include "pagedkv/batch_metadata.hpp"
 
 #include <algorithm>
+#include <limits>
 
 #include "detail/check.hpp"
 
@@ -10,9 +11,10 @@ namespace {
 void check_tables(std::span<const std::span<const BlockId>> tables,
                   std::span<const int32_t> context_lens, int32_t block_size, const char* op) {
   PAGEDKV_CHECK(block_size >= 1, "{}: block_size must be >= 1, got {}", op, block_size);
-  PAGEDKV_CHECK(tables.size() == context_lens.size(),
-                "{}: {} block tables but {} context lengths", op, tables.size(),
-                context_lens.size());
+  PAGEDKV_CHECK(tables.size() == context_lens.size(), "{}: {} block tables but {} context lengths",
+                op, tables.size(), context_lens.size());
+  PAGEDKV_CHECK(tables.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
+                "{}: {} sequences overflow the int32 num_seqs", op, tables.size());
   for (size_t i = 0; i < tables.size(); ++i) {
     PAGEDKV_CHECK(context_lens[i] >= 0, "{}: sequence {} has negative context length {}", op, i,
                   context_lens[i]);
@@ -50,6 +52,8 @@ void build_csr_block_tables(std::span<const std::span<const BlockId>> tables,
   // this builder 26x slower than the padded one.
   int64_t nnz = 0;
   for (int32_t len : context_lens) nnz += blocks_for_tokens(len, block_size);
+  PAGEDKV_CHECK(nnz <= std::numeric_limits<int32_t>::max(),
+                "build_csr_block_tables: {} blocks in the batch overflow the int32 indptr", nnz);
   out.indptr.clear();
   out.indices.clear();
   out.last_page_len.clear();
@@ -61,9 +65,8 @@ void build_csr_block_tables(std::span<const std::span<const BlockId>> tables,
     const int64_t used = blocks_for_tokens(context_lens[i], block_size);
     out.indices.insert(out.indices.end(), tables[i].begin(), tables[i].begin() + used);
     out.indptr.push_back(static_cast<int32_t>(out.indices.size()));
-    out.last_page_len.push_back(context_lens[i] == 0
-                                    ? 0
-                                    : context_lens[i] - static_cast<int32_t>(used - 1) * block_size);
+    out.last_page_len.push_back(
+        context_lens[i] == 0 ? 0 : context_lens[i] - static_cast<int32_t>(used - 1) * block_size);
   }
 }
 

@@ -92,6 +92,16 @@ void PrefixCache::KeyIndex::grow() {
   }
 }
 
+namespace {
+
+/// Makes room for one more element, growing geometrically (as push_back would).
+template <typename T>
+void reserve_one_more(std::vector<T>& v) {
+  if (v.size() == v.capacity()) v.reserve(std::max<size_t>(16, 2 * v.capacity()));
+}
+
+}  // namespace
+
 PrefixCache::PrefixCache(int32_t num_blocks, int32_t block_size)
     : num_blocks_(num_blocks), block_size_(block_size) {
   PAGEDKV_CHECK(num_blocks >= 1, "PrefixCache: num_blocks must be >= 1, got {}", num_blocks);
@@ -130,10 +140,15 @@ uint64_t PrefixCache::insert(BlockId block, Entry entry) {
   PAGEDKV_CHECK(static_cast<int64_t>(entry.tokens.size()) == block_size_,
                 "PrefixCache::insert: {} tokens, expected a full block of {}", entry.tokens.size(),
                 block_size_);
-  entry.serial = next_serial_++;
-  const uint64_t serial = entry.serial;
+  // Everything that can run out of memory happens before the first change (the index's own
+  // growth keeps the old table until the new one is built), so a bad_alloc leaves the cache as
+  // it was; the pushes below then fit in reserved capacity and cannot throw.
   if (entry_of_.empty()) entry_of_.assign(static_cast<size_t>(num_blocks_), -1);
+  reserve_one_more(entries_);
+  reserve_one_more(block_of_);
   by_hash_.insert(entry.hash, block);
+  const uint64_t serial = next_serial_++;
+  entry.serial = serial;
   entry_of_[block] = static_cast<int32_t>(entries_.size());
   entries_.push_back(std::move(entry));
   block_of_.push_back(block);
