@@ -238,9 +238,9 @@ struct PrefetchStream {
   }
 };
 
-/// What a score loop prefetches while it computes: with a stream, one step of it per call
-/// that covers a key t < n; else the K rows k[t] + off and V rows v[t] + off of keys t < n (a
-/// null k or v: none of that kind).
+/// What a score loop prefetches while it computes: the K rows k[t] + off and V rows v[t] + off
+/// of keys t < n (a null k or v: none of that kind), and, with a stream, one step of it per call
+/// that covers a key t < stream_n.
 template <typename T>
 struct PrefetchPlan {
   const T* const* k = nullptr;
@@ -249,13 +249,11 @@ struct PrefetchPlan {
   int32_t n = 0;
   int64_t row_bytes = 0;
   PrefetchStream* stream = nullptr;
+  int32_t stream_n = 0;
 
-  /// Prefetches the rows of keys [from, min(to, n)).
+  /// Prefetches the rows of keys [from, min(to, n)) (and a stream step).
   HWY_INLINE void rows(int32_t from, int32_t to) const {
-    if (stream != nullptr) {
-      if (from < to && from < n) stream->step();
-      return;
-    }
+    if (stream != nullptr && from < to && from < stream_n) stream->step();
     for (int32_t t = from; t < to && t < n; ++t) {
       if (k != nullptr) PrefetchRow(k[t] + off, row_bytes);
       if (v != nullptr) PrefetchRow(v[t] + off, row_bytes);
@@ -334,7 +332,7 @@ HWY_INLINE void TileScores(DF df, const float* HWY_RESTRICT q, const T* const* k
     }
     SumOfLanes4(df, hn::Add(a0, b0), hn::Add(a1, b1), hn::Add(a2, b2), hn::Add(a3, b3), s + i);
   }
-  pf.rows(i, pf.n);
+  pf.rows(i, std::max(pf.n, n));
   for (; i < n; ++i) {
     V a0 = hn::Zero(df);
     for (int64_t d = 0; d < D; d += L) {
@@ -382,7 +380,7 @@ HWY_INLINE void TileScores2(DF df, const float* HWY_RESTRICT q0, const float* HW
     SumOfLanes4(df, a0, a1, a2, a3, s0 + i);
     SumOfLanes4(df, b0, b1, b2, b3, s1 + i);
   }
-  pf.rows(i, pf.n);
+  pf.rows(i, std::max(pf.n, n));
   for (; i < n; ++i) {
     V a0 = hn::Zero(df), b0 = hn::Zero(df);
     for (int64_t d = 0; d < D; d += L) {
@@ -655,6 +653,12 @@ void AttendImpl(DF df, const KernelArgs& a, const RowSet& rs, int32_t part) {
   const bool use_stream =
       cv.block_size <= kTile && row_bytes <= kStreamMaxRowBytes && run_bytes >= kStreamMinRunBytes;
   int32_t first_stream_head = 0;  // heads before it do not step the stream
+  // With the stream, rows are prefetched only in an item's first span (nothing streamed it):
+  // each head prefetches the next head's rows, as without the stream. Measured (interleaved,
+  // 2 threads, paged / contiguous): fp32 d64 block_size 16 at 2048 x 1 (8 key partitions of 4
+  // spans, a quarter of them cold without it) 1.03-1.065 -> 1.004; bf16 d128 8k x 1 and
+  // 32k x 1 0.98.
+  bool tile_rows = true;
   PrefetchStream stream;
   // The stream of the K and V rows of keys [0, count) (row pointers of head 0 of the set kb/vb,
   // flat keys kk) for every kv head of the set, spread over `steps` score-loop steps.
@@ -712,10 +716,10 @@ void AttendImpl(DF df, const KernelArgs& a, const RowSet& rs, int32_t part) {
       const bool prefetch_k = idx == 0;
       const bool prefetch_v = split_prefetch ? idx == 2 : idx == 0;
       PrefetchPlan<T> pf{prefetch_k ? pk : nullptr, prefetch_v ? pv : nullptr, poff,
-                         prefetch_k || prefetch_v ? pn : 0, row_bytes};
+                         (prefetch_k || prefetch_v) && tile_rows ? pn : 0, row_bytes};
       if (use_stream) {
         pf.stream = &stream;
-        pf.n = (prefetch_k || prefetch_v) && hh >= first_stream_head ? n : 0;
+        pf.stream_n = (prefetch_k || prefetch_v) && hh >= first_stream_head ? n : 0;
       }
       if (pair) {
         TileScores2(df, qs + rows[0] * D, qs + rows[1] * D, kt, off, n, D, s0, s1, pf);
@@ -760,6 +764,7 @@ void AttendImpl(DF df, const KernelArgs& a, const RowSet& rs, int32_t part) {
     const T* const* vs = vp[cur];
     for (int32_t hh = 0; hh < rs.num_kv; ++hh) {
       const int64_t off = static_cast<int64_t>(hh) * head_stride;
+      tile_rows = !use_stream || (j == key_begin && hh + 1 < rs.num_kv);
       for (int32_t t0 = 0; t0 < n; t0 += kTile) {
         const int32_t tn = std::min(kTile, n - t0);
         // What comes next: this head's next tile of the span, else the next head's first tile,
