@@ -208,7 +208,7 @@ def decode_section(runs):
                    m.group(6) or "separate")  # JSON from before the suffix was always written
             rows.setdefault(threads, {})[key] = run
             continue
-        m = re.match(r"^BM_DecodePlain/(\w+)/d:(\d+)/bs:(\d+)/ctx:(\d+)/batch:(\d+)$", base)
+        m = re.match(r"^BM_DecodePlain/(\w+)/d:(\d+)/bs:(\d+)/ctx:(\d+)/batch:(\d+)(?:/kv:\w+)?$", base)
         if m:
             plain[(m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)))] = run
     lines = []
