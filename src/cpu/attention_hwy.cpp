@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -646,9 +645,10 @@ void AttendImpl(DF df, const KernelArgs& a, const RowSet& rs, int32_t part) {
   // slower (32 KiB runs: block_size 8, or 16 with separate K and V pools; 512-byte rows).
   const KVLayerView& cv = a.cache;
   const int64_t kind_block = cv.block_size * static_cast<int64_t>(cv.num_kv_heads) * D;
-  const bool kv_adjacent =
-      static_cast<const T*>(cv.v) - static_cast<const T*>(cv.k) == kind_block &&
-      cv.block_stride == 2 * kind_block;
+  // Addresses compared as integers: K and V may be separate allocations.
+  const bool kv_adjacent = reinterpret_cast<uintptr_t>(cv.v) - reinterpret_cast<uintptr_t>(cv.k) ==
+                               static_cast<uintptr_t>(kind_block) * sizeof(T) &&
+                           cv.block_stride == 2 * kind_block;
   const int64_t run_bytes = cv.block_size * rs.num_kv * row_bytes * (kv_adjacent ? 2 : 1);
   const bool use_stream =
       cv.block_size <= kTile && row_bytes <= kStreamMaxRowBytes && run_bytes >= kStreamMinRunBytes;
@@ -665,11 +665,11 @@ void AttendImpl(DF df, const KernelArgs& a, const RowSet& rs, int32_t part) {
   auto build_stream = [&](const T* const* kb, const T* const* vb, const int64_t* kk, int32_t count,
                           int64_t steps) {
     stream.reset();
-    const KVLayerView& c = a.cache;
-    const bool head_runs = c.token_stride == D;  // HND: a head's rows in a block are one run
-    int32_t i0 = 0;                              // first key of the current block
+    const bool head_runs = cv.token_stride == D;  // HND: a head's rows in a block are one run
+    int32_t i0 = 0;                               // first key of the current block
     for (int32_t i = 1; i <= count; ++i) {
-      if (i < count && kk[i] == kk[i - 1] + 1 && kk[i] / c.block_size == kk[i - 1] / c.block_size) {
+      if (i < count && kk[i] == kk[i - 1] + 1 &&
+          kk[i] / cv.block_size == kk[i - 1] / cv.block_size) {
         continue;
       }
       for (const T* const* base : {kb, vb}) {
