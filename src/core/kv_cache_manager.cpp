@@ -565,6 +565,7 @@ void KVCacheManager::batch_metadata(std::span<const SeqId> seqs,
   // Every check first, so that a throw leaves `out` untouched; nullptr marks a padding row.
   std::vector<const Sequence*> rows(seqs.size(), nullptr);
   int64_t total_new = 0;
+  int64_t total_blocks = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     const int64_t n_new = num_new_tokens[i];
     if (seqs[i] == kPaddingSeq) {
@@ -592,7 +593,16 @@ void KVCacheManager::batch_metadata(std::span<const SeqId> seqs,
     }
     rows[i] = &s;
     total_new += n_new;
+    total_blocks += blocks_for_tokens(s.num_tokens, bs);
   }
+  // The formats' int32 offsets (query_start, CSR indptr), checked here rather than by the
+  // builders below, which run after `out` has been partly written.
+  PAGEDKV_CHECK(total_new <= INT32_MAX,
+                "KVCacheManager::batch_metadata: {} new tokens overflow the int32 query_start",
+                total_new);
+  PAGEDKV_CHECK(total_blocks <= INT32_MAX,
+                "KVCacheManager::batch_metadata: {} blocks in the batch overflow the int32 indptr",
+                total_blocks);
 
   // Tables are read in place; only one with entries released by token eviction is copied, to
   // put back the id each released block had: never read under the policy's mask, and a valid
