@@ -36,10 +36,18 @@ constexpr int32_t kMaxSpan = 4 * kTile;
 /// Rows (query heads x query tokens) per work item: bounds the L1 footprint of the fp32
 /// accumulators (32 x 128 x 4 B = 16 KiB) while letting prefill reuse each K/V tile 32 times.
 constexpr int32_t kMaxRows = 32;
-/// Most bytes the block stream (PrefetchStream) requests ahead of the kernel: a span of more
-/// (more than 8 kv heads of 256-byte rows per item) is streamed over its last heads only, so
-/// that what was prefetched stays in the 1-2 MiB L2 of current x86 cores until it is read.
+/// Most bytes the block stream (PrefetchStream) requests ahead of the kernel when the call runs
+/// on one thread: a span of more (more than 8 kv heads of 256-byte rows per item) is streamed
+/// over its last heads only, so that what was prefetched stays in the 1-2 MiB L2 of current x86
+/// cores until it is read.
 constexpr int64_t kStreamAheadBytes = int64_t{256} << 10;
+/// The same when the call runs on a thread team (cores share the memory bandwidth). Measured
+/// (bench_attention_cpu, 2-core Zen 5 VM with private 1 MiB L2s, interleaved K/V, paged /
+/// contiguous, the two look-aheads alternating in one session): on 2 threads 128 KiB was 2-7%
+/// faster than 256 KiB (fp32 d64 block_size 16 2048 x 64 1.04-1.07 -> 0.97-1.02, x 16
+/// 1.01-1.05 -> 0.95-0.99, bf16 d128 4096 x 8 level), 96 KiB 0-4% slower than 128 KiB; on one
+/// thread 128 KiB was 7-13% slower than 256 KiB. Teams of more than 2 threads are unmeasured.
+constexpr int64_t kStreamAheadBytesTeam = int64_t{128} << 10;
 /// Shortest run of K and V bytes per block (all kv heads of an item, K and V together when
 /// they are adjacent) for which the block stream is used; shorter runs keep the row prefetch.
 constexpr int64_t kStreamMinRunBytes = int64_t{64} << 10;
@@ -70,6 +78,7 @@ struct KernelArgs {
   float scale = 0.0f;
   int32_t window_left = -1;
   int32_t sink_tokens = 0;
+  int64_t stream_ahead_bytes = kStreamAheadBytes;  // see kStreamAheadBytesTeam
 };
 
 /// The rows of one work item: query tokens [first_pos, first_pos + num_q) of a sequence, the
@@ -193,7 +202,7 @@ HWY_INLINE void PrefetchRow(const T* row, int64_t row_bytes) {
 /// they are adjacent), requested `lines_per_step` cache lines per step() over the current span's
 /// score loops, so each block is swept once in address order, one span ahead (where reading head
 /// by head jumps between the span's blocks every block_size rows). When to use it: AttendImpl.
-/// T0 hint (all cache levels): the span ahead (<= kStreamAheadBytes) stays in L2 until its heads
+/// T0 hint (all cache levels): the span ahead (<= KernelArgs::stream_ahead_bytes) stays in L2 until its heads
 /// are reached. Measured (bench_attention_cpu, paged, side by side in one process): with a
 /// non-temporal or T1/T2 hint the stream was 2-10% slower than with T0.
 struct PrefetchStream {
@@ -684,8 +693,8 @@ void AttendImpl(DF df, const KernelArgs& a, const RowSet& rs, int32_t part) {
       i0 = i;
     }
     // Spread over the score loops of the last `heads` heads of the current span, so that no
-    // more than kStreamAheadBytes are requested ahead of the head being read.
-    const int64_t ahead_lines = kStreamAheadBytes / 64;
+    // more than a.stream_ahead_bytes are requested ahead of the head being read.
+    const int64_t ahead_lines = a.stream_ahead_bytes / 64;
     const int32_t heads = static_cast<int32_t>(
         std::clamp<int64_t>((rs.num_kv * ahead_lines + stream.total_lines - 1) /
                                 std::max<int64_t>(stream.total_lines, 1),
@@ -1032,6 +1041,9 @@ void fast_paged_prefill_attention(const AttentionParams& params, const KVLayerVi
   const auto num_items = static_cast<int64_t>(items.size());
   [[maybe_unused]] const bool parallel =
       threads > 1 && num_items > 1 && total_work >= fast::kMinParallelWork;
+#if defined(_OPENMP)
+  if (parallel) a.stream_ahead_bytes = fast::kStreamAheadBytesTeam;
+#endif
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (parallel)
 #endif
