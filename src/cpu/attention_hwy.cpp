@@ -41,12 +41,16 @@ constexpr int32_t kMaxRows = 32;
 /// over its last heads only, so that what was prefetched stays in the 1-2 MiB L2 of current x86
 /// cores until it is read.
 constexpr int64_t kStreamAheadBytes = int64_t{256} << 10;
-/// The same when the call runs on a thread team (cores share the memory bandwidth). Measured
+/// The same when the call runs on a thread team. What decides is the memory bandwidth a core
+/// gets: with little (cores sharing it) the shorter look-ahead wins, with much (one thread, or
+/// an idle machine) the longer one; the team size stands in for it. Measured
 /// (bench_attention_cpu, 2-core Zen 5 VM with private 1 MiB L2s, interleaved K/V, paged /
-/// contiguous, the two look-aheads alternating in one session): on 2 threads 128 KiB was 2-7%
-/// faster than 256 KiB (fp32 d64 block_size 16 2048 x 64 1.04-1.07 -> 0.97-1.02, x 16
-/// 1.01-1.05 -> 0.95-0.99, bf16 d128 4096 x 8 level), 96 KiB 0-4% slower than 128 KiB; on one
-/// thread 128 KiB was 7-13% slower than 256 KiB. Teams of more than 2 threads are unmeasured.
+/// contiguous, the two look-aheads alternating in one session): on 2 threads, while the memcpy
+/// timed alongside read ~20 GB/s (most of the time), 128 KiB was 2-7% faster than 256 KiB
+/// (fp32 d64 block_size 16 2048 x 64 1.05-1.06 -> 0.98-1.02, x 16 1.02-1.03 -> 0.96-0.97,
+/// bf16 d128 32k x 1 1.00-1.01 -> 0.98), 96 KiB 0-4% slower than 128 KiB; while it read
+/// 32-35 GB/s, 128 KiB was 3-7% slower; on one thread 128 KiB was 7-13% slower. Teams of more
+/// than 2 threads are unmeasured (a core's share of the bandwidth only shrinks).
 constexpr int64_t kStreamAheadBytesTeam = int64_t{128} << 10;
 /// Shortest run of K and V bytes per block (all kv heads of an item, K and V together when
 /// they are adjacent) for which the block stream is used; shorter runs keep the row prefetch.
