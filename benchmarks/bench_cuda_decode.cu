@@ -1,8 +1,9 @@
 // CUDA decode attention benchmark (issue 5, item 4): paged vs contiguous decode for batch
 // 1..256, context 512..32k, fp16/bf16, head_dim 128, GQA 4 and 8 (8 kv heads, block_size 16,
-// scattered block tables). Reports the bandwidth achieved on the K/V bytes read, next to the
-// device-to-device copy bandwidth measured at the start of the same run, and the paged /
-// contiguous time ratio. Ends with a Markdown table for docs/benchmarks.md.
+// scattered block tables, K and V in the library's default placement). Reports the bandwidth
+// achieved on the K/V bytes read, next to the device-to-device copy bandwidth measured at the
+// start of the same run, and the paged / contiguous time ratio. Ends with a Markdown table for
+// docs/benchmarks.md.
 //
 // Goal (H200): >= 80% of the copy bandwidth at batch >= 32 and context >= 4k; paged within 5%
 // of contiguous. Copy bandwidth counts bytes read + written (cudaMemcpyAsync D2D), the usual
@@ -30,6 +31,7 @@
 #include "pagedkv/attention.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/cuda/device.hpp"
+#include "pagedkv/kv_cache_config.hpp"
 #include "pagedkv/kv_layer_view.hpp"
 
 namespace {
@@ -171,24 +173,26 @@ void BM_Decode(benchmark::State& state) {
   params.num_kv_heads = kNumKvHeads;
   params.head_dim = kHeadDim;
 
-  // Paged cache with scattered block tables (a seeded permutation of all block ids).
+  // Paged cache with scattered block tables (a seeded permutation of all block ids), in the
+  // library's default placement (KVCacheConfig::placement; the view from layer_view, as
+  // cuda::DeviceKVCache builds it): one allocation holding both K and V.
   const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
   const int32_t num_blocks = batch * blocks_per_seq;
-  pagedkv::KVLayerView paged;
-  paged.dtype = dtype;
-  paged.num_blocks = num_blocks;
-  paged.block_size = kBlockSize;
-  paged.num_kv_heads = kNumKvHeads;
-  paged.head_dim = kHeadDim;
-  pagedkv::layout_strides(pagedkv::KVLayout::kHND, kBlockSize, kNumKvHeads, kHeadDim,
-                          &paged.block_stride, &paged.head_stride, &paged.token_stride);
-  const int64_t pool_elems = int64_t{num_blocks} * paged.block_stride;
-  pc::DeviceBuffer pk(pool_elems * elem);
-  pc::DeviceBuffer pv(pool_elems * elem);
-  paged.k = pk.data();
-  paged.v = pv.data();
-  fill(pk.data(), dtype, pool_elems, 1);
-  fill(pv.data(), dtype, pool_elems, 2);
+  pagedkv::KVCacheConfig config;
+  config.num_blocks = num_blocks;
+  config.block_size = kBlockSize;
+  config.num_kv_heads = kNumKvHeads;
+  config.head_dim = kHeadDim;
+  config.dtype = dtype;
+  const int64_t pool_elems = pagedkv::pool_elements(config);  // per kind
+  pc::DeviceBuffer pool(2 * pool_elems * elem);
+  fill(pool.data(), dtype, 2 * pool_elems, 1);
+  auto* const base = static_cast<char*>(pool.data());
+  const int64_t v_offset_elems = config.placement == pagedkv::KVPlacement::kInterleaved
+                                     ? int64_t{kBlockSize} * kNumKvHeads * kHeadDim  // one block
+                                     : pool_elems;
+  const pagedkv::KVLayerView paged =
+      pagedkv::layer_view(config, base, base + v_offset_elems * elem);
   std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
   std::iota(ids.begin(), ids.end(), 0);
   std::shuffle(ids.begin(), ids.end(), std::mt19937(42));
