@@ -49,8 +49,9 @@ constexpr int64_t kStreamAheadBytes = int64_t{256} << 10;
 /// timed alongside read ~20 GB/s (most of the time), 128 KiB was 2-7% faster than 256 KiB
 /// (fp32 d64 block_size 16 2048 x 64 1.05-1.06 -> 0.98-1.02, x 16 1.02-1.03 -> 0.96-0.97,
 /// bf16 d128 32k x 1 1.00-1.01 -> 0.98), 96 KiB 0-4% slower than 128 KiB; while it read
-/// 32-35 GB/s, 128 KiB was 3-7% slower; on one thread 128 KiB was 7-13% slower. Teams of more
-/// than 2 threads are unmeasured (a core's share of the bandwidth only shrinks).
+/// 30-35 GB/s (this guest's other state), 128 KiB was 5-11% slower (docs/benchmarks.md has the
+/// table); on one thread 128 KiB was 7-13% slower. Teams of more than 2 threads are unmeasured
+/// (a core's share of the bandwidth only shrinks).
 constexpr int64_t kStreamAheadBytesTeam = int64_t{128} << 10;
 /// Shortest run of K and V bytes per block (all kv heads of an item, K and V together when
 /// they are adjacent) for which the block stream is used; shorter runs keep the row prefetch.
