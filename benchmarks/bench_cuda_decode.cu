@@ -31,6 +31,7 @@
 #include "pagedkv/attention.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/cuda/device.hpp"
+#include "pagedkv/cuda/device_kv_cache.hpp"
 #include "pagedkv/kv_cache_config.hpp"
 #include "pagedkv/kv_layer_view.hpp"
 
@@ -173,9 +174,8 @@ void BM_Decode(benchmark::State& state) {
   params.num_kv_heads = kNumKvHeads;
   params.head_dim = kHeadDim;
 
-  // Paged cache with scattered block tables (a seeded permutation of all block ids), in the
-  // library's default placement (KVCacheConfig::placement; the view from layer_view, as
-  // cuda::DeviceKVCache builds it): one allocation holding both K and V.
+  // Paged cache with scattered block tables (a seeded permutation of all block ids): the
+  // library's DeviceKVCache, in its default placement (KVCacheConfig::placement).
   const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
   const int32_t num_blocks = batch * blocks_per_seq;
   pagedkv::KVCacheConfig config;
@@ -184,15 +184,9 @@ void BM_Decode(benchmark::State& state) {
   config.num_kv_heads = kNumKvHeads;
   config.head_dim = kHeadDim;
   config.dtype = dtype;
-  const int64_t pool_elems = pagedkv::pool_elements(config);  // per kind
-  pc::DeviceBuffer pool(2 * pool_elems * elem);
-  fill(pool.data(), dtype, 2 * pool_elems, 1);
-  auto* const base = static_cast<char*>(pool.data());
-  const int64_t v_offset_elems = config.placement == pagedkv::KVPlacement::kInterleaved
-                                     ? int64_t{kBlockSize} * kNumKvHeads * kHeadDim  // one block
-                                     : pool_elems;
-  const pagedkv::KVLayerView paged =
-      pagedkv::layer_view(config, base, base + v_offset_elems * elem);
+  const pc::DeviceKVCache cache(config);
+  const pagedkv::KVLayerView paged = cache.layer(0);
+  fill(paged.k, dtype, cache.bytes() / elem, 1);  // the layer's K pool starts the arena
   std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
   std::iota(ids.begin(), ids.end(), 0);
   std::shuffle(ids.begin(), ids.end(), std::mt19937(42));

@@ -207,9 +207,9 @@ HWY_INLINE void PrefetchRow(const T* row, int64_t row_bytes) {
 /// they are adjacent), requested `lines_per_step` cache lines per step() over the current span's
 /// score loops, so each block is swept once in address order, one span ahead (where reading head
 /// by head jumps between the span's blocks every block_size rows). When to use it: AttendImpl.
-/// T0 hint (all cache levels): the span ahead (<= KernelArgs::stream_ahead_bytes) stays in L2 until its heads
-/// are reached. Measured (bench_attention_cpu, paged, side by side in one process): with a
-/// non-temporal or T1/T2 hint the stream was 2-10% slower than with T0.
+/// T0 hint (all cache levels): the span ahead (<= KernelArgs::stream_ahead_bytes) stays in L2
+/// until its heads are reached. Measured (bench_attention_cpu, paged, side by side in one
+/// process): with a non-temporal or T1/T2 hint the stream was 2-10% slower than with T0.
 struct PrefetchStream {
   static constexpr int32_t kMaxSegments = 2 * kMaxSpan;  // whole blocks merge; partial ones are few
   const char* begin[kMaxSegments];
@@ -1048,8 +1048,6 @@ void fast_paged_prefill_attention(const AttentionParams& params, const KVLayerVi
       threads > 1 && num_items > 1 && total_work >= fast::kMinParallelWork;
 #if defined(_OPENMP)
   if (parallel) a.stream_ahead_bytes = fast::kStreamAheadBytesTeam;
-#endif
-#if defined(_OPENMP)
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (parallel)
 #endif
   for (int64_t w = 0; w < num_items; ++w) {
