@@ -36,23 +36,10 @@ constexpr int32_t kMaxSpan = 4 * kTile;
 /// Rows (query heads x query tokens) per work item: bounds the L1 footprint of the fp32
 /// accumulators (32 x 128 x 4 B = 16 KiB) while letting prefill reuse each K/V tile 32 times.
 constexpr int32_t kMaxRows = 32;
-/// Most bytes the block stream (PrefetchStream) requests ahead of the kernel when the call runs
-/// on one thread: a span of more (more than 8 kv heads of 256-byte rows per item) is streamed
-/// over its last heads only, so that what was prefetched stays in the 1-2 MiB L2 of current x86
-/// cores until it is read.
+/// Most bytes the block stream (PrefetchStream) requests ahead of the kernel: a span of more
+/// (more than 8 kv heads of 256-byte rows per item) is streamed over its last heads only, so
+/// that what was prefetched stays in the 1-2 MiB L2 of current x86 cores until it is read.
 constexpr int64_t kStreamAheadBytes = int64_t{256} << 10;
-/// The same when the call runs on a thread team. What decides is the memory bandwidth a core
-/// gets: with little (cores sharing it) the shorter look-ahead wins, with much (one thread, or
-/// an idle machine) the longer one; the team size stands in for it. Measured
-/// (bench_attention_cpu, 2-core Zen 5 VM with private 1 MiB L2s, interleaved K/V, paged /
-/// contiguous, the two look-aheads alternating in one session): on 2 threads, while the memcpy
-/// timed alongside read ~20 GB/s (most of the time), 128 KiB was 2-7% faster than 256 KiB
-/// (fp32 d64 block_size 16 2048 x 64 1.05-1.06 -> 0.98-1.02, x 16 1.02-1.03 -> 0.96-0.97,
-/// bf16 d128 32k x 1 1.00-1.01 -> 0.98), 96 KiB 0-4% slower than 128 KiB; while it read
-/// 30-35 GB/s (this guest's other state), 128 KiB was 5-11% slower (docs/benchmarks.md has the
-/// table); on one thread 128 KiB was 7-13% slower. Teams of more than 2 threads are unmeasured
-/// (a core's share of the bandwidth only shrinks).
-constexpr int64_t kStreamAheadBytesTeam = int64_t{128} << 10;
 /// Shortest run of K and V bytes per block (all kv heads of an item, K and V together when
 /// they are adjacent) for which the block stream is used; shorter runs keep the row prefetch.
 constexpr int64_t kStreamMinRunBytes = int64_t{64} << 10;
@@ -83,7 +70,7 @@ struct KernelArgs {
   float scale = 0.0f;
   int32_t window_left = -1;
   int32_t sink_tokens = 0;
-  int64_t stream_ahead_bytes = kStreamAheadBytes;  // see kStreamAheadBytesTeam
+  bool team = false;  // the call runs on a thread team (see AttendImpl's prefetch rules)
 };
 
 /// The rows of one work item: query tokens [first_pos, first_pos + num_q) of a sequence, the
@@ -207,9 +194,10 @@ HWY_INLINE void PrefetchRow(const T* row, int64_t row_bytes) {
 /// they are adjacent), requested `lines_per_step` cache lines per step() over the current span's
 /// score loops, so each block is swept once in address order, one span ahead (where reading head
 /// by head jumps between the span's blocks every block_size rows). When to use it: AttendImpl.
-/// T0 hint (all cache levels): the span ahead (<= KernelArgs::stream_ahead_bytes) stays in L2
+/// T0 hint (all cache levels) on one thread: the span ahead (<= kStreamAheadBytes) stays in L2
 /// until its heads are reached. Measured (bench_attention_cpu, paged, side by side in one
-/// process): with a non-temporal or T1/T2 hint the stream was 2-10% slower than with T0.
+/// process, one thread): with a non-temporal or T1/T2 hint the stream was 2-10% slower than
+/// with T0. On a thread team: T1 (to_l2), with the row prefetch kept on (see AttendImpl).
 struct PrefetchStream {
   static constexpr int32_t kMaxSegments = 2 * kMaxSpan;  // whole blocks merge; partial ones are few
   const char* begin[kMaxSegments];
@@ -242,9 +230,14 @@ struct PrefetchStream {
     }
     total_lines += (end[count - 1] - begin[count - 1] + 63) / 64;
   }
+  bool to_l2 = false;  // T1 hint (L2 and below) instead of T0
   HWY_INLINE void step() {
     for (int64_t left = lines_per_step; left > 0 && seg < count; --left) {
-      __builtin_prefetch(cur, 0, 3);
+      if (to_l2) {
+        __builtin_prefetch(cur, 0, 2);
+      } else {
+        __builtin_prefetch(cur, 0, 3);
+      }
       cur += 64;
       if (cur >= end[seg] && ++seg < count) cur = begin[seg];
     }
@@ -672,8 +665,16 @@ void AttendImpl(DF df, const KernelArgs& a, const RowSet& rs, int32_t part) {
   // 2 threads, paged / contiguous): fp32 d64 block_size 16 at 2048 x 1 (8 key partitions of 4
   // spans, a quarter of them cold without it) 1.03-1.065 -> 1.004; bf16 d128 8k x 1 and
   // 32k x 1 0.98.
+  // On a thread team the stream fills L2 only (T1) and every span keeps the row prefetch (the
+  // next head's rows into L1). Measured (2-core Zen 5 VM, interleaved, paged / contiguous, the
+  // variants alternating over 20 rounds; the guest's memory ran in two states, a memcpy
+  // alongside reading ~20 or 30-35 GB/s): T0 stream alone, 256 KiB ahead: worst 1.059 (~20)
+  // and 1.017 (30-35); 128 KiB ahead: 1.014 and 1.127; T1 stream + rows: 1.026 and 1.021. On
+  // one thread T1 + rows was 4-5% slower on bf16 d128 (4% faster on fp32 d64), so one thread
+  // keeps T0 alone.
   bool tile_rows = true;
   PrefetchStream stream;
+  stream.to_l2 = a.team;
   // The stream of the K and V rows of keys [0, count) (row pointers of head 0 of the set kb/vb,
   // flat keys kk) for every kv head of the set, spread over `steps` score-loop steps.
   auto build_stream = [&](const T* const* kb, const T* const* vb, const int64_t* kk, int32_t count,
@@ -698,8 +699,8 @@ void AttendImpl(DF df, const KernelArgs& a, const RowSet& rs, int32_t part) {
       i0 = i;
     }
     // Spread over the score loops of the last `heads` heads of the current span, so that no
-    // more than a.stream_ahead_bytes are requested ahead of the head being read.
-    const int64_t ahead_lines = a.stream_ahead_bytes / 64;
+    // more than kStreamAheadBytes are requested ahead of the head being read.
+    const int64_t ahead_lines = kStreamAheadBytes / 64;
     const int32_t heads = static_cast<int32_t>(
         std::clamp<int64_t>((rs.num_kv * ahead_lines + stream.total_lines - 1) /
                                 std::max<int64_t>(stream.total_lines, 1),
@@ -778,7 +779,7 @@ void AttendImpl(DF df, const KernelArgs& a, const RowSet& rs, int32_t part) {
     const T* const* vs = vp[cur];
     for (int32_t hh = 0; hh < rs.num_kv; ++hh) {
       const int64_t off = static_cast<int64_t>(hh) * head_stride;
-      tile_rows = !use_stream || (j == key_begin && hh + 1 < rs.num_kv);
+      tile_rows = !use_stream || a.team || (j == key_begin && hh + 1 < rs.num_kv);
       for (int32_t t0 = 0; t0 < n; t0 += kTile) {
         const int32_t tn = std::min(kTile, n - t0);
         // What comes next: this head's next tile of the span, else the next head's first tile,
@@ -1047,7 +1048,7 @@ void fast_paged_prefill_attention(const AttentionParams& params, const KVLayerVi
   [[maybe_unused]] const bool parallel =
       threads > 1 && num_items > 1 && total_work >= fast::kMinParallelWork;
 #if defined(_OPENMP)
-  if (parallel) a.stream_ahead_bytes = fast::kStreamAheadBytesTeam;
+  a.team = parallel;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (parallel)
 #endif
   for (int64_t w = 0; w < num_items; ++w) {
