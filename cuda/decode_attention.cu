@@ -39,10 +39,9 @@ struct DecodeTraits {
   static constexpr int kElemsPerLane = kChunksPerLane * kVec;
   static constexpr int kTokenGroups = kThreads / kLanes;
   // Pipeline: kStages tiles of kTileBytes of K (and as much V) in shared memory; kStages - 1
-  // are in flight while one is computed. Tuning knobs for the GPU session (docs/cuda.md):
-  // (2, 8 KiB) keeps 16 KiB per CTA in flight, (4, 4 KiB) 24 KiB in the same 32 KiB.
-  static constexpr int kStages = 2;
-  static constexpr int kTileBytes = 8192;
+  // are in flight while one is computed (docs/cuda.md has the measured choice).
+  static constexpr int kStages = kDecodeStages;
+  static constexpr int kTileBytes = kDecodeTileBytes;
   static constexpr int kTileTokens = kTileBytes / (D * static_cast<int>(sizeof(T)));
   static constexpr int kTokensPerGroup = kTileTokens / kTokenGroups;
   static constexpr int kLoadsPerThread = kTileTokens * kChunksPerRow / kThreads;
@@ -60,7 +59,8 @@ struct DecodeTraits {
                 "split chunks must hold whole tiles");
   static_assert(kReduceBytes <= kTileBufferBytes, "the final reduction reuses the tile buffers");
   static_assert(kHeads % kWarps == 0 && kHeads % 4 == 0);
-  static_assert(kSmemBytes <= 48 * 1024, "static shared memory limit");
+  static_assert(kStages >= 2, "one tile computed while the next lands");
+  static_assert(kSmemBytes <= 227 * 1024, "dynamic shared memory limit of sm_80 / sm_90");
 };
 
 /// The decode body: CTA (kv head chunk, seq, split) computes, for its up to kHeads query heads,
@@ -69,7 +69,7 @@ struct DecodeTraits {
 /// (2) scores: each token group takes tokens t = group, group + kTokenGroups, ..., each lane
 /// dots its chunks with all heads' q (fp32, pre-scaled by scale * log2 e), reduce_scatter
 /// leaves one head's score per lane, written to smem [token][head]; (3) online softmax per head
-/// (warp w owns heads w, w + 4): tile max, rescale factor alpha, p = exp2(s - m);
+/// (warp w owns heads w, w + kWarps, ...): tile max, rescale factor alpha, p = exp2(s - m);
 /// (4) P.V: each lane accumulates p[h] * v for its chunks, all heads, after scaling by alpha.
 /// The kTokenGroups partial accumulators are summed through smem at the end.
 template <typename T, int D, typename KV>
@@ -335,18 +335,28 @@ __device__ __forceinline__ void decode_body(const DecodeProblem& p, const KV& kv
   }
 }
 
-/// Occupancy floor handed to ptxas. With 8 heads of fp32 q and accumulators per lane the
-/// fp16/bf16 kernels use ~220 registers: 2 CTAs (8 warps) per SM with
-/// no spills, 32 KiB of K/V in flight per SM; 3 forces ~168 registers and spills 60-116 bytes.
-/// Measured choice: docs/cuda.md.
-constexpr int kDecodeMinCtasPerSm = 2;
-
-// grid: (num_kv_heads * head_chunks, num_seqs, num_splits); block: kDecodeThreads
+// grid: (num_kv_heads * head_chunks, num_seqs, num_splits); block: kDecodeThreads;
+// dynamic shared memory: DecodeTraits<T, D>::kSmemBytes
 template <typename T, int D, typename KV>
 __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinCtasPerSm)
     decode_kernel(DecodeProblem p, KV kv) {
-  __shared__ alignas(16) unsigned char smem[DecodeTraits<T, D>::kSmemBytes];
-  decode_body<T, D, KV>(p, kv, smem);
+  extern __shared__ __align__(16) unsigned char decode_smem[];
+  decode_body<T, D, KV>(p, kv, decode_smem);
+}
+
+/// Raises the kernel's dynamic shared-memory limit past the default 48 KiB when its traits need
+/// more (a per-device setting, so it is applied before every launch and occupancy query).
+template <typename T, int D, typename KV>
+void allow_decode_smem() {
+  constexpr int kBytes = DecodeTraits<T, D>::kSmemBytes;
+  if constexpr (kBytes > 48 * 1024) {
+    const cudaError_t err = cudaFuncSetAttribute(
+        decode_kernel<T, D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+    if (err != cudaSuccess) {
+      throw_cuda_error(static_cast<int>(err), "cudaFuncSetAttribute(decode_kernel)", __FILE__,
+                       __LINE__);
+    }
+  }
 }
 
 // Split-K merge: out = sum_s w_s o_s / sum_s w_s, w_s = 2^(lse_s - max lse) (log2 domain).
@@ -434,7 +444,9 @@ void launch_decode(DType dtype, int32_t head_dim, const DecodeProblem& p, const 
     constexpr int kD = decltype(dim)::value;
     const dim3 grid(static_cast<unsigned>(p.num_kv_heads * p.head_chunks),
                     static_cast<unsigned>(p.num_seqs), static_cast<unsigned>(p.num_splits));
-    decode_kernel<T, kD, KV><<<grid, kDecodeThreads, 0, s>>>(p, kv);
+    allow_decode_smem<T, kD, KV>();
+    decode_kernel<T, kD, KV>
+        <<<grid, kDecodeThreads, DecodeTraits<T, kD>::kSmemBytes, s>>>(p, kv);
   });
   check_launch("decode_kernel launch");
   if (p.num_splits > 1) {
@@ -462,8 +474,10 @@ int32_t decode_ctas_per_sm(DType dtype, int32_t head_dim) {
   dispatch_decode(dtype, head_dim, [&](auto type, auto dim) {
     using T = typename decltype(type)::type;
     constexpr int kD = decltype(dim)::value;
+    allow_decode_smem<T, kD, PagedKV>();
     err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, decode_kernel<T, kD, PagedKV>,
-                                                        kDecodeThreads, 0);
+                                                        kDecodeThreads,
+                                                        DecodeTraits<T, kD>::kSmemBytes);
   });
   if (err != cudaSuccess) {
     throw_cuda_error(static_cast<int>(err), "cudaOccupancyMaxActiveBlocksPerMultiprocessor",

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs every CUDA test (tests/test_cuda_*.cpp), the CUDA decode benchmark and the main job on the
-# device (`pagedkv generate --device cuda --cache all`, built-in model) on a machine with an
-# NVIDIA GPU, and prints a Markdown section to paste into docs/benchmarks.md.
+# Runs every CUDA test (tests/test_cuda_*.cpp, tests/model/test_*cuda*.cpp), the CUDA decode
+# benchmark and the main job on the device (`pagedkv generate --device cuda --cache all`,
+# built-in model) on a machine with an NVIDIA GPU, and prints a Markdown section to paste into
+# docs/benchmarks.md.
 #
 # Usage, from the repository root:
 #   scripts/gpu_check.sh                 build build-gpu/ (sm_90) here, then run (needs nvcc,
@@ -18,15 +19,17 @@
 #   here:   scripts/gpu_check.sh --bundle
 #   there:  run(command="scripts/gpu_check.sh --run build-gpu/bundle",
 #               carry=["build-gpu/bundle"], timeout_s=480)
-# Expect ~1 minute of tests, ~1-2 minutes of benchmark and seconds of generate. The bundle is
-# ~55 MiB (OpenBLAS, for pagedkv's matrix products, is 36 MiB of it): within the 64 MiB a carry
-# may take. Exit status: 0 when every test passed, none was skipped for lack of a device, and
+# On an H200 (2026-11-29) the tests took about 1.5 minutes, the benchmark 30 s and generate a
+# few seconds. The bundle is ~57 MiB (OpenBLAS, for pagedkv's matrix products, is 36 MiB of
+# it): within the 64 MiB a carry may take; scripts/gpu_tune.sh packs with xz instead. Exit status: 0 when every test passed, none was skipped for lack of a device, and
 # generate's device run agreed with the CPU caches; 1 otherwise.
 #
 # Env: ARCH (default 90) for the build; JOBS (default 2) build parallelism; BUILD (default
 # build-gpu) the build folder; BENCH_FILTER to
 # run a subset of the benchmark (Google Benchmark regex).
 set -uo pipefail
+# --run DIR is relative to the caller's directory; everything else to the repository root.
+[ "${1:-}" = --run ] && [ -d "${2:-}" ] && set -- --run "$(cd "$2" && pwd)"
 cd "$(dirname "$0")/.."
 
 ARCH="${ARCH:-90}"
@@ -39,18 +42,19 @@ build() {
     return 1
   local targets=(bench_cuda_decode pagedkv_cli)
   for f in tests/test_cuda_*.cpp; do targets+=("$(basename "$f" .cpp)"); done
+  for f in tests/model/test_*cuda*.cpp; do targets+=("model_$(basename "$f" .cpp)"); done
   cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}"
 }
 
 bundle() {
   local out="$BUILD/bundle"
   rm -rf "$out" && mkdir -p "$out/lib"
-  find "$BUILD/tests" -maxdepth 1 -type f -executable -name 'test_cuda_*' -exec cp {} "$out/" \;
+  find "$BUILD/tests" -maxdepth 1 -type f -executable -name '*test_*cuda*' -exec cp {} "$out/" \;
   cp "$BUILD/benchmarks/bench_cuda_decode" "$BUILD/src/cli/pagedkv" "$out/"
   # Every shared library a bare CUDA image may lack (fmt, benchmark, hwy, gomp, cudart, ...);
   # the C and C++ runtimes (glibc, libstdc++, libgcc_s) are left to the target system, which
   # must be at least as new as this one.
-  for exe in "$out"/test_cuda_* "$out/bench_cuda_decode" "$out/pagedkv"; do
+  for exe in "$out"/*test_*cuda* "$out/bench_cuda_decode" "$out/pagedkv"; do
     ldd "$exe" | awk '/=> \// {print $3}' |
       grep -vE '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
       xargs -r -I{} cp -L {} "$out/lib/"
@@ -68,7 +72,7 @@ run() {
   echo "== GPU: ${gpu:-unknown}; driver ${driver:-unknown}"
 
   local status=0 summary=""
-  for t in "$dir"/test_cuda_*; do
+  for t in "$dir"/*test_*cuda*; do
     local name log passed failed skipped
     name=$(basename "$t")
     log=$(mktemp)

@@ -17,6 +17,28 @@ namespace pagedkv::cuda::detail {
 /// Threads per decode CTA (4 warps).
 inline constexpr int32_t kDecodeThreads = 128;
 
+// Decode pipeline shape (cuda/decode_attention.cu), with kHeadsPerCta (decode_attention.hpp).
+// Chosen on an H200 among 9 shapes (docs/cuda.md, "Tuning"); the macros exist so that
+// scripts/gpu_tune.sh can build the alternatives, not for users.
+#ifndef PAGEDKV_DECODE_STAGES
+#define PAGEDKV_DECODE_STAGES 3
+#endif
+#ifndef PAGEDKV_DECODE_TILE_BYTES
+#define PAGEDKV_DECODE_TILE_BYTES 8192
+#endif
+#ifndef PAGEDKV_DECODE_MIN_CTAS_PER_SM
+#define PAGEDKV_DECODE_MIN_CTAS_PER_SM 4
+#endif
+/// Shared-memory tiles of K (and as many of V) per CTA; kDecodeStages - 1 are in flight while
+/// one is computed.
+inline constexpr int kDecodeStages = PAGEDKV_DECODE_STAGES;
+/// Bytes of K per tile (as many of V).
+inline constexpr int kDecodeTileBytes = PAGEDKV_DECODE_TILE_BYTES;
+/// Occupancy floor handed to ptxas (__launch_bounds__). With 4 heads per CTA the fp16/bf16
+/// kernels fit in 128 registers at 4 (8-16 bytes of spills at d128/d256), which is what lets
+/// 4 CTAs share an SM; with 8 heads they need ~220 and run 2 per SM.
+inline constexpr int kDecodeMinCtasPerSm = PAGEDKV_DECODE_MIN_CTAS_PER_SM;
+
 /// Everything of a decode launch except the K/V addressing. All pointers are device pointers.
 struct DecodeProblem {
   const float* q = nullptr;               // [num_seqs, num_heads, head_dim]

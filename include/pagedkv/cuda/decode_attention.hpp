@@ -6,8 +6,9 @@
 /// Kernel (cuda/decode_attention.cu): one CTA of 128 threads serves up to kHeadsPerCta query
 /// heads that share one kv head (GQA: the K/V tile is read once for the whole group), one
 /// sequence, and one split of its context. K/V tiles (8 KiB of K + 8 KiB of V) stream into
-/// shared memory with cp.async, double-buffered; scores, online softmax and P.V accumulate in
-/// fp32. Supported configurations: pagedkv/cuda/supported_configs.hpp.
+/// shared memory with cp.async, three deep (two in flight while one is computed); scores,
+/// online softmax and P.V accumulate in fp32. Supported configurations:
+/// pagedkv/cuda/supported_configs.hpp.
 ///
 /// Split-K (flash-decoding, Dao et al. 2023, "Flash-Decoding for long-context inference"): the
 /// context is cut into num_splits chunks processed by separate CTAs; each writes its normalized
@@ -35,7 +36,10 @@ namespace pagedkv::cuda {
 
 /// Query heads served by one CTA (all heads of a GQA group up to this many; a larger group is
 /// served by ceil(group / kHeadsPerCta) CTAs per kv head).
-inline constexpr int32_t kHeadsPerCta = 8;
+#ifndef PAGEDKV_DECODE_HEADS_PER_CTA
+#define PAGEDKV_DECODE_HEADS_PER_CTA 4  // other values: scripts/gpu_tune.sh's builds only
+#endif
+inline constexpr int32_t kHeadsPerCta = PAGEDKV_DECODE_HEADS_PER_CTA;
 /// Upper bound of DecodePlan::num_splits (grid z).
 inline constexpr int32_t kMaxSplits = 256;
 /// Heuristic: a split is never shorter than this many tokens (below it, the partial-output
