@@ -60,12 +60,13 @@ struct DecodeTraits {
   static_assert(kReduceBytes <= kTileBufferBytes, "the final reduction reuses the tile buffers");
   static_assert(kHeads % kWarps == 0 && kHeads % 4 == 0);
   static_assert(kStages >= 2, "one tile computed while the next lands");
-  static_assert(kSmemBytes <= 227 * 1024, "dynamic shared memory limit of sm_80 / sm_90");
+  static_assert(kSmemBytes <= 163 * 1024, "dynamic shared memory per CTA: 163 KiB on sm_80");
 };
 
 /// The decode body: CTA (kv head chunk, seq, split) computes, for its up to kHeads query heads,
 /// softmax(q K^T) V over the visible positions of its split.
-/// Per tile: (1) wait for the tile's cp.async group, issue the next tile's (double buffer);
+/// Per tile: (1) wait for the tile's cp.async group, issue tile it + kStages - 1's into the
+/// buffer tile it - 1 used;
 /// (2) scores: each token group takes tokens t = group, group + kTokenGroups, ..., each lane
 /// dots its chunks with all heads' q (fp32, pre-scaled by scale * log2 e), reduce_scatter
 /// leaves one head's score per lane, written to smem [token][head]; (3) online softmax per head

@@ -21,8 +21,11 @@
 #               carry=["build-gpu/bundle"], timeout_s=480)
 # On an H200 (2026-11-29) the tests took about 1.5 minutes, the benchmark 30 s and generate a
 # few seconds. The bundle is ~57 MiB (OpenBLAS, for pagedkv's matrix products, is 36 MiB of
-# it): within the 64 MiB a carry may take; scripts/gpu_tune.sh packs with xz instead. Exit status: 0 when every test passed, none was skipped for lack of a device, and
-# generate's device run agreed with the CPU caches; 1 otherwise.
+# it): within the 64 MiB a carry may take; scripts/gpu_tune.sh packs with xz instead.
+# With OUT set (the device tool sets it), the paste section is also written to
+# $OUT/gpu_check.md. Exit status: 0 when every test passed, none was skipped for lack of a
+# device, and generate's device run agreed with the CPU caches; 1 otherwise; 2 for usage (also
+# for a DIR that does not exist or holds no test).
 #
 # Env: ARCH (default 90) for the build; JOBS (default 2) build parallelism; BUILD (default
 # build-gpu) the build folder; BENCH_FILTER to
@@ -65,6 +68,10 @@ bundle() {
 
 run() {
   local dir="$1"
+  if ! compgen -G "$dir/*test_*cuda*" >/dev/null; then
+    echo "gpu_check.sh: no CUDA test executables in $dir (make it with --bundle)" >&2
+    return 2
+  fi
   export LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   local gpu driver
   gpu=$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1)
@@ -108,12 +115,22 @@ run() {
   "$dir/pagedkv" generate --device cuda --cache all >"$gen_log" 2>&1
   local gen_rc=$?
   cat "$gen_log"
-  if [ "$gen_rc" -ne 0 ] || ! grep -q 'agreement: contiguous vs paged-cuda: same tokens' "$gen_log"; then
+  if [ "$gen_rc" -ne 0 ] ||
+    ! grep -q 'agreement: contiguous vs paged-cuda: same tokens' "$gen_log"; then
     status=1
     echo "   pagedkv generate --device cuda: rc $gen_rc, or no agreement with the CPU caches"
   fi
 
   echo
+  paste_section "$gpu" "$driver" "$summary" "$bench_log" "$gen_log" "$gen_rc" |
+    tee ${OUT:+"$OUT/gpu_check.md"}
+  rm -f "$bench_log" "$gen_log"
+  return "$status"
+}
+
+# The Markdown section for docs/benchmarks.md, between ===== lines.
+paste_section() {
+  local gpu=$1 driver=$2 summary=$3 bench_log=$4 gen_log=$5 gen_rc=$6
   echo "================ paste into docs/benchmarks.md ================"
   echo "## CUDA backend: $(date -u +%Y-%m-%d), ${gpu:-unknown GPU}, driver ${driver:-?}"
   echo
@@ -130,8 +147,6 @@ run() {
   sed -n '/^cache /,$p' "$gen_log"
   echo '```'
   echo "================================================================"
-  rm -f "$bench_log" "$gen_log"
-  return "$status"
 }
 
 case "${1:-}" in

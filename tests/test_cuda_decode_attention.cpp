@@ -54,7 +54,7 @@ DecodePlanInput h200(int32_t num_seqs, int32_t num_heads, int32_t num_kv_heads, 
 }
 
 TEST(PlanDecode, DocumentedExamples) {
-  // decode_attention.hpp: 132 SMs x 3 CTAs, 8 kv heads, GQA 4.
+  // decode_attention.hpp: 132 SMs x 3 CTAs per SM, 8 kv heads, GQA 4.
   EXPECT_EQ(plan_decode(h200(1, 32, 8, 32768)), (DecodePlan{47, 704}));
   EXPECT_EQ(plan_decode(h200(32, 32, 8, 4096)), (DecodePlan{3, 1408}));
   EXPECT_EQ(plan_decode(h200(64, 32, 8, 4096)), (DecodePlan{1, 0}));
@@ -81,7 +81,8 @@ TEST(PlanDecode, Batch1LongContextFillsOneWave) {
 }
 
 TEST(PlanDecode, LargeGroupsCountHeadChunks) {
-  // group 16 -> 2 CTAs per kv head: twice the CTAs of group 8, fewer splits needed.
+  // group 16 -> ceil(16 / kHeadsPerCta) CTAs per kv head: at least the CTAs of group 8, so no
+  // more splits needed.
   const DecodePlan g8 = plan_decode(h200(1, 64, 8, 32768, 2));
   const DecodePlan g16 = plan_decode(h200(1, 128, 8, 32768, 2));
   EXPECT_GE(g8.num_splits, g16.num_splits);
@@ -382,7 +383,7 @@ std::vector<GpuCase> shape_cases() {
   };
   add(DType::kF16, 128, 16, 4, 1, KVLayout::kHND, {0, 5, 300, 2000});  // MHA + padding row
   add(DType::kBF16, 128, 16, 2, 8, KVLayout::kHND, {17, 1031, 4097});  // GQA 8
-  add(DType::kF16, 64, 16, 2, 16, KVLayout::kHND, {1, 333, 4097});     // 2 head chunks
+  add(DType::kF16, 64, 16, 2, 16, KVLayout::kHND, {1, 333, 4097});     // several head chunks
   add(DType::kF32, 128, 8, 1, 6, KVLayout::kHND, {3, 1031, 2049});     // MQA, group 6
   add(DType::kF32, 64, 32, 3, 3, KVLayout::kHND, {100, 0, 65});        // 3 kv heads
   add(DType::kF16, 128, 16, 2, 4, KVLayout::kNHD, {1, 16, 17, 4097});  // NHD layout

@@ -35,8 +35,9 @@ inline constexpr int kDecodeStages = PAGEDKV_DECODE_STAGES;
 /// Bytes of K per tile (as many of V).
 inline constexpr int kDecodeTileBytes = PAGEDKV_DECODE_TILE_BYTES;
 /// Occupancy floor handed to ptxas (__launch_bounds__). With 4 heads per CTA the fp16/bf16
-/// kernels fit in 128 registers at 4 (8-16 bytes of spills at d128/d256), which is what lets
-/// 4 CTAs share an SM; with 8 heads they need ~220 and run 2 per SM.
+/// kernels fit in 128 registers at 4 (8-16 bytes of spills in the paged ones), which is what
+/// lets 4 CTAs share an H100/H200 SM (~49 KiB of shared memory each); with 8 heads they need
+/// ~220 and run 2 per SM. An A100 (164 KiB of shared memory per SM) fits 3 of these CTAs.
 inline constexpr int kDecodeMinCtasPerSm = PAGEDKV_DECODE_MIN_CTAS_PER_SM;
 
 /// Everything of a decode launch except the K/V addressing. All pointers are device pointers.

@@ -37,7 +37,10 @@ namespace pagedkv::cuda {
 /// Query heads served by one CTA (all heads of a GQA group up to this many; a larger group is
 /// served by ceil(group / kHeadsPerCta) CTAs per kv head).
 #ifndef PAGEDKV_DECODE_HEADS_PER_CTA
-#define PAGEDKV_DECODE_HEADS_PER_CTA 4  // other values: scripts/gpu_tune.sh's builds only
+// Set only by scripts/gpu_tune.sh's builds, for the whole build (library and includers alike):
+// a program that defines it differently from its library gets launches that disagree with
+// plan_decode.
+#define PAGEDKV_DECODE_HEADS_PER_CTA 4
 #endif
 inline constexpr int32_t kHeadsPerCta = PAGEDKV_DECODE_HEADS_PER_CTA;
 /// Upper bound of DecodePlan::num_splits (grid z).
@@ -83,8 +86,8 @@ struct DecodePlanInput {
 ///   chunk(s) = round_up(ceil(max_ctx / s), kSplitGranularity),  s' = ceil(max_ctx / chunk(s)),
 ///   cost(s)  = ceil(ctas * s' / slots) * (chunk(s) + kCtaOverheadTokens)
 ///              + (s' > 1 ? kMergeOverheadTokens : 0),
-/// and the cheapest wins (ties: fewer splits). Example (H200: 132 SMs x 3 CTAs, 8 kv heads,
-/// GQA 4): batch 1 at 32k tokens -> 47 splits of 704 tokens (one wave of 376 CTAs); batch 32 at
+/// and the cheapest wins (ties: fewer splits). Example (132 SMs x 3 CTAs per SM, 8 kv heads,
+/// GQA 4; the current kernel gets 4 CTAs per SM on an H200, docs/cuda.md has that case): batch 1 at 32k tokens -> 47 splits of 704 tokens (one wave of 376 CTAs); batch 32 at
 /// 4k -> 3 splits of 1408; batch 64 at 4k (512 CTAs >= 396) -> one pass.
 /// Errors: throws pagedkv::Error if a field is out of range (sizes < 1, max_context_len < 0,
 /// num_heads not a multiple of num_kv_heads).
