@@ -87,8 +87,9 @@ struct DecodePlanInput {
 ///   cost(s)  = ceil(ctas * s' / slots) * (chunk(s) + kCtaOverheadTokens)
 ///              + (s' > 1 ? kMergeOverheadTokens : 0),
 /// and the cheapest wins (ties: fewer splits). Example (132 SMs x 3 CTAs per SM, 8 kv heads,
-/// GQA 4; the current kernel gets 4 CTAs per SM on an H200, docs/cuda.md has that case): batch 1 at 32k tokens -> 47 splits of 704 tokens (one wave of 376 CTAs); batch 32 at
-/// 4k -> 3 splits of 1408; batch 64 at 4k (512 CTAs >= 396) -> one pass.
+/// GQA 4; the current kernel gets 4 CTAs per SM on an H200, docs/cuda.md has that case):
+/// batch 1 at 32k tokens -> 47 splits of 704 tokens (one wave of 376 CTAs); batch 32 at 4k ->
+/// 3 splits of 1408; batch 64 at 4k (512 CTAs >= 396) -> one pass.
 /// Errors: throws pagedkv::Error if a field is out of range (sizes < 1, max_context_len < 0,
 /// num_heads not a multiple of num_kv_heads).
 [[nodiscard]] DecodePlan plan_decode(const DecodePlanInput& input);
