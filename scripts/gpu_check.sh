@@ -54,14 +54,8 @@ bundle() {
   rm -rf "$out" && mkdir -p "$out/lib"
   find "$BUILD/tests" -maxdepth 1 -type f -executable -name '*test_*cuda*' -exec cp {} "$out/" \;
   cp "$BUILD/benchmarks/bench_cuda_decode" "$BUILD/src/cli/pagedkv" "$out/"
-  # Every shared library a bare CUDA image may lack (fmt, benchmark, hwy, gomp, cudart, ...);
-  # the C and C++ runtimes (glibc, libstdc++, libgcc_s) are left to the target system, which
-  # must be at least as new as this one.
-  for exe in "$out"/*test_*cuda* "$out/bench_cuda_decode" "$out/pagedkv"; do
-    ldd "$exe" | awk '/=> \// {print $3}' |
-      grep -vE '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
-      xargs -r -I{} cp -L {} "$out/lib/"
-  done
+  scripts/copy_shared_libs.sh "$out/lib" "$out"/*test_*cuda* "$out/bench_cuda_decode" \
+    "$out/pagedkv" || return 1
   cp scripts/gpu_check.sh "$out/"
   echo "bundle: $out ($(du -sh "$out" | cut -f1)); carry it and run scripts/gpu_check.sh --run $out"
 }

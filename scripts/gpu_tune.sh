@@ -56,11 +56,7 @@ bundle() {
       "$dir/tests/test_cuda_device_decode_runner" "$dir/src/cli/pagedkv" "$out/$name/"
     echo "built $name (${defs:-committed shape})"
   done
-  for exe in "$out"/*/*; do
-    ldd "$exe" | awk '/=> \// {print $3}' |
-      grep -vE '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
-      xargs -r -I{} cp -L {} "$out/lib/"
-  done
+  scripts/copy_shared_libs.sh "$out/lib" "$out"/*/* || return 1
   echo "$VARIANTS" >"$out/variants"
   tar -C "$out" -cJf build-tune/bundle.tar.xz . && du -h build-tune/bundle.tar.xz
 }
