@@ -22,9 +22,9 @@
 #include <span>
 #include <vector>
 
-#include "pagedkv/batch_metadata.hpp"
-#include "pagedkv/block_allocator.hpp"
-#include "pagedkv/kv_cache_manager.hpp"
+#include "pagedkv/metadata/batch_metadata.hpp"
+#include "pagedkv/metadata/block_allocator.hpp"
+#include "pagedkv/metadata/kv_cache_manager.hpp"
 
 namespace pagedkv {
 namespace {

@@ -45,11 +45,11 @@
 
 #include "cpu/attention_fast.hpp"
 #include "cpu/attention_plain.hpp"
-#include "pagedkv/attention.hpp"
-#include "pagedkv/contiguous_kv.hpp"
+#include "pagedkv/cpu/attention.hpp"
+#include "pagedkv/storage/contiguous_kv.hpp"
 #include "pagedkv/dtype.hpp"
-#include "pagedkv/host_buffer.hpp"
-#include "pagedkv/host_kv_cache.hpp"
+#include "pagedkv/storage/host_buffer.hpp"
+#include "pagedkv/storage/host_kv_cache.hpp"
 
 namespace pagedkv {
 namespace {

@@ -28,12 +28,12 @@
 #include <type_traits>
 #include <vector>
 
-#include "pagedkv/attention.hpp"
+#include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/cuda/device.hpp"
 #include "pagedkv/cuda/device_kv_cache.hpp"
-#include "pagedkv/kv_cache_config.hpp"
-#include "pagedkv/kv_layer_view.hpp"
+#include "pagedkv/storage/kv_cache_config.hpp"
+#include "pagedkv/storage/kv_layer_view.hpp"
 
 namespace {
 

@@ -32,10 +32,10 @@
 #include "model/checkpoint.hpp"
 #include "model/kv_backend.hpp"
 #include "model/llama.hpp"
-#include "pagedkv/attention.hpp"
-#include "pagedkv/contiguous_kv.hpp"
+#include "pagedkv/cpu/attention.hpp"
+#include "pagedkv/storage/contiguous_kv.hpp"
 #include "pagedkv/error.hpp"
-#include "pagedkv/host_buffer.hpp"
+#include "pagedkv/storage/host_buffer.hpp"
 
 namespace pagedkv {
 namespace {

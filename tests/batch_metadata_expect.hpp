@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "pagedkv/batch_metadata.hpp"
+#include "pagedkv/metadata/batch_metadata.hpp"
 
 namespace pagedkv::testing {
 

@@ -14,10 +14,10 @@
 #include <span>
 #include <vector>
 
-#include "pagedkv/attention.hpp"
-#include "pagedkv/batch_metadata.hpp"
-#include "pagedkv/host_kv_cache.hpp"
-#include "pagedkv/reference.hpp"
+#include "pagedkv/cpu/attention.hpp"
+#include "pagedkv/metadata/batch_metadata.hpp"
+#include "pagedkv/storage/host_kv_cache.hpp"
+#include "pagedkv/reference/reference.hpp"
 
 namespace pagedkv::testing {
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "pagedkv/error.hpp"
-#include "pagedkv/kv_cache_manager.hpp"
+#include "pagedkv/metadata/kv_cache_manager.hpp"
 
 namespace pagedkv {
 namespace {

@@ -14,7 +14,7 @@
 
 #include "cpu/attention_plain.hpp"
 #include "paged_scenario.hpp"
-#include "pagedkv/attention.hpp"
+#include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/dtype.hpp"
 #include "pagedkv/error.hpp"
 

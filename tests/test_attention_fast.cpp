@@ -16,7 +16,7 @@
 #include "cpu/attention_fast.hpp"
 #include "cpu/attention_plain.hpp"
 #include "paged_scenario.hpp"
-#include "pagedkv/attention.hpp"
+#include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/dtype.hpp"
 
 namespace pagedkv {

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "pagedkv/batch_metadata.hpp"
+#include "pagedkv/metadata/batch_metadata.hpp"
 #include "pagedkv/error.hpp"
 
 namespace pagedkv {

@@ -1,6 +1,6 @@
 // Tests for include/pagedkv/block_allocator.hpp: exact ids on hand-worked sequences, reference
 // counts, the cached/LRU state, conservation after every step, and every documented error.
-#include "pagedkv/block_allocator.hpp"
+#include "pagedkv/metadata/block_allocator.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -11,8 +11,8 @@
 
 #include "cpu/attention_fast.hpp"
 #include "paged_scenario.hpp"
-#include "pagedkv/attention.hpp"
-#include "pagedkv/contiguous_kv.hpp"
+#include "pagedkv/cpu/attention.hpp"
+#include "pagedkv/storage/contiguous_kv.hpp"
 #include "pagedkv/error.hpp"
 
 namespace pagedkv {

@@ -15,7 +15,7 @@
 #include "pagedkv/config.hpp"
 #include "pagedkv/cuda/cache_ops.hpp"
 #include "pagedkv/error.hpp"
-#include "pagedkv/host_kv_cache.hpp"
+#include "pagedkv/storage/host_kv_cache.hpp"
 
 #if PAGEDKV_WITH_CUDA
 #include "pagedkv/cuda/device_kv_cache.hpp"

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "cuda_test_util.hpp"
-#include "detail/cuda_launch.hpp"
+#include "cuda/launch.hpp"
 #include "paged_scenario.hpp"
-#include "pagedkv/attention.hpp"
+#include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/config.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/error.hpp"

@@ -12,7 +12,7 @@
 
 #include "cuda_test_util.hpp"
 #include "paged_scenario.hpp"
-#include "pagedkv/batch_metadata.hpp"
+#include "pagedkv/metadata/batch_metadata.hpp"
 #include "pagedkv/config.hpp"
 #include "pagedkv/cuda/device_batch_metadata.hpp"
 #include "pagedkv/error.hpp"

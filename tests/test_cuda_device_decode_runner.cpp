@@ -14,7 +14,7 @@
 
 #include "cuda_test_util.hpp"
 #include "paged_scenario.hpp"
-#include "pagedkv/attention.hpp"
+#include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/config.hpp"
 #include "pagedkv/cuda/device_decode_runner.hpp"
 #include "pagedkv/error.hpp"

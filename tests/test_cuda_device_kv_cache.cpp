@@ -13,7 +13,7 @@
 #include "pagedkv/config.hpp"
 #include "pagedkv/cuda/device_kv_cache.hpp"
 #include "pagedkv/error.hpp"
-#include "pagedkv/host_kv_cache.hpp"
+#include "pagedkv/storage/host_kv_cache.hpp"
 
 namespace pagedkv::cuda {
 namespace {

@@ -11,12 +11,12 @@
 #include <random>
 #include <set>
 
-#include "pagedkv/attention.hpp"
+#include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/error.hpp"
-#include "pagedkv/eviction_policy.hpp"
-#include "pagedkv/host_kv_cache.hpp"
-#include "pagedkv/kv_cache_manager.hpp"
-#include "pagedkv/reference.hpp"
+#include "pagedkv/metadata/eviction_policy.hpp"
+#include "pagedkv/storage/host_kv_cache.hpp"
+#include "pagedkv/metadata/kv_cache_manager.hpp"
+#include "pagedkv/reference/reference.hpp"
 
 namespace pagedkv {
 namespace {

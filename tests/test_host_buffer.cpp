@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "pagedkv/error.hpp"
-#include "pagedkv/host_buffer.hpp"
-#include "pagedkv/host_kv_cache.hpp"
+#include "pagedkv/storage/host_buffer.hpp"
+#include "pagedkv/storage/host_kv_cache.hpp"
 
 namespace pagedkv {
 namespace {

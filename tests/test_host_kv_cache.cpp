@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "pagedkv/error.hpp"
-#include "pagedkv/host_kv_cache.hpp"
+#include "pagedkv/storage/host_kv_cache.hpp"
 
 namespace pagedkv {
 namespace {

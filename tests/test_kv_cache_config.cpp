@@ -8,8 +8,8 @@
 #include <limits>
 
 #include "pagedkv/error.hpp"
-#include "pagedkv/kv_cache_config.hpp"
-#include "pagedkv/kv_layer_view.hpp"
+#include "pagedkv/storage/kv_cache_config.hpp"
+#include "pagedkv/storage/kv_layer_view.hpp"
 
 namespace pagedkv {
 namespace {

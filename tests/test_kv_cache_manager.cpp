@@ -10,8 +10,8 @@
 
 #include "batch_metadata_expect.hpp"
 #include "pagedkv/error.hpp"
-#include "pagedkv/host_kv_cache.hpp"
-#include "pagedkv/kv_cache_manager.hpp"
+#include "pagedkv/storage/host_kv_cache.hpp"
+#include "pagedkv/metadata/kv_cache_manager.hpp"
 
 namespace pagedkv {
 namespace {

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "pagedkv/attention.hpp"
+#include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/error.hpp"
-#include "pagedkv/host_kv_cache.hpp"
-#include "pagedkv/kv_cache_config.hpp"
+#include "pagedkv/storage/host_kv_cache.hpp"
+#include "pagedkv/storage/kv_cache_config.hpp"
 
 namespace pagedkv {
 namespace {

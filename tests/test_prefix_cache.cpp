@@ -10,8 +10,8 @@
 #include <random>
 
 #include "pagedkv/error.hpp"
-#include "pagedkv/kv_cache_manager.hpp"
-#include "pagedkv/prefix_cache.hpp"
+#include "pagedkv/metadata/kv_cache_manager.hpp"
+#include "pagedkv/metadata/prefix_cache.hpp"
 
 namespace pagedkv {
 namespace {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "pagedkv/error.hpp"
-#include "pagedkv/reference.hpp"
+#include "pagedkv/reference/reference.hpp"
 
 namespace pagedkv {
 namespace {

@@ -14,7 +14,7 @@
 
 #include "batch_metadata_expect.hpp"
 #include "pagedkv/error.hpp"
-#include "pagedkv/synchronized_manager.hpp"
+#include "pagedkv/metadata/synchronized_manager.hpp"
 
 namespace pagedkv {
 namespace {

@@ -1,22 +1,33 @@
 #pragma once
 /// @file pagedkv.hpp
-/// Umbrella header: the whole public host API.
+/// Umbrella header: the whole host API, layer by layer (docs/design.md has the map). The CUDA
+/// backend's headers are under pagedkv/cuda/ and are included on their own.
 
-#include "pagedkv/attention.hpp"
-#include "pagedkv/batch_metadata.hpp"
-#include "pagedkv/block_allocator.hpp"
+// Vocabulary shared by every layer.
+#include "pagedkv/attention_params.hpp"
 #include "pagedkv/config.hpp"
-#include "pagedkv/contiguous_kv.hpp"
 #include "pagedkv/dtype.hpp"
 #include "pagedkv/error.hpp"
-#include "pagedkv/eviction_policy.hpp"
-#include "pagedkv/host_buffer.hpp"
-#include "pagedkv/host_kv_cache.hpp"
-#include "pagedkv/kv_cache_config.hpp"
-#include "pagedkv/kv_cache_manager.hpp"
-#include "pagedkv/kv_cache_stats.hpp"
-#include "pagedkv/kv_layer_view.hpp"
-#include "pagedkv/prefix_cache.hpp"
-#include "pagedkv/reference.hpp"
-#include "pagedkv/synchronized_manager.hpp"
 #include "pagedkv/types.hpp"
+
+// Metadata: block ids, tables, prefix caching, eviction, the block manager (host-only).
+#include "pagedkv/metadata/batch_metadata.hpp"
+#include "pagedkv/metadata/block_allocator.hpp"
+#include "pagedkv/metadata/eviction_policy.hpp"
+#include "pagedkv/metadata/kv_cache_manager.hpp"
+#include "pagedkv/metadata/kv_cache_stats.hpp"
+#include "pagedkv/metadata/prefix_cache.hpp"
+#include "pagedkv/metadata/synchronized_manager.hpp"
+
+// Storage: the pages themselves in host memory, their layout and views.
+#include "pagedkv/storage/contiguous_kv.hpp"
+#include "pagedkv/storage/host_buffer.hpp"
+#include "pagedkv/storage/host_kv_cache.hpp"
+#include "pagedkv/storage/kv_cache_config.hpp"
+#include "pagedkv/storage/kv_layer_view.hpp"
+
+// CPU kernels.
+#include "pagedkv/cpu/attention.hpp"
+
+// Reference (ground truth for tests).
+#include "pagedkv/reference/reference.hpp"

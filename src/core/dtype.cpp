@@ -1,6 +1,6 @@
 #include "pagedkv/dtype.hpp"
 
-#include "detail/check.hpp"
+#include "core/check.hpp"
 
 namespace pagedkv {
 

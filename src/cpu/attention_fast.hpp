@@ -9,9 +9,9 @@
 #include <string_view>
 #include <vector>
 
-#include "pagedkv/attention.hpp"
-#include "pagedkv/batch_metadata.hpp"
-#include "pagedkv/kv_layer_view.hpp"
+#include "pagedkv/cpu/attention.hpp"
+#include "pagedkv/metadata/batch_metadata.hpp"
+#include "pagedkv/storage/kv_layer_view.hpp"
 
 namespace pagedkv::detail {
 

@@ -6,8 +6,8 @@
 #include <limits>
 #include <vector>
 
-#include "detail/check.hpp"
-#include "pagedkv/attention.hpp"
+#include "core/check.hpp"
+#include "pagedkv/cpu/attention.hpp"
 
 namespace pagedkv {
 

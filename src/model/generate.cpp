@@ -9,7 +9,7 @@
 
 #include "model/tokenizer.hpp"
 #include "pagedkv/error.hpp"
-#include "pagedkv/kv_cache_config.hpp"
+#include "pagedkv/storage/kv_cache_config.hpp"
 
 namespace pagedkv::model {
 

@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "pagedkv/error.hpp"
-#include "pagedkv/kv_cache_config.hpp"
+#include "pagedkv/storage/kv_cache_config.hpp"
 
 namespace pagedkv::model {
 

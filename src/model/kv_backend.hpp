@@ -23,10 +23,10 @@
 #include <string_view>
 #include <vector>
 
-#include "pagedkv/attention.hpp"
-#include "pagedkv/host_kv_cache.hpp"
-#include "pagedkv/kv_cache_manager.hpp"
-#include "pagedkv/reference.hpp"
+#include "pagedkv/cpu/attention.hpp"
+#include "pagedkv/storage/host_kv_cache.hpp"
+#include "pagedkv/metadata/kv_cache_manager.hpp"
+#include "pagedkv/reference/reference.hpp"
 
 namespace pagedkv::model {
 

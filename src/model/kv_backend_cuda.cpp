@@ -14,7 +14,7 @@
 #include "pagedkv/cuda/device.hpp"
 #include "pagedkv/cuda/supported_configs.hpp"
 #include "pagedkv/error.hpp"
-#include "pagedkv/kv_cache_config.hpp"
+#include "pagedkv/storage/kv_cache_config.hpp"
 #if PAGEDKV_WITH_CUDA
 #include "pagedkv/cuda/device_decode_runner.hpp"
 #include "pagedkv/cuda/device_kv_cache.hpp"

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <set>
 
-#include "detail/check.hpp"
+#include "core/check.hpp"
 #include "pagedkv/error.hpp"
 
 namespace pagedkv::ops {

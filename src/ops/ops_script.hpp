@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "pagedkv/kv_cache_manager.hpp"
+#include "pagedkv/metadata/kv_cache_manager.hpp"
 
 namespace pagedkv::ops {
 

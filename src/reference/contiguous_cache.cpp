@@ -1,5 +1,5 @@
-#include "detail/check.hpp"
-#include "pagedkv/reference.hpp"
+#include "core/check.hpp"
+#include "pagedkv/reference/reference.hpp"
 
 namespace pagedkv {
 

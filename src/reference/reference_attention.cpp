@@ -6,8 +6,8 @@
 #include <limits>
 #include <vector>
 
-#include "detail/check.hpp"
-#include "pagedkv/reference.hpp"
+#include "core/check.hpp"
+#include "pagedkv/reference/reference.hpp"
 
 namespace pagedkv {
 

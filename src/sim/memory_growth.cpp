@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "detail/check.hpp"
-#include "pagedkv/kv_cache_config.hpp"
+#include "core/check.hpp"
+#include "pagedkv/storage/kv_cache_config.hpp"
 
 namespace pagedkv::sim {
 

@@ -4,9 +4,9 @@
 #include <array>
 #include <memory>
 
-#include "detail/check.hpp"
+#include "core/check.hpp"
 #include "model/kv_backend.hpp"
-#include "pagedkv/kv_cache_config.hpp"
+#include "pagedkv/storage/kv_cache_config.hpp"
 
 namespace pagedkv::sim {
 

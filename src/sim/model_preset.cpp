@@ -6,8 +6,8 @@
 #include <array>
 #include <cctype>
 
-#include "detail/check.hpp"
-#include "pagedkv/kv_cache_config.hpp"
+#include "core/check.hpp"
+#include "pagedkv/storage/kv_cache_config.hpp"
 
 namespace pagedkv::sim {
 

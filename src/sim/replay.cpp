@@ -10,8 +10,8 @@
 #include <deque>
 #include <memory>
 
-#include "detail/check.hpp"
-#include "pagedkv/kv_cache_manager.hpp"
+#include "core/check.hpp"
+#include "pagedkv/metadata/kv_cache_manager.hpp"
 
 namespace pagedkv::sim {
 

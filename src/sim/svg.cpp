@@ -10,7 +10,7 @@
 #include <fstream>
 #include <limits>
 
-#include "detail/check.hpp"
+#include "core/check.hpp"
 
 namespace pagedkv::sim {
 

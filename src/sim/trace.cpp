@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "detail/check.hpp"
+#include "core/check.hpp"
 
 namespace pagedkv::sim {
 

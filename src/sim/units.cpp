@@ -8,7 +8,7 @@
 #include <cmath>
 #include <utility>
 
-#include "detail/check.hpp"
+#include "core/check.hpp"
 
 namespace pagedkv::sim {
 

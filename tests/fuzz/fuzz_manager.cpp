@@ -16,7 +16,7 @@
 
 #include "fuzz_util.hpp"
 #include "pagedkv/error.hpp"
-#include "pagedkv/kv_cache_manager.hpp"
+#include "pagedkv/metadata/kv_cache_manager.hpp"
 
 namespace pagedkv::fuzz {
 namespace {

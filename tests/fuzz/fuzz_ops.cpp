@@ -13,7 +13,7 @@
 #include "fuzz_util.hpp"
 #include "ops/ops_script.hpp"
 #include "pagedkv/error.hpp"
-#include "pagedkv/kv_cache_manager.hpp"
+#include "pagedkv/metadata/kv_cache_manager.hpp"
 
 namespace {
 

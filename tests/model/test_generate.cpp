@@ -11,7 +11,7 @@
 #include "model/llama.hpp"
 #include "model/tokenizer.hpp"
 #include "pagedkv/error.hpp"
-#include "pagedkv/kv_cache_config.hpp"
+#include "pagedkv/storage/kv_cache_config.hpp"
 
 namespace pagedkv::model {
 namespace {

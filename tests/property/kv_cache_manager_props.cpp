@@ -23,7 +23,7 @@
 #include <sstream>
 
 #include "pagedkv/error.hpp"
-#include "pagedkv/kv_cache_manager.hpp"
+#include "pagedkv/metadata/kv_cache_manager.hpp"
 
 namespace pagedkv {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "pagedkv/cuda/device.hpp"
 #include "pagedkv/dtype.hpp"
-#include "pagedkv/kv_layer_view.hpp"
+#include "pagedkv/storage/kv_layer_view.hpp"
 #include "pagedkv/types.hpp"
 
 namespace pagedkv::cuda {

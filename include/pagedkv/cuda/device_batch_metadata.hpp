@@ -20,7 +20,7 @@
 
 #include <cstdint>
 
-#include "pagedkv/batch_metadata.hpp"
+#include "pagedkv/metadata/batch_metadata.hpp"
 #include "pagedkv/cuda/device.hpp"
 
 namespace pagedkv::cuda {

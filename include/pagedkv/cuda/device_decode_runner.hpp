@@ -9,8 +9,8 @@
 #include <optional>
 #include <span>
 
-#include "pagedkv/attention.hpp"
-#include "pagedkv/batch_metadata.hpp"
+#include "pagedkv/attention_params.hpp"
+#include "pagedkv/metadata/batch_metadata.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/cuda/device.hpp"
 #include "pagedkv/cuda/device_kv_cache.hpp"

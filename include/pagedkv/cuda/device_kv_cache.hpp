@@ -10,9 +10,9 @@
 
 #include "pagedkv/cuda/cache_ops.hpp"
 #include "pagedkv/cuda/device.hpp"
-#include "pagedkv/host_kv_cache.hpp"
-#include "pagedkv/kv_cache_config.hpp"
-#include "pagedkv/kv_layer_view.hpp"
+#include "pagedkv/storage/host_kv_cache.hpp"
+#include "pagedkv/storage/kv_cache_config.hpp"
+#include "pagedkv/storage/kv_layer_view.hpp"
 #include "pagedkv/types.hpp"
 
 namespace pagedkv::cuda {

@@ -1,0 +1,171 @@
+// Public CUDA decode-attention entry points: every contract check happens here, on the host,
+// before any CUDA call; then cuda/decode_attention.cu launches kernels that trust their inputs.
+
+#include "pagedkv/config.hpp"
+
+#if PAGEDKV_WITH_CUDA
+
+#include <cstdint>
+
+#include "core/check.hpp"
+#include "cuda/host/cuda_check.hpp"
+#include "cuda/launch.hpp"
+#include "pagedkv/cuda/decode_attention.hpp"
+
+namespace pagedkv::cuda {
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int32_t kMaxGridY = 65535;
+
+void check_device_ptr(const char* fn, const char* what, const void* p) {
+  PAGEDKV_CHECK(p != nullptr, "{}: {} is null", fn, what);
+  PAGEDKV_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, "{}: {} ({}) is not 16-byte aligned", fn,
+                what, p);
+}
+
+void check_stride(const char* fn, const char* what, int64_t stride, DType dtype) {
+  PAGEDKV_CHECK(stride >= 0 && (stride * dtype_size(dtype)) % 16 == 0,
+                "{}: {} {} ({} bytes) is not a non-negative multiple of 16 bytes", fn, what, stride,
+                stride * dtype_size(dtype));
+}
+
+/// The part of the launch common to both layouts. `num_seqs` > 0.
+detail::DecodeProblem make_problem(const char* fn, const AttentionParams& params, int32_t num_seqs,
+                                   const int32_t* context_lens, const float* q, float* out,
+                                   const DecodeLaunch& launch) {
+  PAGEDKV_CHECK(num_seqs <= kMaxGridY, "{}: num_seqs {} exceeds the grid limit {}", fn, num_seqs,
+                kMaxGridY);
+  PAGEDKV_CHECK(context_lens != nullptr, "{}: context_lens is null for {} sequences", fn, num_seqs);
+  check_device_ptr(fn, "q", q);
+  check_device_ptr(fn, "out", out);
+  const DecodePlan& plan = launch.plan;
+  PAGEDKV_CHECK(plan.num_splits >= 1 && plan.num_splits <= kMaxSplits,
+                "{}: plan.num_splits {} outside [1, {}]", fn, plan.num_splits, kMaxSplits);
+  PAGEDKV_CHECK(!plan.split_k() || plan.chunk_tokens >= 1,
+                "{}: plan.chunk_tokens must be >= 1 with {} splits, got {}", fn, plan.num_splits,
+                plan.chunk_tokens);
+  const int64_t need = decode_workspace_bytes(num_seqs, params.num_heads, params.head_dim, plan);
+  if (need > 0) {
+    check_device_ptr(fn, "workspace", launch.workspace);
+    PAGEDKV_CHECK(launch.workspace_bytes >= need,
+                  "{}: workspace of {} bytes is smaller than the {} bytes this plan needs "
+                  "({} splits; see decode_workspace_bytes)",
+                  fn, launch.workspace_bytes, need, plan.num_splits);
+  }
+
+  detail::DecodeProblem p;
+  p.q = q;
+  p.out = out;
+  p.context_lens = context_lens;
+  p.num_seqs = num_seqs;
+  p.num_heads = params.num_heads;
+  p.num_kv_heads = params.num_kv_heads;
+  p.group = params.num_heads / params.num_kv_heads;
+  p.head_chunks = (p.group + kHeadsPerCta - 1) / kHeadsPerCta;
+  p.num_splits = plan.num_splits;
+  p.chunk_tokens = plan.split_k() ? plan.chunk_tokens : 0;
+  p.scale_log2 = params.softmax_scale() * kLog2e;
+  p.window_left = params.window_left;
+  p.sink_tokens = params.sink_tokens;
+  if (plan.split_k()) {
+    // Same carving as decode_workspace_bytes: partial outputs, then 256-byte aligned lse.
+    const int64_t rows = int64_t{num_seqs} * params.num_heads * plan.num_splits;
+    const int64_t o_bytes = (rows * params.head_dim * 4 + 255) / 256 * 256;
+    p.partial_o = static_cast<float*>(launch.workspace);
+    p.partial_lse = reinterpret_cast<float*>(static_cast<std::byte*>(launch.workspace) + o_bytes);
+  }
+  PAGEDKV_CHECK(int64_t{p.num_kv_heads} * p.head_chunks <= INT32_MAX,
+                "{}: {} kv heads x {} head chunks exceed the grid", fn, p.num_kv_heads,
+                p.head_chunks);
+  return p;
+}
+
+}  // namespace
+
+DecodePlan make_decode_plan(const AttentionParams& params, DType dtype, int32_t num_seqs,
+                            int64_t max_context_len) {
+  check_decode_config(dtype, params.head_dim);
+  int device = 0;
+  PAGEDKV_CUDA_CHECK(cudaGetDevice(&device));
+  int sm_count = 0;
+  PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+  DecodePlanInput in;
+  in.num_seqs = num_seqs;
+  in.num_heads = params.num_heads;
+  in.num_kv_heads = params.num_kv_heads;
+  in.max_context_len = max_context_len;
+  in.sm_count = sm_count;
+  in.ctas_per_sm = detail::decode_ctas_per_sm(dtype, params.head_dim);
+  return plan_decode(in);
+}
+
+void paged_decode_attention(const AttentionParams& params, const KVLayerView& cache,
+                            const BlockTableView& tables, const float* q, float* out,
+                            const DecodeLaunch& launch) {
+  constexpr const char* kFn = "cuda::paged_decode_attention";
+  check_decode_config(cache.dtype, cache.head_dim, cache.block_size);
+  check_attention_params(params, cache);
+  PAGEDKV_CHECK(tables.num_seqs >= 0, "{}: num_seqs must be >= 0, got {}", kFn, tables.num_seqs);
+  if (tables.num_seqs == 0) return;
+  PAGEDKV_CHECK(tables.max_blocks_per_seq >= 1, "{}: max_blocks_per_seq must be >= 1, got {}", kFn,
+                tables.max_blocks_per_seq);
+  PAGEDKV_CHECK(tables.block_tables != nullptr, "{}: block_tables is null", kFn);
+  check_device_ptr(kFn, "cache.k", cache.k);
+  check_device_ptr(kFn, "cache.v", cache.v);
+  check_stride(kFn, "block_stride", cache.block_stride, cache.dtype);
+  check_stride(kFn, "head_stride", cache.head_stride, cache.dtype);
+  check_stride(kFn, "token_stride", cache.token_stride, cache.dtype);
+  const detail::DecodeProblem p =
+      make_problem(kFn, params, tables.num_seqs, tables.context_lens, q, out, launch);
+
+  detail::PagedKV kv;
+  kv.k = cache.k;
+  kv.v = cache.v;
+  kv.block_tables = tables.block_tables;
+  kv.block_stride = cache.block_stride;
+  kv.head_stride = cache.head_stride;
+  kv.token_stride = cache.token_stride;
+  kv.max_blocks_per_seq = tables.max_blocks_per_seq;
+  while ((int32_t{1} << kv.log2_block_size) < cache.block_size) ++kv.log2_block_size;
+  detail::launch_paged_decode(cache.dtype, cache.head_dim, p, kv, launch.stream);
+}
+
+void contiguous_decode_attention(const AttentionParams& params, const ContiguousKVView& cache,
+                                 const int32_t* context_lens, const float* q, float* out,
+                                 const DecodeLaunch& launch) {
+  constexpr const char* kFn = "cuda::contiguous_decode_attention";
+  check_decode_config(cache.dtype, cache.head_dim);
+  // check_attention_params validates against a layer view: build one with the shared fields.
+  KVLayerView as_layer;
+  as_layer.k = cache.k;
+  as_layer.v = cache.v;
+  as_layer.dtype = cache.dtype;
+  as_layer.num_blocks = cache.num_seqs;
+  as_layer.block_size = cache.max_len;
+  as_layer.num_kv_heads = cache.num_kv_heads;
+  as_layer.head_dim = cache.head_dim;
+  check_attention_params(params, as_layer);
+  PAGEDKV_CHECK(cache.num_seqs >= 0, "{}: num_seqs must be >= 0, got {}", kFn, cache.num_seqs);
+  if (cache.num_seqs == 0) return;
+  check_device_ptr(kFn, "cache.k", cache.k);
+  check_device_ptr(kFn, "cache.v", cache.v);
+  check_stride(kFn, "seq_stride", cache.seq_stride, cache.dtype);
+  check_stride(kFn, "head_stride", cache.head_stride, cache.dtype);
+  check_stride(kFn, "token_stride", cache.token_stride, cache.dtype);
+  const detail::DecodeProblem p =
+      make_problem(kFn, params, cache.num_seqs, context_lens, q, out, launch);
+
+  detail::ContiguousKV kv;
+  kv.k = cache.k;
+  kv.v = cache.v;
+  kv.seq_stride = cache.seq_stride;
+  kv.head_stride = cache.head_stride;
+  kv.token_stride = cache.token_stride;
+  detail::launch_contiguous_decode(cache.dtype, cache.head_dim, p, kv, launch.stream);
+}
+
+}  // namespace pagedkv::cuda
+
+#endif  // PAGEDKV_WITH_CUDA

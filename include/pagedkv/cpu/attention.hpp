@@ -1,0 +1,58 @@
+#pragma once
+/// @file attention.hpp
+/// CPU attention through block tables: paged decode and chunked paged prefill.
+/// Query/output activations are fp32; K/V are read in place in the pool's dtype and converted
+/// to fp32; accumulation in fp32 with online softmax.
+
+#include <cstdint>
+#include <span>
+
+#include "pagedkv/attention_params.hpp"
+#include "pagedkv/metadata/batch_metadata.hpp"
+#include "pagedkv/storage/kv_layer_view.hpp"
+
+namespace pagedkv {
+
+/// Paged decode attention: one query token per sequence attends to its whole cached context
+/// (its own K/V must already be written). Sequences of different lengths in one batch.
+/// Shapes: q, out [num_seqs, num_heads, head_dim] fp32; tables: see BlockTableView.
+/// Units: context_lens in tokens; a padding row (context 0) outputs zeros.
+/// GQA: query head h reads kv head h / (num_heads / num_kv_heads).
+/// Errors: throws pagedkv::Error on a params/view mismatch, q/out size != num_seqs * num_heads *
+/// head_dim, a context longer than max_blocks_per_seq * block_size, or a block id outside
+/// [0, num_blocks) among the blocks in use.
+/// Source: PagedAttention (Kwon et al., SOSP 2023); online softmax (Milakov & Gimelshein 2018).
+void paged_decode_attention(const AttentionParams& params, const KVLayerView& cache,
+                            const BlockTableView& tables, std::span<const float> q,
+                            std::span<float> out);
+
+/// Chunked paged prefill: sequence i has n_i = query_start[i+1] - query_start[i] new query
+/// tokens, at positions context_lens[i] - n_i .. context_lens[i] - 1 (their K/V already written);
+/// query token at position p attends causally to positions 0..p (cached prefix + chunk).
+/// Shapes: query_start [num_seqs + 1] (query_start[0] = 0); q, out [query_start[num_seqs],
+/// num_heads, head_dim] fp32. Decode is the case n_i = 1.
+/// Errors: as paged_decode_attention, plus n_i < 0 or n_i > context_lens[i].
+void paged_prefill_attention(const AttentionParams& params, const KVLayerView& cache,
+                             const BlockTableView& tables, std::span<const int32_t> query_start,
+                             std::span<const float> q, std::span<float> out);
+
+/// Attention over explicit key lists (sparse kept sets, e.g. heavy hitters; see
+/// eviction_policy.hpp): query row i attends to exactly the keys at
+/// slots[indptr[i] .. indptr[i+1]), in any order, with no causal or window mask (the list IS the
+/// mask). Optionally reports each listed key's softmax probability, the per-position weight
+/// that H2O accumulates.
+/// Shapes: indptr [num_rows + 1] int32, indptr[0] = 0, non-decreasing; slots [indptr[num_rows]]
+/// int64, each in [0, num_blocks * block_size); q, out [num_rows, num_heads, head_dim] fp32;
+/// probs: empty, or [indptr[num_rows]] fp32 = the key's probability summed over the query heads
+/// (so a row with >= 1 key sums to num_heads). A row with no key outputs zeros.
+/// Errors: throws pagedkv::Error on a params/view mismatch, params.window_left != -1 or
+/// sink_tokens != 0 (a mask has no meaning for an explicit list), a bad indptr, a slot out of
+/// range, or q/out/probs of the wrong size.
+/// Source: H2O (Zhang et al., NeurIPS 2023) needs per-key attention weights; online softmax is
+/// not used here because the probabilities themselves are an output.
+void paged_attention_over_slots(const AttentionParams& params, const KVLayerView& cache,
+                                std::span<const int32_t> indptr, std::span<const Slot> slots,
+                                std::span<const float> q, std::span<float> out,
+                                std::span<float> probs = {});
+
+}  // namespace pagedkv

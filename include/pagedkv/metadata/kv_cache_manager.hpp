@@ -1,0 +1,351 @@
+#pragma once
+/// @file kv_cache_manager.hpp
+/// The scheduler-facing block manager: owns the BlockAllocator and every sequence's block table.
+/// Host-only metadata; it never touches K/V data. The storage (HostKVCache or the device cache)
+/// is driven by what it returns: slots to write, block copies to perform.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "pagedkv/metadata/batch_metadata.hpp"
+#include "pagedkv/metadata/block_allocator.hpp"
+#include "pagedkv/metadata/eviction_policy.hpp"
+#include "pagedkv/metadata/kv_cache_stats.hpp"
+#include "pagedkv/metadata/prefix_cache.hpp"
+#include "pagedkv/types.hpp"
+
+namespace pagedkv {
+
+/// Configuration of a KVCacheManager.
+struct KVCacheManagerConfig {
+  int32_t num_blocks = 0;   ///< blocks in the pool, >= 1
+  int32_t block_size = 16;  ///< tokens per block, >= 1
+  /// Register full blocks of sequences whose token ids are known (add_sequence with a prompt,
+  /// append_tokens) and share them with later prompts of the same prefix.
+  bool enable_prefix_caching = false;
+  /// Blocks of the host swap pool (swap_out / swap_in); 0 = no swapping.
+  int32_t num_host_blocks = 0;
+  /// Fraction of the pool kept free when admitting (add_sequence with a prompt, swap_in), in
+  /// [0, 1): watermark_blocks() = floor(watermark * num_blocks). Admission waits rather than
+  /// dip below it, so running sequences can still grow (avoids preemption thrashing).
+  double watermark = 0.0;
+  /// Longest sequence (tokens) the model supports; 0 = unlimited. Longer prompts are NEVER
+  /// admitted; appending past it throws.
+  int64_t max_model_len = 0;
+  /// Token eviction policy applied to every sequence (see eviction_policy.hpp).
+  EvictionPolicyConfig eviction{};
+  /// Record KVCacheEvents (stored / removed / evicted) for take_events().
+  bool enable_events = false;
+};
+
+/// Answer of an admission query (can_add_sequence).
+enum class Admission : uint8_t {
+  kOk,     ///< add_sequence would succeed now
+  kLater,  ///< not enough blocks now (watermark included); may fit once others finish
+  kNever,  ///< can never fit: longer than max_model_len, or more blocks than the pool minus
+           ///< the watermark
+};
+
+/// "ok", "later", "never".
+[[nodiscard]] std::string_view admission_name(Admission admission);
+
+/// What an append produced.
+/// slots [n] int64: the slot of each new token, in position order.
+/// copies: (src, dst) block pairs the storage must copy (all layers) BEFORE writing the slots:
+/// copy-on-write of a shared, partially filled last block. Empty when nothing is shared.
+struct AppendResult {
+  std::vector<Slot> slots;
+  std::vector<BlockCopy> copies;
+};
+
+/// What a prompt add produced.
+/// num_computed_tokens: leading prompt tokens already in the cache (prefix hits), a multiple of
+/// block_size, always <= prompt length - 1 so the model has at least one token to run.
+/// append.slots [prompt length - num_computed_tokens]: slots of positions
+/// num_computed_tokens .. prompt length - 1, which the prefill must write. append.copies is
+/// always empty (hit blocks are full, never written).
+struct AddResult {
+  int64_t num_computed_tokens = 0;
+  AppendResult append;
+};
+
+/// Block copies between the device pool and the host swap pool: for swap_out, src is a device
+/// block and dst a host block; for swap_in, src is a host block and dst a device block. The
+/// storage copies every layer's K and V of each pair (e.g. dst_cache.set_block_bytes(dst,
+/// src_cache.block_bytes(src))) before the sequence runs again.
+struct SwapResult {
+  std::vector<BlockCopy> copies;
+};
+
+/// What a recompute preemption leaves for the caller: the sequence is gone from the manager;
+/// prefill `tokens` again later (add_sequence with them; prefix caching may hit its own blocks).
+struct PreemptedSequence {
+  SeqId seq = 0;
+  int64_t num_tokens = 0;       ///< tokens the sequence held
+  std::vector<TokenId> tokens;  ///< its token ids when all were known, else empty
+  uint64_t extra_key = 0;
+};
+
+/// Explicit kept sets of a batch of sequences, CSR: sequence i keeps the tokens at
+/// [indptr[i], indptr[i+1]). Input of paged_attention_over_slots (one decode query per
+/// sequence); positions are for tests and scorers.
+/// Shapes: indptr [num_seqs + 1] int32; slots, positions [indptr[num_seqs]] int64, ascending
+/// position within each sequence.
+struct KeptTokens {
+  std::vector<int32_t> indptr;
+  std::vector<Slot> slots;
+  std::vector<int64_t> positions;
+};
+
+/// Sequence id that marks a padding row in batch_metadata(): context length 0, no blocks.
+inline constexpr SeqId kPaddingSeq = -1;
+
+/// Block manager for one KV cache (all layers share one block id space).
+///
+/// Append allocates a block only when the sequence's last block is full; a slot is
+/// block_id * block_size + offset. Every operation is all-or-nothing: lack of blocks returns an
+/// empty result and changes nothing; contract violations throw pagedkv::Error and change nothing.
+/// Every can_* query answers exactly whether the operation it names would succeed now (prefix
+/// hits, copy-on-write and blocks released by token eviction included).
+/// Not internally synchronized: callers serialize access (one scheduler thread).
+///
+/// Sequence states: running (blocks in the device pool) or swapped (blocks in the host pool;
+/// only free_sequence, swap_in and read-only queries are allowed).
+///
+/// Token eviction (config.eviction), see eviction_policy.hpp and docs/memory-policies.md:
+///  - positional policies: before an append, blocks whose positions no query at or after the
+///    first new position can see are released; the table keeps their logical place (block_table
+///    shows kNoBlock there) and batch_metadata() fills that place with the id the block had, a
+///    placeholder that the kernels' window/sink mask guarantees is never read;
+///  - heavy hitters: the manager keeps an explicit kept list; attention for a sequence that has
+///    evicted anything runs over kept_tokens() with paged_attention_over_slots, and scores come
+///    back through accumulate_attention().
+///
+/// Worked example (block_size 4, 8 blocks, fresh pool): add_sequence(7); append_slots(7, 6)
+/// -> slots {0,1,2,3,4,5} in blocks {0,1}; append_slots(7, 1) -> {6}; fork(7, 8) shares {0,1};
+/// append_slots(8, 1) -> copies {(1,2)}, slots {11}: sequence 8 now has blocks {0,2}.
+class KVCacheManager {
+ public:
+  /// Table entry of a block released by token eviction (block_table() only).
+  static constexpr BlockId kNoBlock = -1;
+
+  /// Errors: throws pagedkv::Error naming the value if num_blocks < 1, block_size < 1,
+  /// num_host_blocks < 0, watermark outside [0, 1), max_model_len < 0, or the eviction config
+  /// is invalid.
+  explicit KVCacheManager(const KVCacheManagerConfig& config);
+  /// Deep copies (tests snapshot a manager to check that a failed operation changed nothing).
+  KVCacheManager(const KVCacheManager& other);
+  KVCacheManager& operator=(const KVCacheManager& other);
+  KVCacheManager(KVCacheManager&& other) noexcept;
+  KVCacheManager& operator=(KVCacheManager&& other) noexcept;
+  ~KVCacheManager() = default;
+
+  /// Registers an empty sequence (0 tokens, no blocks: an empty prompt takes no block).
+  /// Its token ids are known (empty), so later append_tokens() can feed the prefix cache.
+  /// Errors: throws pagedkv::Error if `seq` already exists or equals kPaddingSeq.
+  void add_sequence(SeqId seq);
+
+  /// Admission query for a prompt: kOk exactly when add_sequence(seq, prompt, extra_key) would
+  /// succeed now. Blocks needed = ceil(len / block_size) - prefix hits; hit blocks that are
+  /// cached with ref count 0 also leave the available pool. kOk when available - those >=
+  /// watermark_blocks(); kNever when len > max_model_len (if set) or ceil(len / block_size) >
+  /// num_blocks - watermark_blocks(); else kLater.
+  [[nodiscard]] Admission can_add_sequence(std::span<const TokenId> prompt,
+                                           uint64_t extra_key = 0) const;
+
+  /// Registers `seq` with its prompt: shares the longest cached prefix of full blocks (prefix
+  /// caching on; at most (len - 1) / block_size blocks, so one token is always left to
+  /// compute), allocates the rest, registers the new full blocks, counts prefix stats.
+  /// Empty (nothing changed) unless can_add_sequence() is kOk. `extra_key` salts every block
+  /// key of this sequence (adapter id, cache salt; 0 = none).
+  /// Errors: throws if `seq` exists or is kPaddingSeq.
+  [[nodiscard]] std::optional<AddResult> add_sequence(SeqId seq, std::span<const TokenId> prompt,
+                                                      uint64_t extra_key = 0);
+
+  /// Releases every block of `seq` (tail blocks first, so cached tail blocks are evicted before
+  /// the head blocks other prompts are likelier to share) and forgets it. A swapped sequence's
+  /// host blocks are released instead.
+  /// Errors: throws pagedkv::Error if `seq` is unknown.
+  void free_sequence(SeqId seq);
+
+  /// Copy-on-write fork: `child` gets the parent's tokens and shares every block (ref counts +1).
+  /// No block is allocated. Errors: throws if `parent` is unknown or swapped, or `child` exists.
+  void fork(SeqId parent, SeqId child);
+
+  /// Blocks that append_slots(seq, n) would take from the pool (copy-on-write included), before
+  /// counting blocks that token eviction releases in the same call.
+  /// Errors: throws if `seq` is unknown or swapped, or n < 0.
+  [[nodiscard]] int32_t blocks_needed_to_append(SeqId seq, int64_t n) const;
+
+  /// True exactly when append_slots(seq, n) would succeed now.
+  /// Errors: throws if `seq` is unknown or swapped, n < 0, or the append would pass
+  /// max_model_len.
+  [[nodiscard]] bool can_append(SeqId seq, int64_t n) const;
+
+  /// Appends n tokens to `seq` and returns their slots (and any copy-on-write copies). Token
+  /// eviction runs first (blocks released, heavy-hitter victims dropped). Token ids are unknown
+  /// afterwards, so the sequence stops feeding the prefix cache (use append_tokens for that).
+  /// Empty (and nothing changed) when the pool cannot cover all n tokens.
+  /// Units: n in tokens. Errors: throws if `seq` is unknown or swapped, n < 0, or the sequence
+  /// would pass max_model_len.
+  [[nodiscard]] std::optional<AppendResult> append_slots(SeqId seq, int64_t n);
+
+  /// append_slots(seq, tokens.size()) that also records the token ids, so blocks that become
+  /// full are registered in the prefix cache (prefix caching on). Errors: as append_slots.
+  [[nodiscard]] std::optional<AppendResult> append_tokens(SeqId seq,
+                                                          std::span<const TokenId> tokens);
+
+  /// Metadata for a batch step: sequence i contributes its whole table and context length
+  /// num_tokens(seqs[i]); its slot mapping lists its last num_new_tokens[i] positions (the
+  /// tokens this step writes). A seq equal to kPaddingSeq gives a padding row (context 0, no
+  /// slots) and must have num_new_tokens 0. Entries released by a positional eviction policy
+  /// hold a placeholder (the id the block had): the kernels must run with that policy's mask
+  /// (eviction_policy().set_attention_mask), which never reads them.
+  /// Errors: throws if sizes differ, a seq is unknown or swapped, num_new_tokens[i] is negative
+  /// or greater than the sequence's token count, a new token's block was released, or a
+  /// heavy-hitter sequence has evicted tokens (use kept_tokens()).
+  [[nodiscard]] BatchMetadata batch_metadata(std::span<const SeqId> seqs,
+                                             std::span<const int64_t> num_new_tokens) const;
+
+  /// batch_metadata() into caller-owned storage, what a serving loop calls every step: `out`
+  /// is overwritten (same shapes and contents as the returning form) and its vectors keep their
+  /// capacity, so steps allocate nothing once the batch stops growing.
+  /// Errors: as the returning form; all checks run before `out` is written, so a throw leaves
+  /// `out` (and the manager) unchanged.
+  void batch_metadata(std::span<const SeqId> seqs, std::span<const int64_t> num_new_tokens,
+                      BatchMetadata& out) const;
+
+  /// The kept sets of `seqs` (see KeptTokens): for a heavy-hitter sequence its kept list; for a
+  /// positional policy the positions the query at num_tokens - 1 sees (all of them without a
+  /// policy). Errors: throws if a seq is unknown or swapped.
+  [[nodiscard]] KeptTokens kept_tokens(std::span<const SeqId> seqs) const;
+
+  /// Heavy hitters: adds attention weights to the kept tokens' scores.
+  /// Shapes: weights [kept count of seq], in kept_tokens() order (ascending position): e.g. the
+  /// probs of paged_attention_over_slots summed over layers (and over query rows for a prefill).
+  /// Errors: throws if `seq` is unknown or swapped, the policy is not heavy hitters, the size
+  /// differs from the kept count, or a weight is negative or not finite.
+  void accumulate_attention(SeqId seq, std::span<const float> weights);
+
+  /// True exactly when swap_out(seq) would succeed: the live (non-released) blocks of its table
+  /// fit in the free host blocks.
+  /// Errors: throws if `seq` is unknown or swapped.
+  [[nodiscard]] bool can_swap_out(SeqId seq) const;
+  /// Preempts `seq` by swapping: each live block gets a host block (copies device -> host),
+  /// device references are dropped, the sequence becomes swapped. Empty (nothing changed) when
+  /// the host pool is short. Counts a preemption.
+  /// Errors: throws if `seq` is unknown or already swapped.
+  [[nodiscard]] std::optional<SwapResult> swap_out(SeqId seq);
+  /// True exactly when swap_in(seq) would succeed: live blocks <= available - watermark_blocks().
+  /// Errors: throws if `seq` is unknown or not swapped.
+  [[nodiscard]] bool can_swap_in(SeqId seq) const;
+  /// Restores a swapped sequence: fresh device blocks (ids may differ from before), copies
+  /// host -> device, table remapped, host blocks released. Data are bit-identical once the
+  /// copies are done. Empty (nothing changed) when blocks are short.
+  /// Errors: throws if `seq` is unknown or not swapped.
+  [[nodiscard]] std::optional<SwapResult> swap_in(SeqId seq);
+  /// True when `seq` is swapped out. Errors: throws if unknown.
+  [[nodiscard]] bool is_swapped(SeqId seq) const;
+
+  /// Preempts `seq` by recompute: frees its blocks (full prefix-cached ones stay cached, so the
+  /// re-prefill may hit them), forgets it, counts a preemption, returns what to prefill again.
+  /// Errors: throws if `seq` is unknown or swapped (free_sequence drops a swapped one).
+  PreemptedSequence preempt(SeqId seq);
+
+  /// Drops every prefix-cache registration: cached ref-0 blocks become free, registered blocks
+  /// in use stay with their sequences but are no longer shareable. Returns the number of
+  /// registrations dropped (kRemoved events).
+  int32_t reset_prefix_cache();
+
+  /// Tokens held by `seq` (positions processed, evicted ones included). Errors: throws if unknown.
+  [[nodiscard]] int64_t num_tokens(SeqId seq) const;
+  /// Physical blocks of `seq` in logical order (kNoBlock where token eviction released one); for
+  /// a swapped sequence, host pool ids. For a heavy-hitter sequence that evicted tokens, the
+  /// order is allocation order, not positions. Valid until the next mutation.
+  /// Errors: throws if unknown.
+  [[nodiscard]] std::span<const BlockId> block_table(SeqId seq) const;
+  [[nodiscard]] bool has_sequence(SeqId seq) const { return seqs_.contains(seq); }
+  /// Sequence ids in ascending order.
+  [[nodiscard]] std::vector<SeqId> sequences() const;
+  [[nodiscard]] int32_t num_sequences() const { return static_cast<int32_t>(seqs_.size()); }
+
+  /// Blocks an allocation can still get (free + evictable cached).
+  [[nodiscard]] int32_t num_free_blocks() const { return allocator_.num_available(); }
+  [[nodiscard]] int32_t num_total_blocks() const { return allocator_.num_blocks(); }
+  /// floor(watermark * num_blocks).
+  [[nodiscard]] int32_t watermark_blocks() const { return watermark_blocks_; }
+  /// Fraction of blocks in use (ref count >= 1), in [0, 1].
+  [[nodiscard]] double usage() const;
+
+  /// Counters; see KVCacheStats for the invariants.
+  [[nodiscard]] KVCacheStats stats() const;
+  /// Returns and clears the event log (always empty unless config.enable_events).
+  std::vector<KVCacheEvent> take_events();
+
+  [[nodiscard]] const BlockAllocator& allocator() const { return allocator_; }
+  /// Host swap pool (num_host_blocks blocks); null when num_host_blocks == 0.
+  [[nodiscard]] const BlockAllocator* host_allocator() const { return host_.get(); }
+  [[nodiscard]] const PrefixCache& prefix_cache() const { return prefix_; }
+  [[nodiscard]] const EvictionPolicy& eviction_policy() const { return *policy_; }
+  [[nodiscard]] const KVCacheManagerConfig& config() const { return config_; }
+
+  /// Checks every invariant (ref count of each block == number of tables holding it; free +
+  /// used + cached == total; each table has exactly ceil(tokens / block_size) entries for
+  /// positional sequences; prefix entries only on cached blocks; host pool counts; stats
+  /// invariants). O(total blocks + total tokens). Errors: throws pagedkv::Error describing the
+  /// first violation.
+  void check_invariants() const;
+
+ private:
+  struct Kept {
+    int64_t position;
+    int32_t entry;   // index into Sequence::blocks
+    int32_t offset;  // token offset in that block
+    double score;
+  };
+  struct Sequence {
+    std::vector<BlockId> blocks;        // kNoBlock for released entries
+    std::vector<BlockId> placeholders;  // [blocks.size()]: id a released entry had, else -1
+    int64_t num_tokens = 0;
+    bool swapped = false;
+    // Prefix caching: token ids while all are known; per full block its key and the serial of
+    // the registered entry holding that content (0: none, the chain stops there).
+    bool ids_known = true;
+    std::vector<TokenId> token_ids;
+    std::vector<BlockHash> hashes;
+    std::vector<uint64_t> serials;
+    uint64_t extra_key = 0;
+    // Heavy hitters: the kept tokens (ascending position) and whether any was evicted.
+    bool sparse = false;
+    std::vector<Kept> kept;
+  };
+  struct AppendPlan;
+
+  const Sequence& get(SeqId seq, const char* op) const;
+  Sequence& get(SeqId seq, const char* op);
+  const Sequence& get_running(SeqId seq, const char* op) const;
+  AppendPlan plan_append(const Sequence& s, int64_t n, const char* op) const;
+  std::optional<AppendResult> do_append(SeqId seq, int64_t n, std::span<const TokenId> ids,
+                                        const char* op);
+  void register_full_blocks(Sequence& s);
+  void release_block(BlockId b);
+  void on_evict(BlockId b);
+  void emit(KVCacheEvent event);
+
+  KVCacheManagerConfig config_;
+  BlockAllocator allocator_;
+  std::unique_ptr<BlockAllocator> host_;
+  PrefixCache prefix_;
+  std::shared_ptr<const EvictionPolicy> policy_;
+  int32_t watermark_blocks_ = 0;
+  std::unordered_map<SeqId, Sequence> seqs_;
+  KVCacheStats counters_;
+  std::vector<KVCacheEvent> events_;
+};
+
+}  // namespace pagedkv

@@ -1,0 +1,226 @@
+#pragma once
+/// @file synchronized_manager.hpp
+/// A KVCacheManager behind one mutex, for callers that drive the cache from several threads
+/// (e.g. an API thread admitting and aborting requests while the scheduler thread appends).
+///
+/// KVCacheManager itself is deliberately NOT internally synchronized: the common deployment is
+/// one scheduler thread, which should not pay for a lock on every append. This wrapper makes the
+/// other deployment safe without touching the manager: every call takes the lock for its whole
+/// duration, so each forwarded operation is atomic with respect to the others and keeps the
+/// manager's guarantees (all-or-nothing, strong exception safety, conservation).
+///
+/// Calls that return views into the manager (block_table) return copies here, because a view
+/// would dangle as soon as the lock is released. A sequence of calls that must be atomic as a
+/// whole (e.g. "can_append then append_slots", "swap_out the youngest running sequence") goes
+/// through with_lock(), which runs a callable on the manager under the lock.
+///
+/// Worked example (two threads):
+///   SynchronizedKVCacheManager m({.num_blocks = 64, .block_size = 16});
+///   // thread A                              // thread B
+///   m.add_sequence(1);                       m.add_sequence(2);
+///   auto r = m.append_slots(1, 20);          m.free_sequence(2);
+///   // check-and-act atomically:
+///   auto slots = m.with_lock([](KVCacheManager& k) {
+///     return k.can_append(1, 1) ? k.append_slots(1, 1) : std::nullopt; });
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "pagedkv/metadata/kv_cache_manager.hpp"
+
+namespace pagedkv {
+
+/// Internally synchronized KVCacheManager: every member takes one std::mutex.
+/// Errors: exactly those of the forwarded KVCacheManager call (the lock is released on throw).
+/// Not copyable or movable (it owns the mutex); share it by reference or pointer.
+class SynchronizedKVCacheManager {
+ public:
+  /// Errors: as KVCacheManager(config).
+  explicit SynchronizedKVCacheManager(const KVCacheManagerConfig& config) : manager_(config) {}
+  /// Takes over an existing manager (e.g. one restored from a snapshot).
+  explicit SynchronizedKVCacheManager(KVCacheManager&& manager) : manager_(std::move(manager)) {}
+  SynchronizedKVCacheManager(const SynchronizedKVCacheManager&) = delete;
+  SynchronizedKVCacheManager& operator=(const SynchronizedKVCacheManager&) = delete;
+
+  /// Runs fn(KVCacheManager&) under the lock and returns what it returns: the escape hatch for
+  /// compound operations and for calls not forwarded below. fn must not call back into this
+  /// wrapper (std::mutex is not recursive: that would deadlock) and must not let references or
+  /// spans into the manager escape.
+  template <typename Fn>
+  decltype(auto) with_lock(Fn&& fn) {
+    std::lock_guard lock(mutex_);
+    return std::forward<Fn>(fn)(manager_);
+  }
+  /// Read-only with_lock: fn gets a const KVCacheManager&.
+  template <typename Fn>
+  decltype(auto) with_lock(Fn&& fn) const {
+    std::lock_guard lock(mutex_);
+    return std::forward<Fn>(fn)(std::as_const(manager_));
+  }
+
+  /// A deep copy of the manager taken atomically (tests, metrics dumps).
+  [[nodiscard]] KVCacheManager snapshot() const {
+    std::lock_guard lock(mutex_);
+    return manager_;
+  }
+
+  // ---- mutators: see KVCacheManager for contracts, units and errors --------------------------
+  void add_sequence(SeqId seq) {
+    std::lock_guard lock(mutex_);
+    manager_.add_sequence(seq);
+  }
+  [[nodiscard]] std::optional<AddResult> add_sequence(SeqId seq, std::span<const TokenId> prompt,
+                                                      uint64_t extra_key = 0) {
+    std::lock_guard lock(mutex_);
+    return manager_.add_sequence(seq, prompt, extra_key);
+  }
+  void free_sequence(SeqId seq) {
+    std::lock_guard lock(mutex_);
+    manager_.free_sequence(seq);
+  }
+  void fork(SeqId parent, SeqId child) {
+    std::lock_guard lock(mutex_);
+    manager_.fork(parent, child);
+  }
+  [[nodiscard]] std::optional<AppendResult> append_slots(SeqId seq, int64_t n) {
+    std::lock_guard lock(mutex_);
+    return manager_.append_slots(seq, n);
+  }
+  [[nodiscard]] std::optional<AppendResult> append_tokens(SeqId seq,
+                                                          std::span<const TokenId> tokens) {
+    std::lock_guard lock(mutex_);
+    return manager_.append_tokens(seq, tokens);
+  }
+  void accumulate_attention(SeqId seq, std::span<const float> weights) {
+    std::lock_guard lock(mutex_);
+    manager_.accumulate_attention(seq, weights);
+  }
+  [[nodiscard]] std::optional<SwapResult> swap_out(SeqId seq) {
+    std::lock_guard lock(mutex_);
+    return manager_.swap_out(seq);
+  }
+  [[nodiscard]] std::optional<SwapResult> swap_in(SeqId seq) {
+    std::lock_guard lock(mutex_);
+    return manager_.swap_in(seq);
+  }
+  PreemptedSequence preempt(SeqId seq) {
+    std::lock_guard lock(mutex_);
+    return manager_.preempt(seq);
+  }
+  int32_t reset_prefix_cache() {
+    std::lock_guard lock(mutex_);
+    return manager_.reset_prefix_cache();
+  }
+  std::vector<KVCacheEvent> take_events() {
+    std::lock_guard lock(mutex_);
+    return manager_.take_events();
+  }
+
+  // ---- queries: each answer is exact at the moment of the call; another thread may change the
+  // state right after, so "query then act" belongs in with_lock() --------------------------------
+  [[nodiscard]] Admission can_add_sequence(std::span<const TokenId> prompt,
+                                           uint64_t extra_key = 0) const {
+    std::lock_guard lock(mutex_);
+    return manager_.can_add_sequence(prompt, extra_key);
+  }
+  [[nodiscard]] int32_t blocks_needed_to_append(SeqId seq, int64_t n) const {
+    std::lock_guard lock(mutex_);
+    return manager_.blocks_needed_to_append(seq, n);
+  }
+  [[nodiscard]] bool can_append(SeqId seq, int64_t n) const {
+    std::lock_guard lock(mutex_);
+    return manager_.can_append(seq, n);
+  }
+  [[nodiscard]] bool can_swap_out(SeqId seq) const {
+    std::lock_guard lock(mutex_);
+    return manager_.can_swap_out(seq);
+  }
+  [[nodiscard]] bool can_swap_in(SeqId seq) const {
+    std::lock_guard lock(mutex_);
+    return manager_.can_swap_in(seq);
+  }
+  [[nodiscard]] bool is_swapped(SeqId seq) const {
+    std::lock_guard lock(mutex_);
+    return manager_.is_swapped(seq);
+  }
+  [[nodiscard]] BatchMetadata batch_metadata(std::span<const SeqId> seqs,
+                                             std::span<const int64_t> num_new_tokens) const {
+    std::lock_guard lock(mutex_);
+    return manager_.batch_metadata(seqs, num_new_tokens);
+  }
+  void batch_metadata(std::span<const SeqId> seqs, std::span<const int64_t> num_new_tokens,
+                      BatchMetadata& out) const {
+    std::lock_guard lock(mutex_);
+    manager_.batch_metadata(seqs, num_new_tokens, out);
+  }
+  [[nodiscard]] KeptTokens kept_tokens(std::span<const SeqId> seqs) const {
+    std::lock_guard lock(mutex_);
+    return manager_.kept_tokens(seqs);
+  }
+  [[nodiscard]] int64_t num_tokens(SeqId seq) const {
+    std::lock_guard lock(mutex_);
+    return manager_.num_tokens(seq);
+  }
+  /// A copy of the block table (KVCacheManager::block_table returns a view that would dangle
+  /// once the lock is released).
+  [[nodiscard]] std::vector<BlockId> block_table(SeqId seq) const {
+    std::lock_guard lock(mutex_);
+    const std::span<const BlockId> table = manager_.block_table(seq);
+    return {table.begin(), table.end()};
+  }
+  [[nodiscard]] bool has_sequence(SeqId seq) const {
+    std::lock_guard lock(mutex_);
+    return manager_.has_sequence(seq);
+  }
+  [[nodiscard]] std::vector<SeqId> sequences() const {
+    std::lock_guard lock(mutex_);
+    return manager_.sequences();
+  }
+  [[nodiscard]] int32_t num_sequences() const {
+    std::lock_guard lock(mutex_);
+    return manager_.num_sequences();
+  }
+  [[nodiscard]] int32_t num_free_blocks() const {
+    std::lock_guard lock(mutex_);
+    return manager_.num_free_blocks();
+  }
+  [[nodiscard]] int32_t num_total_blocks() const {
+    std::lock_guard lock(mutex_);
+    return manager_.num_total_blocks();
+  }
+  [[nodiscard]] int32_t watermark_blocks() const {
+    std::lock_guard lock(mutex_);
+    return manager_.watermark_blocks();
+  }
+  [[nodiscard]] double usage() const {
+    std::lock_guard lock(mutex_);
+    return manager_.usage();
+  }
+  [[nodiscard]] KVCacheStats stats() const {
+    std::lock_guard lock(mutex_);
+    return manager_.stats();
+  }
+  /// A copy of the configuration (copied under the lock like everything else, so the wrapper
+  /// needs no reasoning about which members are immutable).
+  [[nodiscard]] KVCacheManagerConfig config() const {
+    std::lock_guard lock(mutex_);
+    return manager_.config();
+  }
+  /// KVCacheManager::check_invariants under the lock. Errors: throws pagedkv::Error on the first
+  /// violation.
+  void check_invariants() const {
+    std::lock_guard lock(mutex_);
+    manager_.check_invariants();
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  KVCacheManager manager_;
+};
+
+}  // namespace pagedkv

@@ -1,0 +1,182 @@
+#include "pagedkv/metadata/block_allocator.hpp"
+
+#include <algorithm>
+#include <random>
+
+#include "core/check.hpp"
+
+namespace pagedkv {
+
+BlockAllocator::BlockAllocator(int32_t num_blocks) {
+  PAGEDKV_CHECK(num_blocks >= 1 && num_blocks <= (1 << 30),
+                "BlockAllocator: num_blocks must be in [1, 2^30], got {}", num_blocks);
+  ref_.assign(num_blocks, 0);
+  prev_.assign(num_blocks, -1);
+  next_.assign(num_blocks, -1);
+  cached_.assign(num_blocks, 0);
+  free_ring_.resize(num_blocks);
+  for (BlockId id = 0; id < num_blocks; ++id) push_free(id);
+}
+
+void BlockAllocator::check_id(BlockId id, const char* op) const {
+  PAGEDKV_CHECK(id >= 0 && id < num_blocks(), "BlockAllocator::{}: block id {} out of range [0, {})",
+                op, id, num_blocks());
+}
+
+void BlockAllocator::push_back(List& list, BlockId id) {
+  prev_[id] = list.tail;
+  next_[id] = -1;
+  if (list.tail >= 0) {
+    next_[list.tail] = id;
+  } else {
+    list.head = id;
+  }
+  list.tail = id;
+  ++list.size;
+}
+
+void BlockAllocator::unlink(List& list, BlockId id) {
+  const BlockId p = prev_[id];
+  const BlockId n = next_[id];
+  if (p >= 0) {
+    next_[p] = n;
+  } else {
+    list.head = n;
+  }
+  if (n >= 0) {
+    prev_[n] = p;
+  } else {
+    list.tail = p;
+  }
+  prev_[id] = next_[id] = -1;
+  --list.size;
+}
+
+void BlockAllocator::push_free(BlockId id) {
+  const int32_t n = num_blocks();
+  const int32_t tail = free_head_ + free_size_;
+  free_ring_[tail >= n ? tail - n : tail] = id;
+  ++free_size_;
+}
+
+BlockId BlockAllocator::pop_free() {
+  const BlockId id = free_ring_[free_head_];
+  free_head_ = free_head_ + 1 == num_blocks() ? 0 : free_head_ + 1;
+  --free_size_;
+  return id;
+}
+
+std::optional<BlockId> BlockAllocator::allocate() {
+  BlockId id;
+  if (free_size_ > 0) {
+    id = pop_free();
+  } else if (lru_.size > 0) {
+    id = lru_.head;
+    // Tell the owner of the cached contents first: if it throws, nothing has changed here.
+    if (on_evict_) on_evict_(id);
+    unlink(lru_, id);
+    cached_[id] = 0;
+  } else {
+    return std::nullopt;
+  }
+  ref_[id] = 1;
+  return id;
+}
+
+std::optional<std::vector<BlockId>> BlockAllocator::allocate(int32_t n) {
+  PAGEDKV_CHECK(n >= 0, "BlockAllocator::allocate: block count must be >= 0, got {}", n);
+  if (n > num_available()) return std::nullopt;
+  std::vector<BlockId> ids;
+  ids.reserve(n);
+  for (int32_t i = 0; i < n; ++i) ids.push_back(*allocate());
+  return ids;
+}
+
+void BlockAllocator::retain(BlockId id) {
+  check_id(id, "retain");
+  if (ref_[id] == 0) {
+    PAGEDKV_CHECK(cached_[id], "BlockAllocator::retain: block {} is free (not allocated)", id);
+    unlink(lru_, id);  // prefix-cache hit on an evictable block: back into use
+  }
+  ++ref_[id];
+}
+
+bool BlockAllocator::release(BlockId id) {
+  check_id(id, "release");
+  PAGEDKV_CHECK(ref_[id] > 0, "BlockAllocator::release: block {} is not allocated (double free?)",
+                id);
+  if (--ref_[id] > 0) return false;
+  if (cached_[id]) {
+    push_back(lru_, id);
+  } else {
+    push_free(id);
+  }
+  return true;
+}
+
+void BlockAllocator::set_cached(BlockId id, bool cached) {
+  check_id(id, "set_cached");
+  PAGEDKV_CHECK(ref_[id] > 0 || cached_[id],
+                "BlockAllocator::set_cached: block {} is free (not allocated)", id);
+  if (static_cast<bool>(cached_[id]) == cached) return;
+  if (ref_[id] == 0) {  // cached with ref 0 -> uncache: move from the LRU to the free list
+    unlink(lru_, id);
+    push_free(id);
+  }
+  cached_[id] = cached ? 1 : 0;
+}
+
+int32_t BlockAllocator::evict_all_cached() {
+  int32_t n = 0;
+  while (lru_.size > 0) {
+    const BlockId id = lru_.head;
+    if (on_evict_) on_evict_(id);
+    unlink(lru_, id);
+    cached_[id] = 0;
+    push_free(id);
+    ++n;
+  }
+  return n;
+}
+
+void BlockAllocator::shuffle_free_list(uint64_t seed) {
+  std::vector<BlockId> ids = free_list();
+  std::mt19937_64 rng(seed);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  free_head_ = 0;
+  free_size_ = 0;
+  for (BlockId id : ids) push_free(id);
+}
+
+int32_t BlockAllocator::ref_count(BlockId id) const {
+  check_id(id, "ref_count");
+  return ref_[id];
+}
+
+bool BlockAllocator::is_free(BlockId id) const {
+  check_id(id, "is_free");
+  return ref_[id] == 0 && !cached_[id];
+}
+
+bool BlockAllocator::is_cached(BlockId id) const {
+  check_id(id, "is_cached");
+  return cached_[id] != 0;
+}
+
+std::vector<BlockId> BlockAllocator::free_list() const {
+  std::vector<BlockId> ids;
+  ids.reserve(free_size_);
+  for (int32_t k = 0, i = free_head_; k < free_size_; ++k, i = i + 1 == num_blocks() ? 0 : i + 1) {
+    ids.push_back(free_ring_[i]);
+  }
+  return ids;
+}
+
+std::vector<BlockId> BlockAllocator::cached_lru() const {
+  std::vector<BlockId> ids;
+  ids.reserve(lru_.size);
+  for (BlockId id = lru_.head; id >= 0; id = next_[id]) ids.push_back(id);
+  return ids;
+}
+
+}  // namespace pagedkv
