@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every CUDA test (tests/test_cuda_*.cpp, tests/model/test_*cuda*.cpp), the CUDA decode
+# Runs every CUDA test (tests/cuda/test_cuda_*.cpp, tests/model/test_*cuda*.cpp), the CUDA decode
 # benchmark and the main job on the device (`pagedkv generate --device cuda --cache all`,
 # built-in model) on a machine with an NVIDIA GPU, and prints a Markdown section to paste into
 # docs/benchmarks.md.
@@ -44,7 +44,7 @@ build() {
     -DPAGEDKV_BUILD_CLI=ON -DPAGEDKV_BUILD_TESTS=ON -DPAGEDKV_BUILD_BENCHMARKS=ON >/dev/null ||
     return 1
   local targets=(bench_cuda_decode pagedkv_cli)
-  for f in tests/test_cuda_*.cpp; do targets+=("$(basename "$f" .cpp)"); done
+  for f in tests/cuda/test_cuda_*.cpp; do targets+=("$(basename "$f" .cpp)"); done
   for f in tests/model/test_*cuda*.cpp; do targets+=("model_$(basename "$f" .cpp)"); done
   cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}"
 }

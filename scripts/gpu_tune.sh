@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Decode-kernel tuning on a GPU in one device call. Builds one variant of the library per
-# kernel shape (the PAGEDKV_DECODE_* macros of src/detail/cuda_launch.hpp and
+# kernel shape (the PAGEDKV_DECODE_* macros of cuda/launch.hpp and
 # include/pagedkv/cuda/decode_attention.hpp), times each on a subset of bench_cuda_decode, then
 # runs the fastest variant's decode tests (falling back to the next if they fail), its full
 # benchmark and `pagedkv generate --device cuda`, and finally the other variants' tests.

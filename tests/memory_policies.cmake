@@ -13,7 +13,7 @@ foreach(src IN LISTS PAGEDKV_PROP_SOURCES)
   add_executable(${name} ${src})
   target_link_libraries(${name} PRIVATE pagedkv::pagedkv rapidcheck rapidcheck_gtest GTest::gtest
                                         GTest::gtest_main)
-  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${CMAKE_CURRENT_SOURCE_DIR})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR})
   # A fixed seed keeps CI deterministic; RC_PARAMS in the environment overrides it
   # (e.g. RC_PARAMS="seed=123 max_success=1000" for a longer local run).
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60

@@ -12,7 +12,7 @@ foreach(src IN LISTS PAGEDKV_MODEL_TEST_SOURCES)
   add_executable(${name} ${src})
   target_link_libraries(${name} PRIVATE pagedkv_model pagedkv::pagedkv nlohmann_json::nlohmann_json
                                         GTest::gtest GTest::gtest_main GTest::gmock)
-  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${CMAKE_CURRENT_SOURCE_DIR})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR})
   target_compile_definitions(${name} PRIVATE
     PAGEDKV_SHARED_DIR="${PROJECT_SOURCE_DIR}/../shared"
     PAGEDKV_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "cpu/attention_fast.hpp"
-#include "paged_scenario.hpp"
+#include "common/paged_scenario.hpp"
 #include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/dtype.hpp"
 

@@ -12,8 +12,8 @@
 #include <tuple>
 #include <vector>
 
-#include "cuda_test_util.hpp"
-#include "paged_scenario.hpp"
+#include "common/cuda_test_util.hpp"
+#include "common/paged_scenario.hpp"
 #include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/config.hpp"
 #include "pagedkv/cuda/device_decode_runner.hpp"

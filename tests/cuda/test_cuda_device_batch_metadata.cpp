@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda_test_util.hpp"
-#include "paged_scenario.hpp"
+#include "common/cuda_test_util.hpp"
+#include "common/paged_scenario.hpp"
 #include "pagedkv/metadata/batch_metadata.hpp"
 #include "pagedkv/config.hpp"
 #include "pagedkv/cuda/device_batch_metadata.hpp"

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "cpu/attention_plain.hpp"
-#include "paged_scenario.hpp"
+#include "common/paged_scenario.hpp"
 #include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/dtype.hpp"
 #include "pagedkv/error.hpp"

@@ -12,9 +12,9 @@
 #include <tuple>
 #include <vector>
 
-#include "cuda_test_util.hpp"
+#include "common/cuda_test_util.hpp"
 #include "cuda/launch.hpp"
-#include "paged_scenario.hpp"
+#include "common/paged_scenario.hpp"
 #include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/config.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"

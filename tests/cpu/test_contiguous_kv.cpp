@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "cpu/attention_fast.hpp"
-#include "paged_scenario.hpp"
+#include "common/paged_scenario.hpp"
 #include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/storage/contiguous_kv.hpp"
 #include "pagedkv/error.hpp"

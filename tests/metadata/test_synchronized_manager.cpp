@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "batch_metadata_expect.hpp"
+#include "common/batch_metadata_expect.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/metadata/synchronized_manager.hpp"
 

@@ -1,5 +1,5 @@
 #pragma once
-// Test helpers of the CUDA backend's tests (tests/test_cuda_*.cpp): the device guard, the
+// Test helpers of the CUDA backend's tests (tests/cuda/test_cuda_*.cpp): the device guard, the
 // precision bounds of DESIGN.md, and a NaN-filled output buffer.
 
 #include <gtest/gtest.h>

@@ -15,7 +15,7 @@
 
 #include "cpu/attention_fast.hpp"
 #include "cpu/attention_plain.hpp"
-#include "paged_scenario.hpp"
+#include "common/paged_scenario.hpp"
 #include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/dtype.hpp"
 

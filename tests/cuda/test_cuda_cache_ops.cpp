@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda_test_util.hpp"
+#include "common/cuda_test_util.hpp"
 #include "pagedkv/config.hpp"
 #include "pagedkv/cuda/cache_ops.hpp"
 #include "pagedkv/error.hpp"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda_test_util.hpp"
+#include "common/cuda_test_util.hpp"
 #include "pagedkv/config.hpp"
 #include "pagedkv/cuda/device_kv_cache.hpp"
 #include "pagedkv/error.hpp"
