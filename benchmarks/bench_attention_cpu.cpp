@@ -46,8 +46,8 @@
 #include "cpu/attention_fast.hpp"
 #include "cpu/attention_plain.hpp"
 #include "pagedkv/cpu/attention.hpp"
-#include "pagedkv/storage/contiguous_kv.hpp"
 #include "pagedkv/dtype.hpp"
+#include "pagedkv/storage/contiguous_kv.hpp"
 #include "pagedkv/storage/host_buffer.hpp"
 #include "pagedkv/storage/host_kv_cache.hpp"
 

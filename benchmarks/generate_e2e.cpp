@@ -33,8 +33,8 @@
 #include "model/kv_backend.hpp"
 #include "model/llama.hpp"
 #include "pagedkv/cpu/attention.hpp"
-#include "pagedkv/storage/contiguous_kv.hpp"
 #include "pagedkv/error.hpp"
+#include "pagedkv/storage/contiguous_kv.hpp"
 #include "pagedkv/storage/host_buffer.hpp"
 
 namespace pagedkv {

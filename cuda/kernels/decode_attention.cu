@@ -446,8 +446,7 @@ void launch_decode(DType dtype, int32_t head_dim, const DecodeProblem& p, const 
     const dim3 grid(static_cast<unsigned>(p.num_kv_heads * p.head_chunks),
                     static_cast<unsigned>(p.num_seqs), static_cast<unsigned>(p.num_splits));
     allow_decode_smem<T, kD, KV>();
-    decode_kernel<T, kD, KV>
-        <<<grid, kDecodeThreads, DecodeTraits<T, kD>::kSmemBytes, s>>>(p, kv);
+    decode_kernel<T, kD, KV><<<grid, kDecodeThreads, DecodeTraits<T, kD>::kSmemBytes, s>>>(p, kv);
   });
   check_launch("decode_kernel launch");
   if (p.num_splits > 1) {
@@ -476,9 +475,8 @@ int32_t decode_ctas_per_sm(DType dtype, int32_t head_dim) {
     using T = typename decltype(type)::type;
     constexpr int kD = decltype(dim)::value;
     allow_decode_smem<T, kD, PagedKV>();
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, decode_kernel<T, kD, PagedKV>,
-                                                        kDecodeThreads,
-                                                        DecodeTraits<T, kD>::kSmemBytes);
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &ctas, decode_kernel<T, kD, PagedKV>, kDecodeThreads, DecodeTraits<T, kD>::kSmemBytes);
   });
   if (err != cudaSuccess) {
     throw_cuda_error(static_cast<int>(err), "cudaOccupancyMaxActiveBlocksPerMultiprocessor",

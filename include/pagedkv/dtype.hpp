@@ -64,7 +64,8 @@ inline uint16_t f32_to_f16(float f) {
   std::memcpy(&x, &f, sizeof x);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t abs = x & 0x7FFFFFFFu;
-  if (abs >= 0x7F800000u) return static_cast<uint16_t>(sign | 0x7C00u | (abs > 0x7F800000u ? 0x200u : 0));
+  if (abs >= 0x7F800000u)
+    return static_cast<uint16_t>(sign | 0x7C00u | (abs > 0x7F800000u ? 0x200u : 0));
   if (abs >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // rounds to >= 65520
   if (abs < 0x38800000u) {  // result is subnormal or zero
     if (abs < 0x33000000u) return static_cast<uint16_t>(sign);
@@ -103,9 +104,12 @@ inline uint16_t f32_to_bf16(float f) {
 /// Reads element `i` of a buffer of `dtype` as float.
 inline float load_as_f32(const void* base, DType dtype, int64_t i) {
   switch (dtype) {
-    case DType::kF32: return static_cast<const float*>(base)[i];
-    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
+    case DType::kF32:
+      return static_cast<const float*>(base)[i];
+    case DType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
   }
   return 0.0f;
 }
@@ -113,9 +117,15 @@ inline float load_as_f32(const void* base, DType dtype, int64_t i) {
 /// Writes float `value` as element `i` of a buffer of `dtype` (rounded to nearest even).
 inline void store_from_f32(void* base, DType dtype, int64_t i, float value) {
   switch (dtype) {
-    case DType::kF32: static_cast<float*>(base)[i] = value; return;
-    case DType::kF16: static_cast<uint16_t*>(base)[i] = f32_to_f16(value); return;
-    case DType::kBF16: static_cast<uint16_t*>(base)[i] = f32_to_bf16(value); return;
+    case DType::kF32:
+      static_cast<float*>(base)[i] = value;
+      return;
+    case DType::kF16:
+      static_cast<uint16_t*>(base)[i] = f32_to_f16(value);
+      return;
+    case DType::kBF16:
+      static_cast<uint16_t*>(base)[i] = f32_to_bf16(value);
+      return;
   }
 }
 

@@ -15,7 +15,7 @@ template <typename... Args>
 }  // namespace pagedkv::detail
 
 /// Throws pagedkv::Error with a fmt-formatted message when `cond` is false.
-#define PAGEDKV_CHECK(cond, ...)                 \
-  do {                                           \
+#define PAGEDKV_CHECK(cond, ...)                       \
+  do {                                                 \
     if (!(cond)) ::pagedkv::detail::fail(__VA_ARGS__); \
   } while (0)

@@ -8,8 +8,8 @@
 #include <numeric>
 #include <vector>
 
-#include "cpu/attention_fast.hpp"
 #include "core/check.hpp"
+#include "cpu/attention_fast.hpp"
 
 namespace pagedkv {
 

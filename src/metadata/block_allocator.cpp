@@ -19,8 +19,8 @@ BlockAllocator::BlockAllocator(int32_t num_blocks) {
 }
 
 void BlockAllocator::check_id(BlockId id, const char* op) const {
-  PAGEDKV_CHECK(id >= 0 && id < num_blocks(), "BlockAllocator::{}: block id {} out of range [0, {})",
-                op, id, num_blocks());
+  PAGEDKV_CHECK(id >= 0 && id < num_blocks(),
+                "BlockAllocator::{}: block id {} out of range [0, {})", op, id, num_blocks());
 }
 
 void BlockAllocator::push_back(List& list, BlockId id) {

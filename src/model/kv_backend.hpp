@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "pagedkv/cpu/attention.hpp"
-#include "pagedkv/storage/host_kv_cache.hpp"
 #include "pagedkv/metadata/kv_cache_manager.hpp"
 #include "pagedkv/reference/reference.hpp"
+#include "pagedkv/storage/host_kv_cache.hpp"
 
 namespace pagedkv::model {
 

@@ -12,7 +12,7 @@
 namespace pagedkv {
 
 void detail::AlignedFree::operator()(std::byte* p) const {
-  ::operator delete(p, std::align_val_t{alignment});
+  ::operator delete (p, std::align_val_t{alignment});
 }
 
 HostBuffer::HostBuffer(int64_t bytes, const HostMemoryOptions& options) {
@@ -21,7 +21,7 @@ HostBuffer::HostBuffer(int64_t bytes, const HostMemoryOptions& options) {
   const bool huge = options.huge_pages && bytes >= kHugePageBytes;
   const std::size_t alignment = static_cast<std::size_t>(huge ? kHugePageBytes : kAlignment);
   auto* raw = static_cast<std::byte*>(
-      ::operator new(static_cast<std::size_t>(bytes), std::align_val_t{alignment}));
+      ::operator new (static_cast<std::size_t>(bytes), std::align_val_t{alignment}));
   data_ = std::unique_ptr<std::byte, detail::AlignedFree>(raw, detail::AlignedFree{alignment});
   size_ = bytes;
 #if defined(__linux__) && defined(MADV_HUGEPAGE)

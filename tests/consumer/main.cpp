@@ -1,15 +1,14 @@
 // Downstream use of an installed pagedkv: allocate slots, write K/V, run paged decode attention
 // and compare with the reference. Exit code 0 only when the two agree.
-#include <pagedkv/pagedkv.hpp>
-
 #include <cmath>
 #include <cstdio>
+#include <pagedkv/pagedkv.hpp>
 #include <vector>
 
 int main() {
   pagedkv::KVCacheManager manager({.num_blocks = 4, .block_size = 2});
-  pagedkv::HostKVCache cache({.num_layers = 1, .num_blocks = 4, .block_size = 2,
-                              .num_kv_heads = 1, .head_dim = 2});
+  pagedkv::HostKVCache cache(
+      {.num_layers = 1, .num_blocks = 4, .block_size = 2, .num_kv_heads = 1, .head_dim = 2});
   manager.add_sequence(0);
   const std::vector<float> k{1, 0, 0, 1, 1, 1}, v{1, 2, 3, 4, 5, 6};  // 3 tokens, head_dim 2
   auto slots = manager.append_slots(0, 3);

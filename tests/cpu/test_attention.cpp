@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "cpu/attention_plain.hpp"
 #include "common/paged_scenario.hpp"
+#include "cpu/attention_plain.hpp"
 #include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/dtype.hpp"
 #include "pagedkv/error.hpp"
@@ -23,10 +23,10 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::make_scenario;
-using testing::scenario_from_case;
 using testing::max_abs_diff;
 using testing::PagedScenario;
 using testing::rel_error;
+using testing::scenario_from_case;
 using testing::SeqSpec;
 
 using testing::kF32MaxAbs;

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "common/paged_scenario.hpp"
 #include "cpu/attention_fast.hpp"
 #include "cpu/attention_plain.hpp"
-#include "common/paged_scenario.hpp"
 #include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/dtype.hpp"
 
@@ -23,10 +23,10 @@ namespace pagedkv {
 namespace {
 
 using detail::FastAttentionConfig;
-using testing::scenario_from_case;
 using testing::max_abs_diff;
 using testing::PagedScenario;
 using testing::rel_error;
+using testing::scenario_from_case;
 using testing::SeqSpec;
 
 using testing::kF32MaxAbs;

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "cpu/attention_fast.hpp"
 #include "common/paged_scenario.hpp"
+#include "cpu/attention_fast.hpp"
 #include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/dtype.hpp"
 

@@ -9,11 +9,11 @@
 #include <limits>
 #include <vector>
 
-#include "cpu/attention_fast.hpp"
 #include "common/paged_scenario.hpp"
+#include "cpu/attention_fast.hpp"
 #include "pagedkv/cpu/attention.hpp"
-#include "pagedkv/storage/contiguous_kv.hpp"
 #include "pagedkv/error.hpp"
+#include "pagedkv/storage/contiguous_kv.hpp"
 
 namespace pagedkv {
 namespace {

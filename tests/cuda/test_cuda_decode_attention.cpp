@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "common/cuda_test_util.hpp"
-#include "cuda/launch.hpp"
 #include "common/paged_scenario.hpp"
-#include "pagedkv/cpu/attention.hpp"
+#include "cuda/launch.hpp"
 #include "pagedkv/config.hpp"
+#include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/error.hpp"
 
@@ -268,10 +268,10 @@ TEST(DecodeRejection, BadArgumentsFailOnTheHost) {
 
 // ---- GPU: kernels vs the CPU implementation ----------------------------------------------------
 
-using testing::scenario_from_case;
 using testing::max_abs_diff;
 using testing::PagedScenario;
 using testing::rel_error;
+using testing::scenario_from_case;
 using testing::SeqSpec;
 
 struct GpuCase {

@@ -12,10 +12,10 @@
 
 #include "common/cuda_test_util.hpp"
 #include "common/paged_scenario.hpp"
-#include "pagedkv/metadata/batch_metadata.hpp"
 #include "pagedkv/config.hpp"
 #include "pagedkv/cuda/device_batch_metadata.hpp"
 #include "pagedkv/error.hpp"
+#include "pagedkv/metadata/batch_metadata.hpp"
 
 #if PAGEDKV_WITH_CUDA
 #include <cuda_runtime_api.h>

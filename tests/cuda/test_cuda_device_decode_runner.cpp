@@ -14,8 +14,8 @@
 
 #include "common/cuda_test_util.hpp"
 #include "common/paged_scenario.hpp"
-#include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/config.hpp"
+#include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/cuda/device_decode_runner.hpp"
 #include "pagedkv/error.hpp"
 

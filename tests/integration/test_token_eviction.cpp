@@ -13,9 +13,9 @@
 #include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/metadata/eviction_policy.hpp"
-#include "pagedkv/storage/host_kv_cache.hpp"
 #include "pagedkv/metadata/kv_cache_manager.hpp"
 #include "pagedkv/reference/reference.hpp"
+#include "pagedkv/storage/host_kv_cache.hpp"
 
 namespace pagedkv {
 namespace {

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <limits>
 
-#include "pagedkv/metadata/batch_metadata.hpp"
 #include "pagedkv/error.hpp"
+#include "pagedkv/metadata/batch_metadata.hpp"
 
 namespace pagedkv {
 namespace {

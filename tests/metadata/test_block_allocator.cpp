@@ -1,7 +1,5 @@
 // Tests for include/pagedkv/block_allocator.hpp: exact ids on hand-worked sequences, reference
 // counts, the cached/LRU state, conservation after every step, and every documented error.
-#include "pagedkv/metadata/block_allocator.hpp"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -12,6 +10,7 @@
 #include <set>
 
 #include "pagedkv/error.hpp"
+#include "pagedkv/metadata/block_allocator.hpp"
 
 namespace pagedkv {
 namespace {

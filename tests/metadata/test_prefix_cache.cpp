@@ -160,7 +160,8 @@ TEST(PrefixCache, KeysSharingOneHomeCellMatchAMapModel) {
       const size_t k = rng() % kKeys;
       if (model.contains(block) || key_used[k]) continue;
       const uint64_t serial = c.insert(
-          block, {.hash = keys[k], .parent_serial = k, .extra_key = k % 3, .tokens = tokens_of(keys[k])});
+          block,
+          {.hash = keys[k], .parent_serial = k, .extra_key = k % 3, .tokens = tokens_of(keys[k])});
       ASSERT_GT(serial, last_serial) << "serials must never repeat";
       last_serial = serial;
       model[block] = k;
@@ -183,7 +184,8 @@ TEST(PrefixCache, KeysSharingOneHomeCellMatchAMapModel) {
     if (step % 11 != 0) continue;
     for (size_t k = 0; k < kKeys; ++k) {
       const std::optional<BlockId> found = c.find(keys[k]);
-      ASSERT_EQ(found.has_value(), static_cast<bool>(key_used[k])) << "key " << k << " step " << step;
+      ASSERT_EQ(found.has_value(), static_cast<bool>(key_used[k]))
+          << "key " << k << " step " << step;
       if (!found) continue;
       ASSERT_EQ(model.at(*found), k);
       ASSERT_EQ(c.lookup(keys[k], k, k % 3, tokens_of(keys[k])), found);

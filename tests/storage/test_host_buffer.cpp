@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <string>
 #include <utility>
@@ -149,8 +149,12 @@ TEST(HostBuffer, NegativeSizeNamesIt) {
 TEST(HostBuffer, HostKVCacheWithAndWithoutHugePagesHoldsTheSameValues) {
   // 4 layers x 64 blocks x 16 tokens x 4 heads x 64 dims x 4 B = 4 MiB per pool: large enough
   // for the advice; the option changes the memory backing only.
-  KVCacheConfig c{.num_layers = 4, .num_blocks = 64, .block_size = 16, .num_kv_heads = 4,
-                  .head_dim = 64, .dtype = DType::kF32};
+  KVCacheConfig c{.num_layers = 4,
+                  .num_blocks = 64,
+                  .block_size = 16,
+                  .num_kv_heads = 4,
+                  .head_dim = 64,
+                  .dtype = DType::kF32};
   HostKVCache with(c);
   HostKVCache without(c, HostMemoryOptions{.huge_pages = false});
   EXPECT_EQ(with.bytes(), without.bytes());

@@ -25,8 +25,14 @@ using ::testing::ThrowsMessage;
 
 KVCacheConfig small(DType dtype, KVLayout layout, KVPlacement placement) {
   // 3 layers, 6 blocks of 4 tokens, 2 kv heads, head_dim 5 (as test_host_kv_cache.cpp).
-  return {.num_layers = 3, .num_blocks = 6, .block_size = 4, .num_kv_heads = 2, .head_dim = 5,
-          .dtype = dtype, .layout = layout, .placement = placement};
+  return {.num_layers = 3,
+          .num_blocks = 6,
+          .block_size = 4,
+          .num_kv_heads = 2,
+          .head_dim = 5,
+          .dtype = dtype,
+          .layout = layout,
+          .placement = placement};
 }
 
 TEST(KVPlacement, DefaultIsInterleaved) {
@@ -46,8 +52,7 @@ TEST(KVPlacement, InterleavedAddressesAreTheDocumentedOnes) {
   EXPECT_EQ(v1.token_stride, 5);
   EXPECT_EQ(static_cast<const std::byte*>(v1.v) - static_cast<const std::byte*>(v1.k), 40 * 4);
   // Layers are regions of two pools (240 fp32 = 960 bytes each).
-  EXPECT_EQ(static_cast<const std::byte*>(v1.k) -
-                static_cast<const std::byte*>(cache.layer(0).k),
+  EXPECT_EQ(static_cast<const std::byte*>(v1.k) - static_cast<const std::byte*>(cache.layer(0).k),
             2 * 960);
   // Slot 13 = block 3, token 1; head 1, dim 2: K at 3 x 80 + 20 + 5 + 2 = 267 elements from the
   // layer's first byte, V 40 further (block 3's V follows block 3's K).
@@ -84,10 +89,9 @@ TEST_P(SameAsSeparate, EveryOperationGivesTheSameContents) {
       separate.write(layer, slots, k, v);
       interleaved.write(layer, slots, k, v);
     } else if (op == 1) {
-      const std::vector<BlockCopy> pairs = {{static_cast<BlockId>(rng() % 6),
-                                             static_cast<BlockId>(rng() % 6)},
-                                            {static_cast<BlockId>(rng() % 6),
-                                             static_cast<BlockId>(rng() % 6)}};
+      const std::vector<BlockCopy> pairs = {
+          {static_cast<BlockId>(rng() % 6), static_cast<BlockId>(rng() % 6)},
+          {static_cast<BlockId>(rng() % 6), static_cast<BlockId>(rng() % 6)}};
       separate.copy_blocks(pairs);
       interleaved.copy_blocks(pairs);
     } else if (op == 2) {
@@ -116,11 +120,12 @@ TEST_P(SameAsSeparate, EveryOperationGivesTheSameContents) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Storage, SameAsSeparate,
-    ::testing::Values(std::pair{DType::kF32, KVLayout::kHND}, std::pair{DType::kF16, KVLayout::kHND},
-                      std::pair{DType::kBF16, KVLayout::kHND}, std::pair{DType::kF32, KVLayout::kNHD},
-                      std::pair{DType::kBF16, KVLayout::kNHD}));
+INSTANTIATE_TEST_SUITE_P(Storage, SameAsSeparate,
+                         ::testing::Values(std::pair{DType::kF32, KVLayout::kHND},
+                                           std::pair{DType::kF16, KVLayout::kHND},
+                                           std::pair{DType::kBF16, KVLayout::kHND},
+                                           std::pair{DType::kF32, KVLayout::kNHD},
+                                           std::pair{DType::kBF16, KVLayout::kNHD}));
 
 TEST(KVPlacement, AttentionThroughTheViewIsBitIdentical) {
   // 3 sequences (contexts 1, 37, 150) over shuffled blocks of 16, 4 kv heads, GQA 2, d 64,
@@ -128,8 +133,13 @@ TEST(KVPlacement, AttentionThroughTheViewIsBitIdentical) {
   // same kernel on the same values; the separate placement is checked against the reference by
   // test_attention*.cpp).
   for (KVLayout layout : {KVLayout::kHND, KVLayout::kNHD}) {
-    KVCacheConfig c{.num_layers = 1, .num_blocks = 20, .block_size = 16, .num_kv_heads = 4,
-                    .head_dim = 64, .dtype = DType::kBF16, .layout = layout};
+    KVCacheConfig c{.num_layers = 1,
+                    .num_blocks = 20,
+                    .block_size = 16,
+                    .num_kv_heads = 4,
+                    .head_dim = 64,
+                    .dtype = DType::kBF16,
+                    .layout = layout};
     HostKVCache separate(c);
     c.placement = KVPlacement::kInterleaved;
     HostKVCache interleaved(c);

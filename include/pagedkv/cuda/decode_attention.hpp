@@ -26,10 +26,10 @@
 #include <cstdint>
 
 #include "pagedkv/attention_params.hpp"
-#include "pagedkv/metadata/batch_metadata.hpp"
 #include "pagedkv/cuda/device.hpp"
 #include "pagedkv/cuda/supported_configs.hpp"
 #include "pagedkv/dtype.hpp"
+#include "pagedkv/metadata/batch_metadata.hpp"
 #include "pagedkv/storage/kv_layer_view.hpp"
 
 namespace pagedkv::cuda {

@@ -20,8 +20,8 @@
 
 #include <cstdint>
 
-#include "pagedkv/metadata/batch_metadata.hpp"
 #include "pagedkv/cuda/device.hpp"
+#include "pagedkv/metadata/batch_metadata.hpp"
 
 namespace pagedkv::cuda {
 

@@ -10,10 +10,10 @@
 #include <span>
 
 #include "pagedkv/attention_params.hpp"
-#include "pagedkv/metadata/batch_metadata.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/cuda/device.hpp"
 #include "pagedkv/cuda/device_kv_cache.hpp"
+#include "pagedkv/metadata/batch_metadata.hpp"
 #include "pagedkv/types.hpp"
 
 namespace pagedkv::cuda {

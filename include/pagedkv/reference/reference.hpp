@@ -67,8 +67,8 @@ class ContiguousKVCache {
 /// Errors: throws pagedkv::Error on inconsistent sizes, n_q > num_kv_tokens, or
 /// num_heads % num_kv_heads != 0.
 void reference_attention(const AttentionParams& params, std::span<const float> q,
-                         std::span<const float> k, std::span<const float> v,
-                         int64_t num_kv_tokens, std::span<float> out);
+                         std::span<const float> k, std::span<const float> v, int64_t num_kv_tokens,
+                         std::span<float> out);
 
 /// Textbook attention of ONE query over an explicit set of visible key positions (for token
 /// eviction policies such as heavy hitters, whose kept set is not a window).

@@ -16,8 +16,8 @@
 #include <cstdint>
 #include <span>
 
-#include "pagedkv/metadata/batch_metadata.hpp"
 #include "pagedkv/dtype.hpp"
+#include "pagedkv/metadata/batch_metadata.hpp"
 #include "pagedkv/storage/kv_layer_view.hpp"
 
 namespace pagedkv {
