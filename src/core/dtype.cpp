@@ -1,29 +1,30 @@
 #include "pagedkv/dtype.hpp"
 
 #include "core/check.hpp"
+#include "core/enum_names.hpp"
 
 namespace pagedkv {
 
+namespace {
+// The first entry of a value is its name; the others are accepted aliases.
+constexpr detail::EnumName<DType> kDTypeNames[] = {
+    {DType::kF32, "fp32"}, {DType::kF32, "f32"},   {DType::kF32, "float32"},
+    {DType::kF16, "fp16"}, {DType::kF16, "f16"},   {DType::kF16, "float16"},
+    {DType::kF16, "half"}, {DType::kBF16, "bf16"}, {DType::kBF16, "bfloat16"},
+};
+}  // namespace
+
 std::string_view dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "fp32";
-    case DType::kF16:
-      return "fp16";
-    case DType::kBF16:
-      return "bf16";
-  }
-  detail::fail("unknown DType value {}", static_cast<int>(dtype));
+  const std::string_view name = detail::enum_name<DType>(kDTypeNames, dtype);
+  PAGEDKV_CHECK(!name.empty(), "unknown DType value {}", static_cast<int>(dtype));
+  return name;
 }
 
 DType parse_dtype(std::string_view name) {
-  if (name == "fp32" || name == "f32" || name == "float32") return DType::kF32;
-  if (name == "fp16" || name == "f16" || name == "float16" || name == "half") return DType::kF16;
-  if (name == "bf16" || name == "bfloat16") return DType::kBF16;
-  detail::fail(
-      "unknown dtype '{}' (accepted: fp32, f32, float32, fp16, f16, float16, half, bf16, "
-      "bfloat16)",
-      name);
+  const auto dtype = detail::parse_enum<DType>(kDTypeNames, name);
+  PAGEDKV_CHECK(dtype.has_value(), "unknown dtype '{}' (accepted: {})", name,
+                detail::enum_names_list<DType>(kDTypeNames));
+  return *dtype;
 }
 
 }  // namespace pagedkv
