@@ -11,7 +11,7 @@
 //       locality), K and V adjacent per block (kv:interleaved, the library's default) or in
 //       separate pools (kv:separate);
 //       contiguous: the same K/V values in a [B, H_kv, T, D] cache viewed with
-//       block_size = T (contiguous_kv.hpp): the same kernel, only the table differs. Each
+//       block_size = T (contiguous_paged_view.hpp): the same kernel, only the table differs. Each
 //       iteration times one paged call, one contiguous call and one 64 MiB memcpy side by side
 //       (rotating order); counters: paged_ms / contiguous_ms (medians), ratio (of the medians),
 //       ratio_min (of the minima), paged_GBps / contiguous_GBps (K and V bytes read per second,
@@ -47,7 +47,7 @@
 #include "cpu/attention_plain.hpp"
 #include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/dtype.hpp"
-#include "pagedkv/storage/contiguous_kv.hpp"
+#include "pagedkv/storage/contiguous_paged_view.hpp"
 #include "pagedkv/storage/host_buffer.hpp"
 #include "pagedkv/storage/host_kv_cache.hpp"
 
@@ -250,7 +250,7 @@ struct DecodeData {
                             .max_len = config.context,
                             .head_dim = config.head_dim,
                             .dtype = config.dtype};
-    return contiguous_layer_view(shape, contiguous_k[layer].data(), contiguous_v[layer].data());
+    return contiguous_paged_view(shape, contiguous_k[layer].data(), contiguous_v[layer].data());
   }
   [[nodiscard]] BlockTableView paged_tables() const {
     return {table.data(), lens.data(), config.batch, blocks_per_seq};

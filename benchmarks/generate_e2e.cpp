@@ -7,9 +7,10 @@
 //     none             no cache: every step recomputes the whole history (P+1 tokens) through
 //                      the model, attention by the same fast paged kernel (model/kv_backend.hpp)
 //     contiguous_view  K/V in a contiguous [seqs, kv heads, max_len, head_dim] cache, attention by
-//                      the fast kernel over its contiguous view (contiguous_kv.hpp): the fair peer
+//                      the fast kernel over its contiguous view (contiguous_paged_view.hpp): the
+//                      fair peer
 //     paged            KVCacheManager + HostKVCache, block_size 16, paged_decode_attention
-//     contiguous_ref   the model layer's contiguous mode: ContiguousKVCache + the textbook
+//     contiguous_ref   the model layer's contiguous mode: ReferenceKVCache + the textbook
 //                      reference_attention (double precision, for correctness, not speed)
 // Model: builtin_config() (dim 512, 4 layers, 8 heads / 4 kv heads, head 64, vocab 1024) with
 // seq_len raised to 4096 so that 2048 positions fit; seeded random weights. Threads: as
@@ -34,7 +35,7 @@
 #include "model/llama.hpp"
 #include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/error.hpp"
-#include "pagedkv/storage/contiguous_kv.hpp"
+#include "pagedkv/storage/contiguous_paged_view.hpp"
 #include "pagedkv/storage/host_buffer.hpp"
 
 namespace pagedkv {
@@ -48,7 +49,7 @@ constexpr int32_t kMaxLen = 4096;
 constexpr int32_t kSteps = 16;  // decode steps timed per run
 constexpr int32_t kBlockSize = 16;
 
-/// Contiguous cache attended by the fast kernel through contiguous_layer_view: per layer K and V
+/// Contiguous cache attended by the fast kernel through contiguous_paged_view: per layer K and V
 /// [max_seqs, num_kv_heads, max_len, head_dim] fp32, sequence s in row slot_of(s).
 class ContiguousViewBackend final : public KVBackend {
  public:
@@ -96,7 +97,7 @@ class ContiguousViewBackend final : public KVBackend {
 
   void attend(int32_t layer, std::span<const float> q, std::span<const float> k,
               std::span<const float> v, std::span<float> out) override {
-    const KVLayerView view = contiguous_layer_view(shape_, k_[layer].data(), v_[layer].data());
+    const KVLayerView view = contiguous_paged_view(shape_, k_[layer].data(), v_[layer].data());
     const int64_t row = static_cast<int64_t>(c_.num_kv_heads) * c_.head_dim;
     int64_t t = 0;
     for (size_t i = 0; i < seqs_.size(); ++i) {

@@ -20,7 +20,7 @@
 #include "pagedkv/metadata/synchronized_manager.hpp"
 
 // Storage: the pages themselves in host memory, their layout and views.
-#include "pagedkv/storage/contiguous_kv.hpp"
+#include "pagedkv/storage/contiguous_paged_view.hpp"
 #include "pagedkv/storage/host_buffer.hpp"
 #include "pagedkv/storage/host_kv_cache.hpp"
 #include "pagedkv/storage/kv_cache_config.hpp"
@@ -30,4 +30,5 @@
 #include "pagedkv/cpu/attention.hpp"
 
 // Reference (ground truth for tests).
-#include "pagedkv/reference/reference.hpp"
+#include "pagedkv/reference/reference_attention.hpp"
+#include "pagedkv/reference/reference_kv_cache.hpp"

@@ -136,7 +136,7 @@ class ContiguousBackend final : public KVBackend {
 
  private:
   AttentionParams params_;
-  ContiguousKVCache cache_;
+  ReferenceKVCache cache_;
   std::vector<SeqId> seqs_;
   std::vector<int64_t> n_new_;
 };

@@ -6,7 +6,7 @@
 ///  - paged:      KVCacheManager::append_slots -> HostKVCache::write with the slot mapping ->
 ///                paged_prefill_attention (a prompt, in one pass) or paged_decode_attention
 ///                (one token per sequence);
-///  - contiguous: ContiguousKVCache::append -> reference_attention (the ground truth);
+///  - contiguous: ReferenceKVCache::append -> reference_attention (the ground truth);
 ///  - none:       no cache: the caller feeds every sequence's whole history each step; K/V go
 ///                to a scratch pool that is emptied after the step, attention is the same
 ///                paged prefill kernel, so none vs paged measures the caching alone.
@@ -25,7 +25,8 @@
 
 #include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/metadata/kv_cache_manager.hpp"
-#include "pagedkv/reference/reference.hpp"
+#include "pagedkv/reference/reference_attention.hpp"
+#include "pagedkv/reference/reference_kv_cache.hpp"
 #include "pagedkv/storage/host_kv_cache.hpp"
 
 namespace pagedkv::model {

@@ -1,13 +1,14 @@
 // Textbook attention, the ground truth of every kernel test. Written for clarity: the whole
 // score matrix of a head in double, an explicit mask, a max-subtracted softmax, then P . V.
 
+#include "pagedkv/reference/reference_attention.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "core/check.hpp"
-#include "pagedkv/reference/reference.hpp"
 
 namespace pagedkv {
 

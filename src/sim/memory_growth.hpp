@@ -48,7 +48,7 @@ struct MeasuredStep {
   int64_t step = 0;                  ///< forward step (0 = the prompt's prefill)
   int64_t tokens = 0;                ///< positions cached after the step, per sequence
   int64_t formula_bytes = 0;         ///< the formula for `tokens` positions (fp32)
-  int64_t contiguous_bytes = 0;      ///< measured: ContiguousKVCache::bytes_in_use()
+  int64_t contiguous_bytes = 0;      ///< measured: ReferenceKVCache::bytes_in_use()
   int64_t paged_bytes = 0;           ///< measured: blocks in use x bytes per block
   int64_t paged_expected_bytes = 0;  ///< formula rounded up to whole blocks
 };

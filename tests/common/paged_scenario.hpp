@@ -16,7 +16,8 @@
 
 #include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/metadata/batch_metadata.hpp"
-#include "pagedkv/reference/reference.hpp"
+#include "pagedkv/reference/reference_attention.hpp"
+#include "pagedkv/reference/reference_kv_cache.hpp"
 #include "pagedkv/storage/host_kv_cache.hpp"
 
 namespace pagedkv::testing {

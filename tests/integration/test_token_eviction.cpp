@@ -14,7 +14,8 @@
 #include "pagedkv/error.hpp"
 #include "pagedkv/metadata/eviction_policy.hpp"
 #include "pagedkv/metadata/kv_cache_manager.hpp"
-#include "pagedkv/reference/reference.hpp"
+#include "pagedkv/reference/reference_attention.hpp"
+#include "pagedkv/reference/reference_kv_cache.hpp"
 #include "pagedkv/storage/host_kv_cache.hpp"
 
 namespace pagedkv {
@@ -201,7 +202,7 @@ class Bench {
   }
 
   HostKVCache cache_;
-  ContiguousKVCache ref_;
+  ReferenceKVCache ref_;
   KVCacheManager m_;
   AttentionParams params_;
   std::mt19937 rng_;

@@ -1,5 +1,5 @@
 // The ground truth checked against itself: hand-worked examples for reference_attention and
-// reference_attention_subset, and the ContiguousKVCache bookkeeping.
+// reference_attention_subset, and the ReferenceKVCache bookkeeping.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -9,7 +9,8 @@
 #include <vector>
 
 #include "pagedkv/error.hpp"
-#include "pagedkv/reference/reference.hpp"
+#include "pagedkv/reference/reference_attention.hpp"
+#include "pagedkv/reference/reference_kv_cache.hpp"
 
 namespace pagedkv {
 namespace {
@@ -243,10 +244,10 @@ TEST(ReferenceAttentionSubset, ErrorsNameTheValue) {
               ThrowsMessage<Error>(HasSubstr("q has 4 and out 2 elements")));
 }
 
-// ---- ContiguousKVCache --------------------------------------------------------------------------
+// ---- ReferenceKVCache --------------------------------------------------------------------------
 
-TEST(ContiguousKVCache, AppendGrowsPerLayerAndCountsBytes) {
-  ContiguousKVCache cache(2, 2, 3);  // 2 layers, 2 kv heads, head_dim 3: 6 floats a token
+TEST(ReferenceKVCache, AppendGrowsPerLayerAndCountsBytes) {
+  ReferenceKVCache cache(2, 2, 3);  // 2 layers, 2 kv heads, head_dim 3: 6 floats a token
   cache.add_sequence(1);
   cache.add_sequence(2);
   std::vector<float> k(12), v(12);
@@ -272,14 +273,14 @@ TEST(ContiguousKVCache, AppendGrowsPerLayerAndCountsBytes) {
   EXPECT_EQ(cache.bytes_in_use(), 48);
 }
 
-TEST(ContiguousKVCache, ErrorsNameTheValue) {
-  EXPECT_THAT([] { ContiguousKVCache c(0, 1, 1); },
+TEST(ReferenceKVCache, ErrorsNameTheValue) {
+  EXPECT_THAT([] { ReferenceKVCache c(0, 1, 1); },
               ThrowsMessage<Error>(HasSubstr("num_layers must be >= 1, got 0")));
-  EXPECT_THAT([] { ContiguousKVCache c(1, -2, 1); },
+  EXPECT_THAT([] { ReferenceKVCache c(1, -2, 1); },
               ThrowsMessage<Error>(HasSubstr("num_kv_heads must be >= 1, got -2")));
-  EXPECT_THAT([] { ContiguousKVCache c(1, 1, 0); },
+  EXPECT_THAT([] { ReferenceKVCache c(1, 1, 0); },
               ThrowsMessage<Error>(HasSubstr("head_dim must be >= 1, got 0")));
-  ContiguousKVCache cache(2, 2, 3);
+  ReferenceKVCache cache(2, 2, 3);
   cache.add_sequence(7);
   EXPECT_THAT([&] { cache.add_sequence(7); }, ThrowsMessage<Error>(HasSubstr("sequence 7 exists")));
   EXPECT_THAT([&] { cache.free_sequence(9); },

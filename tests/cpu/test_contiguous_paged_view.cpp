@@ -1,6 +1,6 @@
-// Contiguous cache as a paged view (contiguous_kv.hpp): geometry, the identity table, errors, and
-// the point of it: attention over the contiguous copy of a paged cache gives the same bits
-// (with the same work split) through the same kernel.
+// Contiguous cache as a paged view (contiguous_paged_view.hpp): geometry, the identity table,
+// errors, and the point of it: attention over the contiguous copy of a paged cache gives the same
+// bits (with the same work split) through the same kernel.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -13,7 +13,7 @@
 #include "cpu/attention_fast.hpp"
 #include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/error.hpp"
-#include "pagedkv/storage/contiguous_kv.hpp"
+#include "pagedkv/storage/contiguous_paged_view.hpp"
 
 namespace pagedkv {
 namespace {
@@ -27,7 +27,7 @@ using testing::PagedScenario;
 TEST(ContiguousKV, ViewGeometryHnd) {
   // The worked example of the header.
   float dummy = 0.0f;
-  const KVLayerView view = contiguous_layer_view(
+  const KVLayerView view = contiguous_paged_view(
       {.num_seqs = 2, .num_kv_heads = 4, .max_len = 1024, .head_dim = 128}, &dummy, &dummy);
   EXPECT_EQ(view.num_blocks, 2);
   EXPECT_EQ(view.block_size, 1024);
@@ -46,7 +46,7 @@ TEST(ContiguousKV, ViewGeometryNhd) {
                                 .head_dim = 8,
                                 .dtype = DType::kBF16,
                                 .layout = KVLayout::kNHD};
-  const KVLayerView view = contiguous_layer_view(shape, &dummy, &dummy);
+  const KVLayerView view = contiguous_paged_view(shape, &dummy, &dummy);
   EXPECT_EQ(view.dtype, DType::kBF16);
   // Element (seq 2, head 1, pos 7) of a [seqs, max_len, heads, dim] array.
   EXPECT_EQ(view.offset(2, 1, 7), ((2 * 10 + 7) * 2 + 1) * 8);
@@ -67,11 +67,11 @@ TEST(ContiguousKV, IdentityTables) {
 
 TEST(ContiguousKV, Errors) {
   float x = 0.0f;
-  EXPECT_THAT([&] { (void)contiguous_layer_view({.num_seqs = 0}, &x, &x); },
+  EXPECT_THAT([&] { (void)contiguous_paged_view({.num_seqs = 0}, &x, &x); },
               ::testing::ThrowsMessage<Error>(HasSubstr("num_seqs must be >= 1, got 0")));
-  EXPECT_THAT([&] { (void)contiguous_layer_view({.max_len = -4}, &x, &x); },
+  EXPECT_THAT([&] { (void)contiguous_paged_view({.max_len = -4}, &x, &x); },
               ::testing::ThrowsMessage<Error>(HasSubstr("max_len must be >= 1, got -4")));
-  EXPECT_THAT([&] { (void)contiguous_layer_view({}, nullptr, &x); },
+  EXPECT_THAT([&] { (void)contiguous_paged_view({}, nullptr, &x); },
               ::testing::ThrowsMessage<Error>(HasSubstr("null K or V buffer")));
   const std::vector<int32_t> too_long = {3, 11};
   EXPECT_THAT([&] { (void)identity_block_tables(too_long, 10); },
@@ -103,7 +103,7 @@ ContiguousCopy copy_to_contiguous(const PagedScenario& s, KVLayout layout, int32
   // NaN everywhere a sequence has no token: reading past a context would show.
   c.k.resize(bytes);
   c.v.resize(bytes);
-  c.view = contiguous_layer_view(c.shape, c.k.data(), c.v.data());
+  c.view = contiguous_paged_view(c.shape, c.k.data(), c.v.data());
   for (int64_t i = 0; i < contiguous_kv_elements(c.shape); ++i) {
     store_from_f32(c.k.data(), c.shape.dtype, i, std::numeric_limits<float>::quiet_NaN());
     store_from_f32(c.v.data(), c.shape.dtype, i, std::numeric_limits<float>::quiet_NaN());

@@ -1,5 +1,5 @@
 #pragma once
-/// @file contiguous_kv.hpp
+/// @file contiguous_paged_view.hpp
 /// A contiguous (non-paged) KV cache seen through the paged kernels' view: the fair speed peer of
 /// paged attention, run by the very same kernel code.
 ///
@@ -41,7 +41,7 @@ struct ContiguousKVShape {
 /// `shape.layout`. k and v each point to contiguous_kv_elements(shape) elements of shape.dtype;
 /// the view does not own them.
 /// Errors: throws pagedkv::Error if k or v is null or a size is < 1 (naming it).
-[[nodiscard]] KVLayerView contiguous_layer_view(const ContiguousKVShape& shape, void* k, void* v);
+[[nodiscard]] KVLayerView contiguous_paged_view(const ContiguousKVShape& shape, void* k, void* v);
 
 /// The identity block table for a contiguous cache: sequence i -> block i, context_lens copied.
 /// Shapes: context_lens [num_seqs] in tokens; result has max_blocks_per_seq 1 (0 sequences give

@@ -1,4 +1,4 @@
-#include "pagedkv/storage/contiguous_kv.hpp"
+#include "pagedkv/storage/contiguous_paged_view.hpp"
 
 #include <numeric>
 
@@ -6,8 +6,8 @@
 
 namespace pagedkv {
 
-KVLayerView contiguous_layer_view(const ContiguousKVShape& shape, void* k, void* v) {
-  constexpr const char* kFn = "contiguous_layer_view";
+KVLayerView contiguous_paged_view(const ContiguousKVShape& shape, void* k, void* v) {
+  constexpr const char* kFn = "contiguous_paged_view";
   PAGEDKV_CHECK(shape.num_seqs >= 1, "{}: num_seqs must be >= 1, got {}", kFn, shape.num_seqs);
   PAGEDKV_CHECK(shape.num_kv_heads >= 1, "{}: num_kv_heads must be >= 1, got {}", kFn,
                 shape.num_kv_heads);
