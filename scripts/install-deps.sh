@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Installs the Debian packages pagedkv builds with, when missing. Needs root (or sudo).
+# Installs the Debian packages pagedkv builds and checks with (doxygen: scripts/check-docs.sh),
+# when missing. Needs root (or sudo).
 set -euo pipefail
 pkgs=(cmake g++ make pkg-config libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
-      libcli11-dev nlohmann-json3-dev libxxhash-dev libhwy-dev librapidcheck-dev libopenblas-dev)
+      libcli11-dev nlohmann-json3-dev libxxhash-dev libhwy-dev librapidcheck-dev libopenblas-dev
+      doxygen)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
