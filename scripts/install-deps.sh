@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Installs the Debian packages pagedkv builds with, when missing. Needs root (or sudo).
+# Installs the Debian packages pagedkv builds and checks with (clang-format: scripts/check-format.sh;
+# doxygen: scripts/check-docs.sh),
+# when missing. Needs root (or sudo).
 set -euo pipefail
 pkgs=(cmake g++ make pkg-config libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
       libcli11-dev nlohmann-json3-dev libxxhash-dev libhwy-dev librapidcheck-dev libopenblas-dev
-      clang-format)
+      clang-format doxygen)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

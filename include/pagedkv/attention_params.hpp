@@ -14,7 +14,7 @@ struct AttentionParams {
   int32_t head_dim = 64;     ///< must equal the cache view's head_dim
   float scale = 0.0f;        ///< softmax scale; 0 means 1/sqrt(head_dim)
   /// Sliding window (tokens): a query at position p sees keys at positions k with
-  /// p - window_left < k <= p, i.e. the last window_left positions, itself included.
+  /// p - window_left < k <= p: the last window_left positions, itself included.
   /// -1 = unbounded (full causal attention).
   int32_t window_left = -1;
   /// Attention sinks (StreamingLLM): keys at positions < sink_tokens are always visible, in

@@ -3,6 +3,16 @@
 /// Umbrella header: the whole host API, layer by layer (docs/design.md has the map). The CUDA
 /// backend's headers are under pagedkv/cuda/ and are included on their own.
 
+/// @namespace pagedkv
+/// Everything public: vocabulary, metadata (KVCacheManager), storage (HostKVCache), CPU kernels
+/// and the reference. Internals live in pagedkv::detail and are not part of the API.
+
+/// @namespace pagedkv::cuda
+/// The CUDA backend: device storage (DeviceKVCache), launchers that take device pointers, and
+/// DeviceDecodeRunner for host spans. Declared without CUDA headers; device_available(),
+/// require_device() and device_info() work in every build, and device.hpp says what else needs
+/// a build with PAGEDKV_WITH_CUDA 1.
+
 // Vocabulary shared by every layer.
 #include "pagedkv/attention_params.hpp"
 #include "pagedkv/config.hpp"

@@ -4,6 +4,10 @@
 
 #include <cstdint>
 
+/// @def PAGEDKV_HOST_DEVICE
+/// Marks a function that CUDA kernels call as well as host code (address math, sizes):
+/// `__host__ __device__` when nvcc compiles the file (`__CUDACC__` defined), nothing for a host
+/// C++ compiler, so the vocabulary and storage headers need no CUDA headers.
 #if defined(__CUDACC__)
 #define PAGEDKV_HOST_DEVICE __host__ __device__
 #else
@@ -23,9 +27,13 @@ using Slot = int64_t;
 using TokenId = int32_t;
 
 /// A whole-block copy (copy-on-write, swap): every layer's K and V of block `src` go to `dst`.
+/// Returned by KVCacheManager in AppendResult::copies (copy-on-write: both ids in the one pool)
+/// and SwapResult::copies (swap: one id in the device pool, the other in the host swap pool);
+/// applied by HostKVCache::copy_blocks and by the CUDA device cache, which check the ids.
 struct BlockCopy {
-  BlockId src;
-  BlockId dst;
+  BlockId src;  ///< block that is read, in [0, num_blocks) of its pool
+  BlockId dst;  ///< block that is overwritten, in [0, num_blocks) of its pool
+  /// Equal when both ids are equal (tests compare copy lists exactly).
   friend bool operator==(const BlockCopy&, const BlockCopy&) = default;
 };
 

@@ -27,8 +27,9 @@ void paged_decode_attention(const AttentionParams& params, const KVLayerView& ca
                             std::span<float> out);
 
 /// Chunked paged prefill: sequence i has n_i = query_start[i+1] - query_start[i] new query
-/// tokens, at positions context_lens[i] - n_i .. context_lens[i] - 1 (their K/V already written);
-/// query token at position p attends causally to positions 0..p (cached prefix + chunk).
+/// tokens, at positions context_lens[i] - n_i through context_lens[i] - 1 (their K/V already
+/// written); query token at position p attends causally to positions 0..p (cached prefix +
+/// chunk).
 /// Shapes: query_start [num_seqs + 1] (query_start[0] = 0); q, out [query_start[num_seqs],
 /// num_heads, head_dim] fp32. Decode is the case n_i = 1.
 /// Errors: as paged_decode_attention, plus n_i < 0 or n_i > context_lens[i].
@@ -36,8 +37,8 @@ void paged_prefill_attention(const AttentionParams& params, const KVLayerView& c
                              const BlockTableView& tables, std::span<const int32_t> query_start,
                              std::span<const float> q, std::span<float> out);
 
-/// Attention over explicit key lists (sparse kept sets, e.g. heavy hitters; see
-/// eviction_policy.hpp): query row i attends to exactly the keys at
+/// Attention over explicit key lists (sparse kept sets such as heavy hitters; see
+/// metadata/eviction_policy.hpp): query row i attends to exactly the keys at
 /// slots[indptr[i] .. indptr[i+1]), in any order, with no causal or window mask (the list IS the
 /// mask). Optionally reports each listed key's softmax probability, the per-position weight
 /// that H2O accumulates.

@@ -17,8 +17,9 @@ namespace pagedkv {
 /// params.window_left / params.sink_tokens exactly as the kernels document.
 /// Shapes: q, out [n_q, num_heads, head_dim]; k, v [num_kv_tokens, num_kv_heads, head_dim].
 /// n_q = q.size() / (num_heads * head_dim). n_q == 0 is allowed (nothing to do).
-/// Errors: throws pagedkv::Error on inconsistent sizes, n_q > num_kv_tokens, or
-/// num_heads % num_kv_heads != 0.
+/// Errors: throws pagedkv::Error on inconsistent sizes, a size < 1, n_q > num_kv_tokens,
+/// num_kv_tokens < 0, num_heads not a multiple of num_kv_heads, window_left < -1 or
+/// sink_tokens < 0.
 void reference_attention(const AttentionParams& params, std::span<const float> q,
                          std::span<const float> k, std::span<const float> v, int64_t num_kv_tokens,
                          std::span<float> out);
@@ -27,7 +28,8 @@ void reference_attention(const AttentionParams& params, std::span<const float> q
 /// eviction policies such as heavy hitters, whose kept set is not a window).
 /// Shapes: q, out [num_heads, head_dim]; k, v [num_kv_tokens, num_kv_heads, head_dim];
 /// positions: indices into k/v, any order, each < num_kv_tokens. Empty positions -> zeros.
-/// Errors: throws on inconsistent sizes or a position out of range.
+/// Errors: throws pagedkv::Error on inconsistent sizes or params (as reference_attention), or a
+/// position out of [0, num_kv_tokens).
 void reference_attention_subset(const AttentionParams& params, std::span<const float> q,
                                 std::span<const float> k, std::span<const float> v,
                                 int64_t num_kv_tokens, std::span<const int64_t> positions,

@@ -18,31 +18,43 @@ namespace pagedkv {
 /// Memory: bytes_in_use() counts exactly the stored tokens (DESIGN.md formula with fp32).
 class ReferenceKVCache {
  public:
-  /// Errors: throws pagedkv::Error if any size is < 1.
+  /// An empty cache (no sequence) of the given geometry.
+  /// Errors: throws pagedkv::Error if any size is < 1 (naming it).
   ReferenceKVCache(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim);
 
-  /// Errors: throws if `seq` exists.
+  /// Adds sequence `seq` with 0 tokens in every layer.
+  /// Errors: throws pagedkv::Error if `seq` exists.
   void add_sequence(SeqId seq);
-  /// Errors: throws if `seq` is unknown.
+  /// Removes `seq` and its K/V. Errors: throws pagedkv::Error if `seq` is unknown.
   void free_sequence(SeqId seq);
+  /// True if add_sequence(seq) was called and free_sequence(seq) was not since.
   [[nodiscard]] bool has_sequence(SeqId seq) const { return seqs_.contains(seq); }
 
-  /// Appends n tokens' K and V to one layer of a sequence.
-  /// Shapes: k, v [n, num_kv_heads, head_dim]. Errors: throws on unknown seq, layer out of
-  /// range, or sizes not a multiple of num_kv_heads * head_dim or different from each other.
+  /// Appends n tokens' K and V (fp32, stored as given) to one layer of a sequence; layers grow
+  /// independently. n == 0 is allowed.
+  /// Shapes: k, v [n, num_kv_heads, head_dim]. Errors: throws pagedkv::Error on an unknown
+  /// seq, a layer out of range, or sizes not a multiple of num_kv_heads * head_dim or
+  /// different from each other (nothing is appended).
   void append(SeqId seq, int32_t layer, std::span<const float> k, std::span<const float> v);
 
-  /// Tokens stored in `layer` of `seq`. Errors: throws on unknown seq or layer.
+  /// Tokens stored in `layer` of `seq`. Errors: throws pagedkv::Error on an unknown seq or a
+  /// layer out of range.
   [[nodiscard]] int64_t num_tokens(SeqId seq, int32_t layer = 0) const;
-  /// K (or V) of one layer: [num_tokens, num_kv_heads, head_dim]. Errors: as num_tokens.
+  /// K of one layer of `seq`, in append order, the input of reference_attention.
+  /// Shapes: [num_tokens(seq, layer), num_kv_heads, head_dim] fp32. The span is valid until
+  /// the next append to that layer or free_sequence(seq). Errors: as num_tokens.
   [[nodiscard]] std::span<const float> keys(SeqId seq, int32_t layer) const;
+  /// V of one layer of `seq`; shapes, lifetime and errors as keys().
   [[nodiscard]] std::span<const float> values(SeqId seq, int32_t layer) const;
 
   /// Bytes holding stored tokens: sum over sequences and layers of 2 x T x H_kv x D x 4.
   [[nodiscard]] int64_t bytes_in_use() const;
 
+  /// Layers, as constructed.
   [[nodiscard]] int32_t num_layers() const { return num_layers_; }
+  /// K/V heads per token, as constructed.
   [[nodiscard]] int32_t num_kv_heads() const { return num_kv_heads_; }
+  /// Elements per head vector, as constructed.
   [[nodiscard]] int32_t head_dim() const { return head_dim_; }
 
  private:

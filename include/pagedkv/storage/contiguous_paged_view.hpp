@@ -22,13 +22,14 @@
 
 namespace pagedkv {
 
-/// Geometry of one layer of a contiguous cache.
+/// Geometry of one layer of a contiguous cache. Every size must be >= 1
+/// (contiguous_paged_view() checks).
 struct ContiguousKVShape {
-  int32_t num_seqs = 1;
-  int32_t num_kv_heads = 1;
-  int32_t max_len = 1;  ///< positions reserved per sequence, tokens
-  int32_t head_dim = 64;
-  DType dtype = DType::kF32;
+  int32_t num_seqs = 1;       ///< sequences (rows of the batch); becomes the view's num_blocks
+  int32_t num_kv_heads = 1;   ///< K/V heads
+  int32_t max_len = 1;        ///< positions reserved per sequence, tokens; the view's block_size
+  int32_t head_dim = 64;      ///< elements per head vector
+  DType dtype = DType::kF32;  ///< element type of the K and V buffers
   KVLayout layout = KVLayout::kHND;  ///< HND = [seq, head, pos, dim]; NHD = [seq, pos, head, dim]
 };
 
@@ -40,7 +41,7 @@ struct ContiguousKVShape {
 /// The paged view of a contiguous layer: num_blocks = num_seqs, block_size = max_len, strides of
 /// `shape.layout`. k and v each point to contiguous_kv_elements(shape) elements of shape.dtype;
 /// the view does not own them.
-/// Errors: throws pagedkv::Error if k or v is null or a size is < 1 (naming it).
+/// Errors: throws pagedkv::Error if k or v is null or a size of `shape` is < 1 (naming it).
 [[nodiscard]] KVLayerView contiguous_paged_view(const ContiguousKVShape& shape, void* k, void* v);
 
 /// The identity block table for a contiguous cache: sequence i -> block i, context_lens copied.

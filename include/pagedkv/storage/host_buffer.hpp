@@ -40,17 +40,21 @@ class HostBuffer {
   /// straddle one).
   static constexpr int64_t kAlignment = 64;
 
+  /// An empty buffer: data() == nullptr, size() == 0.
   HostBuffer() = default;
+  /// Allocates and zero-fills `bytes` bytes (huge pages advised per `options`).
   /// Errors: throws pagedkv::Error if bytes < 0 (naming it); std::bad_alloc if the memory cannot
   /// be allocated. bytes == 0 gives an empty buffer (data() == nullptr).
   explicit HostBuffer(int64_t bytes, const HostMemoryOptions& options = {});
 
-  /// Moves leave `other` empty (data() == nullptr, size() == 0, no advice): the memberwise
-  /// default kept the old size next to a null pointer. Self-move keeps the buffer.
+  /// Takes other's memory. Moves leave `other` empty (data() == nullptr, size() == 0, no
+  /// advice): the memberwise default kept the old size next to a null pointer.
   HostBuffer(HostBuffer&& other) noexcept
       : data_(std::move(other.data_)),
         size_(std::exchange(other.size_, 0)),
         huge_pages_advised_(std::exchange(other.huge_pages_advised_, false)) {}
+  /// Frees this buffer's memory and takes other's, leaving `other` empty as the move
+  /// constructor does. Self-move keeps the buffer.
   HostBuffer& operator=(HostBuffer&& other) noexcept {
     if (this != &other) {
       data_ = std::move(other.data_);
@@ -60,7 +64,10 @@ class HostBuffer {
     return *this;
   }
 
+  /// First byte; nullptr for an empty buffer. As with std::unique_ptr::get, a const buffer
+  /// still gives a writable pointer.
   [[nodiscard]] std::byte* data() const { return data_.get(); }
+  /// Size in bytes, as requested at construction (0 when empty or moved from).
   [[nodiscard]] int64_t size() const { return size_; }
   /// True if madvise(MADV_HUGEPAGE) was requested and accepted for this buffer (whether the OS
   /// then backs it with huge pages is its choice: see AnonHugePages in /proc/self/smaps).

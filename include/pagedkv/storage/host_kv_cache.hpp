@@ -18,12 +18,18 @@ namespace pagedkv {
 /// Host-memory K and V pools for every layer, one zero-initialized HostBuffer arena (64-byte
 /// aligned pools; transparent huge pages advised for arenas of 2 MiB or more, see
 /// HostMemoryOptions).
-/// Layout per pool: config.layout (default HND, [num_blocks, num_kv_heads, block_size, head_dim]);
-/// config.placement: separate K and V pools per layer (default), or per layer one pool with each
-/// block's K and V adjacent ([num_blocks, 2, ...]). layer() expresses either through its strides.
-/// Memory: bytes() == kv_cache_bytes(config) exactly.
+/// Layout of a block: config.layout (default HND, [num_kv_heads, block_size, head_dim] per block).
+/// The arena holds the layers in order; within a layer, config.placement decides:
+///  - KVPlacement::kInterleaved (the default): one pool [num_blocks, 2 (K, V), ...], i.e.
+///    block 0 K, block 0 V, block 1 K, ... (the view's v is k + one block, block_stride doubled);
+///  - KVPlacement::kSeparate: a K pool [num_blocks, ...] then a V pool, so the arena reads
+///    layer 0 K, layer 0 V, layer 1 K, ...
+///
+/// layer() expresses either through its strides, so kernels read both unchanged.
+/// Memory: bytes() == kv_cache_bytes(config) exactly (pool padding to 64 bytes not counted).
 class HostKVCache {
  public:
+  /// Allocates the zeroed pools of `config` (every slot reads 0 until written).
   /// Errors: throws pagedkv::Error if the config is invalid (see validate()); std::bad_alloc if
   /// the arena cannot be allocated.
   explicit HostKVCache(const KVCacheConfig& config, const HostMemoryOptions& memory = {});
@@ -38,28 +44,39 @@ class HostKVCache {
   void write(int32_t layer, std::span<const Slot> slot_mapping, std::span<const float> k,
              std::span<const float> v);
 
-  /// Copies whole blocks src -> dst in every layer, K and V (copy-on-write, defragmentation).
-  /// Pairs are applied in order. Errors: throws if an id is out of range (checked first).
+  /// Copies whole blocks src -> dst in every layer, K and V (copy-on-write, defragmentation):
+  /// the AppendResult::copies of KVCacheManager, before the slots are written.
+  /// Pairs are applied in order ({1, 3} then {3, 4} leaves block 1's data in 4); src == dst is a
+  /// no-op. Errors: throws pagedkv::Error if an id is outside [0, num_blocks) (all checked
+  /// first, nothing copied).
   void copy_blocks(std::span<const BlockCopy> pairs);
 
-  /// Reads the K (or V) vector of one (slot, kv head) of a layer as fp32.
-  /// Shapes: returns [head_dim]. Errors: throws on out-of-range layer, slot or head.
+  /// Reads the K (value false) or V (value true) vector of one (slot, kv head) of a layer as
+  /// fp32, for tests and debugging. Shapes: returns [head_dim].
+  /// Errors: throws pagedkv::Error on an out-of-range layer, slot (negative included) or head.
   [[nodiscard]] std::vector<float> read(int32_t layer, Slot slot, int32_t kv_head,
                                         bool value) const;
 
-  /// Sets every element of the given blocks (all layers, K and V) to `value`; tests use NaN to
-  /// poison reused blocks. Errors: throws if an id is out of range.
+  /// Sets every element of the given blocks (all layers, K and V) to `value`, rounded to the
+  /// dtype; tests use NaN to poison reused blocks.
+  /// Errors: throws pagedkv::Error if an id is out of range (all checked first).
   void fill_blocks(std::span<const BlockId> blocks, float value);
 
-  /// Raw bytes of one block across all layers, K then V per layer (for swap and bit-exact
-  /// comparisons). Errors: throws if the id is out of range.
+  /// Raw bytes of one block across all layers, K then V per layer (layer 0 K, layer 0 V, layer 1
+  /// K, ...) in either placement, for swap and bit-exact comparisons.
+  /// Shapes: returns 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_size bytes.
+  /// Errors: throws pagedkv::Error if the id is out of range.
   [[nodiscard]] std::vector<std::byte> block_bytes(BlockId block) const;
-  /// Restores bytes captured by block_bytes() into block `block`.
-  /// Errors: throws if the id is out of range or the size differs.
+  /// Restores bytes captured by block_bytes() (of this cache or one with an equal config) into
+  /// block `block`. Errors: throws pagedkv::Error if the id is out of range or the size differs
+  /// from block_bytes()'s.
   void set_block_bytes(BlockId block, std::span<const std::byte> bytes);
 
-  /// View of layer `layer` for kernels. Errors: throws if out of range.
+  /// View of layer `layer` for kernels (valid as long as this cache lives; moving the cache
+  /// keeps the pools where they are). Errors: throws pagedkv::Error if layer is out of
+  /// [0, num_layers).
   [[nodiscard]] KVLayerView layer(int32_t layer) const;
+  /// The geometry the cache was built with.
   [[nodiscard]] const KVCacheConfig& config() const { return config_; }
   /// Bytes held by the pools: kv_cache_bytes(config()).
   [[nodiscard]] int64_t bytes() const { return kv_cache_bytes(config_); }

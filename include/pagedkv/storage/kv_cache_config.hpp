@@ -10,7 +10,7 @@
 namespace pagedkv {
 
 /// Where a block's K and V live in a layer's storage, host or device (the view's strides
-/// express either; kernels do not care).
+/// express either; kernels do not care). Default: kInterleaved (KVCacheConfig::placement).
 enum class KVPlacement : uint8_t {
   /// Per layer a K pool and a V pool, each [num_blocks, ...layout] (vLLM's caches).
   kSeparate,
@@ -22,18 +22,22 @@ enum class KVPlacement : uint8_t {
 };
 
 /// Geometry of a paged KV cache: num_layers x {K, V} pools of num_blocks blocks.
+/// Every size must be >= 1 (validate()); num_blocks has no usable default and must be set.
+/// Memory: kv_cache_bytes(config).
 struct KVCacheConfig {
-  int32_t num_layers = 1;
-  int32_t num_blocks = 0;
-  int32_t block_size = 16;  ///< tokens per block
-  int32_t num_kv_heads = 1;
-  int32_t head_dim = 64;
-  DType dtype = DType::kF32;
-  KVLayout layout = KVLayout::kHND;
+  int32_t num_layers = 1;            ///< transformer layers; every block id indexes all of them
+  int32_t num_blocks = 0;            ///< blocks per pool (= KVCacheManagerConfig::num_blocks), >= 1
+  int32_t block_size = 16;           ///< tokens per block (= KVCacheManagerConfig::block_size)
+  int32_t num_kv_heads = 1;          ///< K/V heads per layer (GQA: num_heads / group)
+  int32_t head_dim = 64;             ///< elements per head vector
+  DType dtype = DType::kF32;         ///< storage element type (compute is fp32)
+  KVLayout layout = KVLayout::kHND;  ///< order of (kv head, token) inside a block
+  /// Where a block's K and V live: interleaved (default) or separate pools.
   KVPlacement placement = KVPlacement::kInterleaved;
 };
 
-/// Checks every field (>= 1, and total elements per pool representable in int64).
+/// Checks every field: sizes >= 1, dtype / layout / placement a known enumerator, and the
+/// elements of a pool and the total bytes representable in int64.
 /// Errors: throws pagedkv::Error naming the field and value.
 void validate(const KVCacheConfig& config);
 

@@ -23,29 +23,43 @@ enum class KVLayout : uint8_t {
 /// One layer's K and V pools. Strides are in elements and int64 (a pool can exceed 2^31
 /// elements). Element (block b, kv head h, token-in-block t, dim d) of K is at
 /// k[b * block_stride + h * head_stride + t * token_stride + d]; V alike.
+/// Non-owning: valid while the memory it points to lives (a HostKVCache, a cuda::DeviceKVCache,
+/// a contiguous buffer). Built by layer_view() or contiguous_paged_view().
 struct KVLayerView {
-  void* k = nullptr;  // [num_blocks, ...] per layout
-  void* v = nullptr;  // same shape as k
-  DType dtype = DType::kF32;
-  int32_t num_blocks = 0;
-  int32_t block_size = 0;
-  int32_t num_kv_heads = 0;
-  int32_t head_dim = 0;
+  /// First element of block 0's K: [num_blocks, ...] per layout, addressed by the strides.
+  void* k = nullptr;
+  /// First element of block 0's V; same strides as k (for KVPlacement::kInterleaved it is k
+  /// plus one block's elements, within the same pool).
+  void* v = nullptr;
+  DType dtype = DType::kF32;  ///< element type of both pools
+  int32_t num_blocks = 0;     ///< blocks in the pool: valid block ids are [0, num_blocks)
+  int32_t block_size = 0;     ///< tokens per block
+  int32_t num_kv_heads = 0;   ///< K/V heads (query heads read them through GQA groups)
+  int32_t head_dim = 0;       ///< elements per head vector
+  /// Elements from one block to the next: block_size * num_kv_heads * head_dim, doubled for
+  /// KVPlacement::kInterleaved (V of the block sits between two K blocks).
   int64_t block_stride = 0;
+  /// Elements from one kv head to the next within a block: HND block_size * head_dim, NHD
+  /// head_dim.
   int64_t head_stride = 0;
+  /// Elements from one token to the next within a block and head: HND head_dim, NHD
+  /// num_kv_heads * head_dim.
   int64_t token_stride = 0;
 
-  /// Element offset of (block, kv head, token in block, dim 0), in int64.
+  /// Element offset of (block, kv head, token in block, dim 0) from k (or v), in int64.
+  /// Nothing is checked: kernels call it on ids validated at the public boundary.
   PAGEDKV_HOST_DEVICE int64_t offset(int64_t block, int64_t head, int64_t token) const {
     return block * block_stride + head * head_stride + token * token_stride;
   }
-  /// Element offset of (slot, kv head): slot = block * block_size + token.
+  /// Element offset of (slot, kv head, dim 0): slot = block * block_size + token.
+  /// Precondition: slot >= 0 (padding slots are skipped by the caller; nothing is checked).
   PAGEDKV_HOST_DEVICE int64_t slot_offset(int64_t slot, int64_t head) const {
     return offset(slot / block_size, head, slot % block_size);
   }
 };
 
-/// Strides of a pool with the given geometry and layout, elements.
+/// Strides of a pool with the given geometry and layout, elements, written to the three
+/// outputs (for separate pools; layer_view() doubles block_stride for interleaved ones).
 /// Worked example (HND, block_size 16, 4 kv heads, head_dim 128): token_stride 128,
 /// head_stride 2048, block_stride 8192.
 PAGEDKV_HOST_DEVICE constexpr void layout_strides(KVLayout layout, int64_t block_size,
@@ -62,9 +76,12 @@ PAGEDKV_HOST_DEVICE constexpr void layout_strides(KVLayout layout, int64_t block
   }
 }
 
-/// Validates params against a cache view.
-/// Errors: throws pagedkv::Error if a size is < 1, num_heads % num_kv_heads != 0, or num_kv_heads
-/// / head_dim differ from the view's (the message names both values).
+/// Validates params against a cache view; every paged attention entry point (CPU and CUDA) runs
+/// it before anything else reads the view.
+/// Errors: throws pagedkv::Error if a size (num_heads, num_kv_heads, head_dim, the view's
+/// block_size and num_blocks) is < 1, num_heads is not a multiple of num_kv_heads, num_kv_heads
+/// or head_dim differ from the view's (the message names both values), window_left < -1,
+/// sink_tokens < 0, scale is not finite, or the view's k or v is null.
 void check_attention_params(const AttentionParams& params, const KVLayerView& cache);
 
 }  // namespace pagedkv
