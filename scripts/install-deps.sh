@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages pagedkv builds and checks with (clang-format: scripts/check-format.sh;
-# doxygen: scripts/check-docs.sh),
-# when missing. Needs root (or sudo).
+# Installs the Debian packages pagedkv builds and checks with, when missing (clang-format for
+# scripts/check-format.sh, doxygen for scripts/check-docs.sh). Needs root (or sudo).
 set -euo pipefail
 pkgs=(cmake g++ make pkg-config libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
       libcli11-dev nlohmann-json3-dev libxxhash-dev libhwy-dev librapidcheck-dev libopenblas-dev
