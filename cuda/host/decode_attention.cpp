@@ -32,6 +32,15 @@ void check_stride(const char* fn, const char* what, int64_t stride, DType dtype)
                 stride * dtype_size(dtype));
 }
 
+/// The pools of a device layer view: aligned, non-null, 16-byte strides (cp.async chunks).
+void check_device_view(const char* fn, const KVLayerView& cache) {
+  check_device_ptr(fn, "cache.k", cache.k);
+  check_device_ptr(fn, "cache.v", cache.v);
+  check_stride(fn, "block_stride", cache.block_stride, cache.dtype);
+  check_stride(fn, "head_stride", cache.head_stride, cache.dtype);
+  check_stride(fn, "token_stride", cache.token_stride, cache.dtype);
+}
+
 /// The part of the launch common to both layouts. `num_seqs` > 0.
 detail::DecodeProblem make_problem(const char* fn, const AttentionParams& params, int32_t num_seqs,
                                    const int32_t* context_lens, const float* q, float* out,
@@ -113,11 +122,7 @@ void paged_decode_attention(const AttentionParams& params, const KVLayerView& ca
   PAGEDKV_CHECK(tables.max_blocks_per_seq >= 1, "{}: max_blocks_per_seq must be >= 1, got {}", kFn,
                 tables.max_blocks_per_seq);
   PAGEDKV_CHECK(tables.block_tables != nullptr, "{}: block_tables is null", kFn);
-  check_device_ptr(kFn, "cache.k", cache.k);
-  check_device_ptr(kFn, "cache.v", cache.v);
-  check_stride(kFn, "block_stride", cache.block_stride, cache.dtype);
-  check_stride(kFn, "head_stride", cache.head_stride, cache.dtype);
-  check_stride(kFn, "token_stride", cache.token_stride, cache.dtype);
+  check_device_view(kFn, cache);
   const detail::DecodeProblem p =
       make_problem(kFn, params, tables.num_seqs, tables.context_lens, q, out, launch);
 
@@ -139,11 +144,7 @@ void contiguous_decode_attention(const AttentionParams& params, const KVLayerVie
   constexpr const char* kFn = "cuda::contiguous_decode_attention";
   check_decode_config(cache.dtype, cache.head_dim);
   check_attention_params(params, cache);
-  check_device_ptr(kFn, "cache.k", cache.k);
-  check_device_ptr(kFn, "cache.v", cache.v);
-  check_stride(kFn, "block_stride", cache.block_stride, cache.dtype);
-  check_stride(kFn, "head_stride", cache.head_stride, cache.dtype);
-  check_stride(kFn, "token_stride", cache.token_stride, cache.dtype);
+  check_device_view(kFn, cache);
   // Sequence i is block i (contiguous_paged_view).
   const detail::DecodeProblem p =
       make_problem(kFn, params, cache.num_blocks, context_lens, q, out, launch);

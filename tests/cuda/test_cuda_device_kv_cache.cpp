@@ -213,13 +213,8 @@ TEST(DeviceKVCache, CopyBlocksRejectsOverlapsBeforeCopying) {
 
 TEST(DeviceKVCache, WriteFromHostMatchesHostWriteAndChecksFirst) {
   PAGEDKV_REQUIRE_CUDA_DEVICE();
-  KVCacheConfig c;
-  c.num_layers = 2;
-  c.num_blocks = 6;
-  c.block_size = 8;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;
-  c.dtype = DType::kBF16;
+  KVCacheConfig c = config_of(DType::kBF16);
+  c.num_blocks = 6;  // 48 slots
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   const std::vector<Slot> slots = {7, -1, 40, 0, 47};
