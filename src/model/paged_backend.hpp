@@ -24,13 +24,13 @@ namespace pagedkv::model::detail {
 /// Decode and prefill attention with host spans over a layer view of the storage's memory, with
 /// the signatures of pagedkv::paged_decode_attention and paged_prefill_attention.
 template <typename A>
-concept PagedAttention =
-    requires(A& a, const AttentionParams& params, const KVLayerView& view,
-             const BlockTableView& tables, std::span<const int32_t> query_start,
-             std::span<const float> q, std::span<float> out) {
-      a.decode(params, view, tables, q, out);
-      a.prefill(params, view, tables, query_start, q, out);
-    };
+concept PagedAttention = requires(A& a, const AttentionParams& params, const KVLayerView& view,
+                                  const BlockTableView& tables,
+                                  std::span<const int32_t> query_start, std::span<const float> q,
+                                  std::span<float> out) {
+  a.decode(params, view, tables, q, out);
+  a.prefill(params, view, tables, query_start, q, out);
+};
 
 /// The model's attention geometry; scale 0: 1/sqrt(head_dim), as Llama.
 inline AttentionParams attention_params(const KVBackendConfig& c) {
@@ -43,8 +43,8 @@ inline AttentionParams attention_params(const KVBackendConfig& c) {
 
 /// fp32 HND pools of the default placement for the backend's geometry.
 inline KVCacheConfig storage_config(const KVBackendConfig& c) {
-  return KVCacheConfig{c.num_layers, c.num_blocks,  c.block_size, c.num_kv_heads,
-                       c.head_dim,   DType::kF32,   KVLayout::kHND};
+  return KVCacheConfig{c.num_layers, c.num_blocks, c.block_size,  c.num_kv_heads,
+                       c.head_dim,   DType::kF32,  KVLayout::kHND};
 }
 
 /// The paged backends' begin_step bookkeeping: manager.append_slots for every sequence, handing

@@ -36,16 +36,15 @@ namespace pagedkv {
 /// Errors: each member throws pagedkv::Error on an out-of-range layer, slot, block id or size,
 /// before changing anything.
 template <typename S>
-concept PagedKVStorage =
-    std::constructible_from<S, const KVCacheConfig&> &&
+concept PagedKVStorage = std::constructible_from<S, const KVCacheConfig&> &&
     requires(S& s, const S& cs, int32_t layer, std::span<const Slot> slots,
              std::span<const float> kv, std::span<const BlockCopy> copies) {
-      { cs.config() } -> std::same_as<const KVCacheConfig&>;
-      { cs.bytes() } -> std::same_as<int64_t>;
-      s.write(layer, slots, kv, kv);
-      s.copy_blocks(copies);
-      { cs.layer(layer) } -> std::same_as<KVLayerView>;
-    };
+  { cs.config() } -> std::same_as<const KVCacheConfig&>;
+  { cs.bytes() } -> std::same_as<int64_t>;
+  s.write(layer, slots, kv, kv);
+  s.copy_blocks(copies);
+  { cs.layer(layer) } -> std::same_as<KVLayerView>;
+};
 
 static_assert(PagedKVStorage<HostKVCache>);
 
