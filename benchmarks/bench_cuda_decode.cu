@@ -28,10 +28,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "cuda/kernels/dispatch.cuh"
 #include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/cuda/device.hpp"
 #include "pagedkv/cuda/device_kv_cache.hpp"
+#include "pagedkv/storage/contiguous_paged_view.hpp"
 #include "pagedkv/storage/kv_cache_config.hpp"
 #include "pagedkv/storage/kv_layer_view.hpp"
 
@@ -94,17 +96,10 @@ __global__ void fill_kernel(T* __restrict__ p,  // [n]
 
 void fill(void* p, DType dtype, int64_t n, uint32_t seed) {
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65535));
-  switch (dtype) {
-    case DType::kF32:
-      fill_kernel<<<blocks, 256>>>(static_cast<float*>(p), n, seed);
-      break;
-    case DType::kF16:
-      fill_kernel<<<blocks, 256>>>(static_cast<__half*>(p), n, seed);
-      break;
-    case DType::kBF16:
-      fill_kernel<<<blocks, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
-      break;
-  }
+  pagedkv::cuda::detail::dispatch_storage_type(dtype, [&](auto type) {
+    using T = typename decltype(type)::type;
+    fill_kernel<<<blocks, 256>>>(static_cast<T*>(p), n, seed);
+  });
   BENCH_CUDA(cudaGetLastError());
 }
 
@@ -203,8 +198,9 @@ void BM_Decode(benchmark::State& state) {
   pc::DeviceBuffer cv(kv_elems_per_pool * elem);
   fill(ck.data(), dtype, kv_elems_per_pool, 1);
   fill(cv.data(), dtype, kv_elems_per_pool, 2);
-  const pc::ContiguousKVView contiguous =
-      pc::make_contiguous_view(ck.data(), cv.data(), dtype, batch, context, kNumKvHeads, kHeadDim);
+  const pagedkv::KVLayerView contiguous = pagedkv::contiguous_paged_view(
+      {batch, kNumKvHeads, context, kHeadDim, dtype, pagedkv::KVLayout::kHND}, ck.data(),
+      cv.data());
 
   const int64_t q_elems = int64_t{batch} * params.num_heads * kHeadDim;
   pc::DeviceBuffer q(q_elems * 4);

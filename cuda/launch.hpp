@@ -1,6 +1,6 @@
 #pragma once
-// Private interface between the host side of the CUDA backend (src/core/cuda_*.cpp, compiled by
-// the C++ compiler: every check and error message lives there) and the kernels (cuda/*.cu,
+// Private interface between the host side of the CUDA backend (cuda/host/*.cpp, compiled by the
+// C++ compiler: every check and error message lives there) and the kernels (cuda/kernels/*.cu,
 // compiled by nvcc: kernels and thin launch functions only, which trust their arguments).
 // No CUDA header: streams are void*. The argument structs are trivially copyable and passed to
 // kernels by value; their address helpers are __host__ __device__ so the host tests can check
@@ -17,9 +17,9 @@ namespace pagedkv::cuda::detail {
 /// Threads per decode CTA (4 warps).
 inline constexpr int32_t kDecodeThreads = 128;
 
-// Decode pipeline shape (cuda/decode_attention.cu), with kHeadsPerCta (decode_attention.hpp).
-// Chosen on an H200 among 9 shapes (docs/cuda.md, "Tuning"); the macros exist so that
-// scripts/gpu_tune.sh can build the alternatives, not for users.
+// Decode pipeline shape (cuda/kernels/decode_attention.cu), with kHeadsPerCta
+// (decode_attention.hpp). Chosen on an H200 among 9 shapes (docs/cuda.md, "Tuning"); the macros
+// exist so that scripts/gpu_tune.sh can build the alternatives, not for users.
 #ifndef PAGEDKV_DECODE_STAGES
 #define PAGEDKV_DECODE_STAGES 3
 #endif
@@ -82,11 +82,12 @@ struct PagedKV {
   }
 };
 
-/// Contiguous K/V addressing: [num_seqs, num_kv_heads, max_len, head_dim] by strides.
+/// Contiguous K/V addressing of a contiguous_paged_view (storage/contiguous_paged_view.hpp):
+/// sequence `seq` owns block `seq`, so a position is an offset in it without a block-table read.
 struct ContiguousKV {
-  const void* k = nullptr;
+  const void* k = nullptr;  // [num_seqs, ...] per layout
   const void* v = nullptr;
-  int64_t seq_stride = 0;
+  int64_t seq_stride = 0;  // the view's block_stride
   int64_t head_stride = 0;
   int64_t token_stride = 0;
 
@@ -94,6 +95,11 @@ struct ContiguousKV {
     return seq * seq_stride + kv_head * head_stride + pos * token_stride;
   }
 };
+
+/// The contiguous addressing of a layer view in which sequence i is block i.
+inline ContiguousKV contiguous_kv(const KVLayerView& view) {
+  return {view.k, view.v, view.block_stride, view.head_stride, view.token_stride};
+}
 
 /// Launches the decode kernel for (dtype, head_dim) (both from supported_configs.hpp, already
 /// checked) and, when problem.num_splits > 1, the merge kernel. Throws on a launch error.
@@ -146,7 +152,7 @@ void launch_build_slot_mapping(const MetadataBuffers& m, const int32_t* num_new_
                                int64_t max_tokens, void* stream);
 
 /// Throws pagedkv::Error "CUDA error <name> (<code>): <string> in <what> at <file>:<line>".
-/// Defined in src/core/cuda_runtime.cpp (C++ side, where fmt is available).
+/// Defined in cuda/host/runtime.cpp (C++ side, where fmt is available).
 [[noreturn]] void throw_cuda_error(int code, const char* what, const char* file, int line);
 
 }  // namespace pagedkv::cuda::detail

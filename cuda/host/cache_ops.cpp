@@ -1,5 +1,5 @@
 // Public CUDA cache-write and block-copy entry points: checks on the host, then one launch
-// (cuda/cache_ops.cu).
+// (cuda/kernels/cache_ops.cu).
 
 #include "pagedkv/config.hpp"
 

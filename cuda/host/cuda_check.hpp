@@ -1,5 +1,5 @@
 #pragma once
-// CUDA runtime error checks for the host side of the CUDA backend (src/core/cuda_*.cpp).
+// CUDA runtime error checks for the host side of the CUDA backend (cuda/host/*.cpp).
 // Only included when PAGEDKV_WITH_CUDA is 1. Not installed.
 
 #include <cuda_runtime_api.h>

@@ -1,5 +1,6 @@
 // Public CUDA decode-attention entry points: every contract check happens here, on the host,
-// before any CUDA call; then cuda/decode_attention.cu launches kernels that trust their inputs.
+// before any CUDA call; then cuda/kernels/decode_attention.cu launches kernels that trust their
+// inputs.
 
 #include "pagedkv/config.hpp"
 
@@ -29,6 +30,15 @@ void check_stride(const char* fn, const char* what, int64_t stride, DType dtype)
   PAGEDKV_CHECK(stride >= 0 && (stride * dtype_size(dtype)) % 16 == 0,
                 "{}: {} {} ({} bytes) is not a non-negative multiple of 16 bytes", fn, what, stride,
                 stride * dtype_size(dtype));
+}
+
+/// The pools of a device layer view: aligned, non-null, 16-byte strides (cp.async chunks).
+void check_device_view(const char* fn, const KVLayerView& cache) {
+  check_device_ptr(fn, "cache.k", cache.k);
+  check_device_ptr(fn, "cache.v", cache.v);
+  check_stride(fn, "block_stride", cache.block_stride, cache.dtype);
+  check_stride(fn, "head_stride", cache.head_stride, cache.dtype);
+  check_stride(fn, "token_stride", cache.token_stride, cache.dtype);
 }
 
 /// The part of the launch common to both layouts. `num_seqs` > 0.
@@ -112,11 +122,7 @@ void paged_decode_attention(const AttentionParams& params, const KVLayerView& ca
   PAGEDKV_CHECK(tables.max_blocks_per_seq >= 1, "{}: max_blocks_per_seq must be >= 1, got {}", kFn,
                 tables.max_blocks_per_seq);
   PAGEDKV_CHECK(tables.block_tables != nullptr, "{}: block_tables is null", kFn);
-  check_device_ptr(kFn, "cache.k", cache.k);
-  check_device_ptr(kFn, "cache.v", cache.v);
-  check_stride(kFn, "block_stride", cache.block_stride, cache.dtype);
-  check_stride(kFn, "head_stride", cache.head_stride, cache.dtype);
-  check_stride(kFn, "token_stride", cache.token_stride, cache.dtype);
+  check_device_view(kFn, cache);
   const detail::DecodeProblem p =
       make_problem(kFn, params, tables.num_seqs, tables.context_lens, q, out, launch);
 
@@ -132,38 +138,18 @@ void paged_decode_attention(const AttentionParams& params, const KVLayerView& ca
   detail::launch_paged_decode(cache.dtype, cache.head_dim, p, kv, launch.stream);
 }
 
-void contiguous_decode_attention(const AttentionParams& params, const ContiguousKVView& cache,
+void contiguous_decode_attention(const AttentionParams& params, const KVLayerView& cache,
                                  const int32_t* context_lens, const float* q, float* out,
                                  const DecodeLaunch& launch) {
   constexpr const char* kFn = "cuda::contiguous_decode_attention";
   check_decode_config(cache.dtype, cache.head_dim);
-  // check_attention_params validates against a layer view: build one with the shared fields.
-  KVLayerView as_layer;
-  as_layer.k = cache.k;
-  as_layer.v = cache.v;
-  as_layer.dtype = cache.dtype;
-  as_layer.num_blocks = cache.num_seqs;
-  as_layer.block_size = cache.max_len;
-  as_layer.num_kv_heads = cache.num_kv_heads;
-  as_layer.head_dim = cache.head_dim;
-  check_attention_params(params, as_layer);
-  PAGEDKV_CHECK(cache.num_seqs >= 0, "{}: num_seqs must be >= 0, got {}", kFn, cache.num_seqs);
-  if (cache.num_seqs == 0) return;
-  check_device_ptr(kFn, "cache.k", cache.k);
-  check_device_ptr(kFn, "cache.v", cache.v);
-  check_stride(kFn, "seq_stride", cache.seq_stride, cache.dtype);
-  check_stride(kFn, "head_stride", cache.head_stride, cache.dtype);
-  check_stride(kFn, "token_stride", cache.token_stride, cache.dtype);
+  check_attention_params(params, cache);
+  check_device_view(kFn, cache);
+  // Sequence i is block i (contiguous_paged_view).
   const detail::DecodeProblem p =
-      make_problem(kFn, params, cache.num_seqs, context_lens, q, out, launch);
-
-  detail::ContiguousKV kv;
-  kv.k = cache.k;
-  kv.v = cache.v;
-  kv.seq_stride = cache.seq_stride;
-  kv.head_stride = cache.head_stride;
-  kv.token_stride = cache.token_stride;
-  detail::launch_contiguous_decode(cache.dtype, cache.head_dim, p, kv, launch.stream);
+      make_problem(kFn, params, cache.num_blocks, context_lens, q, out, launch);
+  detail::launch_contiguous_decode(cache.dtype, cache.head_dim, p, detail::contiguous_kv(cache),
+                                   launch.stream);
 }
 
 }  // namespace pagedkv::cuda

@@ -8,65 +8,17 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/attention_checks.hpp"
 #include "core/check.hpp"
+#include "cuda/host/staging.hpp"
 #include "pagedkv/cuda/device_decode_runner.hpp"
 
 namespace pagedkv::cuda {
 
-namespace {
-
-/// Grows `buffer` to at least `bytes` (contents not kept). Safe between calls because every
-/// runner call synchronizes its stream before returning.
-void ensure(DeviceBuffer& buffer, int64_t bytes) {
-  if (buffer.bytes() < bytes) buffer = DeviceBuffer(std::max<int64_t>(bytes, 256));
-}
-
-void check_rows(const char* fn, const char* what, size_t size, int64_t rows,
-                const AttentionParams& params) {
-  const int64_t expected = rows * params.num_heads * params.head_dim;
-  PAGEDKV_CHECK(static_cast<int64_t>(size) == expected,
-                "{}: {} has {} elements, expected {} ({} rows x {} heads x {} dims)", fn, what,
-                size, expected, rows, params.num_heads, params.head_dim);
-}
-
-}  // namespace
+using detail::ensure_bytes;
+using ::pagedkv::detail::check_attention_rows;
 
 DeviceDecodeRunner::DeviceDecodeRunner(Stream stream) : stream_(stream) { require_device(); }
-
-void DeviceDecodeRunner::write(DeviceKVCache& cache, int32_t layer,
-                               std::span<const Slot> slot_mapping, std::span<const float> k,
-                               std::span<const float> v) {
-  constexpr const char* kFn = "DeviceDecodeRunner::write";
-  const KVCacheConfig& c = cache.config();
-  PAGEDKV_CHECK(layer >= 0 && layer < c.num_layers, "{}: layer {} out of range [0, {})", kFn, layer,
-                c.num_layers);
-  const auto num_tokens = static_cast<int64_t>(slot_mapping.size());
-  const int64_t expected = num_tokens * c.num_kv_heads * c.head_dim;
-  PAGEDKV_CHECK(
-      static_cast<int64_t>(k.size()) == expected && static_cast<int64_t>(v.size()) == expected,
-      "{}: k has {} and v {} elements, expected {} ({} tokens x {} kv heads x {} dims)", kFn,
-      k.size(), v.size(), expected, num_tokens, c.num_kv_heads, c.head_dim);
-  const int64_t num_slots = int64_t{c.num_blocks} * c.block_size;
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    PAGEDKV_CHECK(slot_mapping[t] < num_slots, "{}: slot {} of token {} out of range [0, {})", kFn,
-                  slot_mapping[t], t, num_slots);
-  }
-  if (num_tokens == 0) return;
-  ensure(slots_, num_tokens * 8);
-  ensure(k_, expected * 4);
-  ensure(v_, expected * 4);
-  slots_.upload(slot_mapping.data(), num_tokens * 8, 0, stream_);
-  k_.upload(k.data(), expected * 4, 0, stream_);
-  v_.upload(v.data(), expected * 4, 0, stream_);
-  NewKV input;
-  input.k = k_.data();
-  input.v = v_.data();
-  input.dtype = DType::kF32;
-  input.slot_mapping = slots_.as<const int64_t>();
-  input.num_tokens = num_tokens;
-  cache.write(layer, input, stream_);
-  synchronize(stream_);
-}
 
 DecodeLaunch DeviceDecodeRunner::prepare(const AttentionParams& params, DType dtype,
                                          int32_t num_seqs, int64_t max_context,
@@ -78,12 +30,12 @@ DecodeLaunch DeviceDecodeRunner::prepare(const AttentionParams& params, DType dt
   const int64_t ws =
       decode_workspace_bytes(num_seqs, params.num_heads, params.head_dim, launch.plan);
   if (ws > 0) {
-    ensure(workspace_, ws);
+    ensure_bytes(workspace_, ws);
     launch.workspace = workspace_.data();
     launch.workspace_bytes = workspace_.bytes();
   }
-  ensure(q_, static_cast<int64_t>(q.size_bytes()));
-  ensure(out_, static_cast<int64_t>(out.size_bytes()));
+  ensure_bytes(q_, static_cast<int64_t>(q.size_bytes()));
+  ensure_bytes(out_, static_cast<int64_t>(out.size_bytes()));
   q_.upload(q.data(), static_cast<int64_t>(q.size_bytes()), 0, stream_);
   last_plan_ = launch.plan;
   return launch;
@@ -93,19 +45,17 @@ void DeviceDecodeRunner::finish(std::span<float> out) {
   out_.download(out.data(), static_cast<int64_t>(out.size_bytes()), 0, stream_);
 }
 
-void DeviceDecodeRunner::decode(const AttentionParams& params, const DeviceKVCache& cache,
-                                int32_t layer, const BlockTableView& tables,
-                                std::span<const float> q, std::span<float> out,
-                                std::optional<DecodePlan> plan) {
+void DeviceDecodeRunner::decode(const AttentionParams& params, const KVLayerView& view,
+                                const BlockTableView& tables, std::span<const float> q,
+                                std::span<float> out, std::optional<DecodePlan> plan) {
   constexpr const char* kFn = "DeviceDecodeRunner::decode";
-  const KVLayerView view = cache.layer(layer);
   check_decode_config(view.dtype, view.head_dim, view.block_size);
   check_attention_params(params, view);
   PAGEDKV_CHECK(tables.num_seqs >= 0 && tables.max_blocks_per_seq >= 0,
                 "{}: num_seqs {} and max_blocks_per_seq {} must be >= 0", kFn, tables.num_seqs,
                 tables.max_blocks_per_seq);
-  check_rows(kFn, "q", q.size(), tables.num_seqs, params);
-  check_rows(kFn, "out", out.size(), tables.num_seqs, params);
+  check_attention_rows(kFn, "q", q.size(), tables.num_seqs, params);
+  check_attention_rows(kFn, "out", out.size(), tables.num_seqs, params);
   if (tables.num_seqs == 0) return;
   PAGEDKV_CHECK(tables.context_lens != nullptr && tables.block_tables != nullptr &&
                     tables.max_blocks_per_seq >= 1,
@@ -127,8 +77,8 @@ void DeviceDecodeRunner::decode(const AttentionParams& params, const DeviceKVCac
     max_context = std::max(max_context, ctx);
   }
   const int64_t table_bytes = int64_t{tables.num_seqs} * tables.max_blocks_per_seq * 4;
-  ensure(tables_, table_bytes);
-  ensure(context_lens_, int64_t{tables.num_seqs} * 4);
+  ensure_bytes(tables_, table_bytes);
+  ensure_bytes(context_lens_, int64_t{tables.num_seqs} * 4);
   tables_.upload(tables.block_tables, table_bytes, 0, stream_);
   context_lens_.upload(tables.context_lens, int64_t{tables.num_seqs} * 4, 0, stream_);
   const DecodeLaunch launch =
@@ -140,10 +90,9 @@ void DeviceDecodeRunner::decode(const AttentionParams& params, const DeviceKVCac
   finish(out);
 }
 
-void DeviceDecodeRunner::prefill(const AttentionParams& params, const DeviceKVCache& cache,
-                                 int32_t layer, const BlockTableView& tables,
-                                 std::span<const int32_t> query_start, std::span<const float> q,
-                                 std::span<float> out) {
+void DeviceDecodeRunner::prefill(const AttentionParams& params, const KVLayerView& cache,
+                                 const BlockTableView& tables, std::span<const int32_t> query_start,
+                                 std::span<const float> q, std::span<float> out) {
   constexpr const char* kFn = "DeviceDecodeRunner::prefill";
   PAGEDKV_CHECK(tables.num_seqs >= 0 && tables.max_blocks_per_seq >= 0,
                 "{}: num_seqs {} and max_blocks_per_seq {} must be >= 0", kFn, tables.num_seqs,
@@ -160,8 +109,8 @@ void DeviceDecodeRunner::prefill(const AttentionParams& params, const DeviceKVCa
                   tables.context_lens[i]);
   }
   const int64_t rows = query_start[tables.num_seqs];
-  check_rows(kFn, "q", q.size(), rows, params);
-  check_rows(kFn, "out", out.size(), rows, params);
+  check_attention_rows(kFn, "q", q.size(), rows, params);
+  check_attention_rows(kFn, "out", out.size(), rows, params);
   // One decode row per query token: its sequence's table row and context = position + 1.
   const int64_t width = tables.max_blocks_per_seq;
   const int64_t row_elems = int64_t{params.num_heads} * params.head_dim;
@@ -172,7 +121,7 @@ void DeviceDecodeRunner::prefill(const AttentionParams& params, const DeviceKVCa
     const auto n = static_cast<int32_t>(row_lens.size());
     if (n == 0) return;
     const BlockTableView view{row_tables.data(), row_lens.data(), n, tables.max_blocks_per_seq};
-    decode(params, cache, layer, view, q.subspan(first * row_elems, n * row_elems),
+    decode(params, cache, view, q.subspan(first * row_elems, n * row_elems),
            out.subspan(first * row_elems, n * row_elems));
     first += n;
     row_tables.clear();
@@ -190,30 +139,29 @@ void DeviceDecodeRunner::prefill(const AttentionParams& params, const DeviceKVCa
   flush();
 }
 
-void DeviceDecodeRunner::decode_contiguous(const AttentionParams& params,
-                                           const ContiguousKVView& cache,
+void DeviceDecodeRunner::decode_contiguous(const AttentionParams& params, const KVLayerView& cache,
                                            std::span<const int32_t> context_lens,
                                            std::span<const float> q, std::span<float> out,
                                            std::optional<DecodePlan> plan) {
   constexpr const char* kFn = "DeviceDecodeRunner::decode_contiguous";
   check_decode_config(cache.dtype, cache.head_dim);
-  PAGEDKV_CHECK(static_cast<int64_t>(context_lens.size()) == cache.num_seqs,
-                "{}: {} context lengths for {} sequences", kFn, context_lens.size(),
-                cache.num_seqs);
-  check_rows(kFn, "q", q.size(), cache.num_seqs, params);
-  check_rows(kFn, "out", out.size(), cache.num_seqs, params);
-  if (cache.num_seqs == 0) return;
+  const int32_t num_seqs = cache.num_blocks;  // sequence i is block i
+  const int32_t max_len = cache.block_size;
+  PAGEDKV_CHECK(static_cast<int64_t>(context_lens.size()) == num_seqs,
+                "{}: {} context lengths for {} sequences", kFn, context_lens.size(), num_seqs);
+  check_attention_rows(kFn, "q", q.size(), num_seqs, params);
+  check_attention_rows(kFn, "out", out.size(), num_seqs, params);
+  if (num_seqs == 0) return;
   int64_t max_context = 0;
   for (size_t i = 0; i < context_lens.size(); ++i) {
-    PAGEDKV_CHECK(context_lens[i] >= 0 && context_lens[i] <= cache.max_len,
+    PAGEDKV_CHECK(context_lens[i] >= 0 && context_lens[i] <= max_len,
                   "{}: context length {} of sequence {} outside [0, max_len {}]", kFn,
-                  context_lens[i], i, cache.max_len);
+                  context_lens[i], i, max_len);
     max_context = std::max<int64_t>(max_context, context_lens[i]);
   }
-  ensure(context_lens_, int64_t{cache.num_seqs} * 4);
-  context_lens_.upload(context_lens.data(), int64_t{cache.num_seqs} * 4, 0, stream_);
-  const DecodeLaunch launch =
-      prepare(params, cache.dtype, cache.num_seqs, max_context, q, out, plan);
+  ensure_bytes(context_lens_, int64_t{num_seqs} * 4);
+  context_lens_.upload(context_lens.data(), int64_t{num_seqs} * 4, 0, stream_);
+  const DecodeLaunch launch = prepare(params, cache.dtype, num_seqs, max_context, q, out, plan);
   contiguous_decode_attention(params, cache, context_lens_.as<const int32_t>(),
                               q_.as<const float>(), out_.as<float>(), launch);
   finish(out);

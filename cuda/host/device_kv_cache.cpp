@@ -12,6 +12,7 @@
 
 #include "core/check.hpp"
 #include "cuda/host/cuda_check.hpp"
+#include "cuda/host/staging.hpp"
 #include "pagedkv/cuda/device_kv_cache.hpp"
 
 namespace pagedkv::cuda {
@@ -100,6 +101,40 @@ KVLayerView DeviceKVCache::layer(int32_t layer) const {
   PAGEDKV_CHECK(layer >= 0 && layer < config_.num_layers,
                 "DeviceKVCache::layer: layer {} out of range [0, {})", layer, config_.num_layers);
   return layer_view(config_, pool(layer, false), pool(layer, true));
+}
+
+void DeviceKVCache::write(int32_t layer, std::span<const Slot> slot_mapping,
+                          std::span<const float> k, std::span<const float> v, Stream stream) {
+  constexpr const char* kFn = "DeviceKVCache::write";
+  const KVCacheConfig& c = config_;
+  PAGEDKV_CHECK(layer >= 0 && layer < c.num_layers, "{}: layer {} out of range [0, {})", kFn, layer,
+                c.num_layers);
+  const auto num_tokens = static_cast<int64_t>(slot_mapping.size());
+  const int64_t expected = num_tokens * c.num_kv_heads * c.head_dim;
+  PAGEDKV_CHECK(
+      static_cast<int64_t>(k.size()) == expected && static_cast<int64_t>(v.size()) == expected,
+      "{}: k has {} and v {} elements, expected {} ({} tokens x {} kv heads x {} dims)", kFn,
+      k.size(), v.size(), expected, num_tokens, c.num_kv_heads, c.head_dim);
+  const int64_t num_slots = int64_t{c.num_blocks} * c.block_size;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    PAGEDKV_CHECK(slot_mapping[t] < num_slots, "{}: slot {} of token {} out of range [0, {})", kFn,
+                  slot_mapping[t], t, num_slots);
+  }
+  if (num_tokens == 0) return;
+  detail::ensure_bytes(slot_staging_, num_tokens * 8);
+  detail::ensure_bytes(k_staging_, expected * 4);
+  detail::ensure_bytes(v_staging_, expected * 4);
+  slot_staging_.upload(slot_mapping.data(), num_tokens * 8, 0, stream);
+  k_staging_.upload(k.data(), expected * 4, 0, stream);
+  v_staging_.upload(v.data(), expected * 4, 0, stream);
+  NewKV input;
+  input.k = k_staging_.data();
+  input.v = v_staging_.data();
+  input.dtype = DType::kF32;
+  input.slot_mapping = slot_staging_.as<const int64_t>();
+  input.num_tokens = num_tokens;
+  write(layer, input, stream);
+  synchronize(stream);
 }
 
 void DeviceKVCache::write(int32_t layer, const NewKV& input, Stream stream) {

@@ -1,6 +1,6 @@
 // Host side of the CUDA backend: device queries, owning buffers, CUDA error reporting.
 // Compiled only when pagedkv is built with CUDA (the stand-ins of device_available() and
-// require_device() for builds without CUDA live in cuda_support.cpp).
+// require_device() for builds without CUDA live in support.cpp).
 
 #include "pagedkv/config.hpp"
 

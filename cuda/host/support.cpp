@@ -126,22 +126,6 @@ int64_t decode_workspace_bytes(int32_t num_seqs, int32_t num_heads, int32_t head
   return o_bytes + lse_bytes;
 }
 
-ContiguousKVView make_contiguous_view(void* k, void* v, DType dtype, int32_t num_seqs,
-                                      int32_t max_len, int32_t num_kv_heads, int32_t head_dim) {
-  ContiguousKVView view;
-  view.k = k;
-  view.v = v;
-  view.dtype = dtype;
-  view.num_seqs = num_seqs;
-  view.max_len = max_len;
-  view.num_kv_heads = num_kv_heads;
-  view.head_dim = head_dim;
-  view.token_stride = head_dim;
-  view.head_stride = int64_t{max_len} * head_dim;
-  view.seq_stride = int64_t{num_kv_heads} * max_len * head_dim;
-  return view;
-}
-
 #if !PAGEDKV_WITH_CUDA
 // Built without the CUDA backend: the device queries answer "no device", with the reason.
 

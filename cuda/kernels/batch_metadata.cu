@@ -1,6 +1,6 @@
 // Device-side builders of batch metadata: CSR page tables and slot mappings, from the padded
 // tables already in device memory, with CUB exclusive scans (no host round trip, graph
-// capturable). Inputs were validated by src/core/cuda_device_batch_metadata.cpp.
+// capturable). Inputs were validated by cuda/host/device_batch_metadata.cpp.
 
 #include <cuda_runtime.h>
 
@@ -8,6 +8,7 @@
 #include <cub/device/device_scan.cuh>
 
 #include "cuda/launch.hpp"
+#include "dispatch.cuh"
 
 namespace pagedkv::cuda::detail {
 namespace {
@@ -87,10 +88,6 @@ __global__ void pad_slots_kernel(const int32_t* __restrict__ total, int64_t* __r
   }
 }
 
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw_cuda_error(static_cast<int>(err), what, __FILE__, __LINE__);
-}
-
 unsigned blocks_for(int64_t n, int threads) {
   return static_cast<unsigned>((n + threads - 1) / threads);
 }
@@ -99,9 +96,9 @@ unsigned blocks_for(int64_t n, int threads) {
 
 int64_t scan_temp_bytes(int32_t n) {
   size_t bytes = 0;
-  check(cub::DeviceScan::ExclusiveSum(nullptr, bytes, static_cast<const int32_t*>(nullptr),
-                                      static_cast<int32_t*>(nullptr), n),
-        "cub::DeviceScan::ExclusiveSum (size query)");
+  check_cuda(cub::DeviceScan::ExclusiveSum(nullptr, bytes, static_cast<const int32_t*>(nullptr),
+                                           static_cast<int32_t*>(nullptr), n),
+             "cub::DeviceScan::ExclusiveSum (size query)");
   return static_cast<int64_t>(bytes);
 }
 
@@ -111,13 +108,13 @@ void launch_build_csr(const MetadataBuffers& m, int32_t block_size, int32_t* ind
   const int32_t n = m.max_seqs;
   count_blocks_kernel<<<blocks_for(n + 1, 256), 256, 0, s>>>(m.context_lens, n, block_size,
                                                              m.counts);
-  check(cudaGetLastError(), "count_blocks_kernel launch");
+  check_launch("count_blocks_kernel launch");
   auto temp_bytes = static_cast<size_t>(m.cub_temp_bytes);
-  check(cub::DeviceScan::ExclusiveSum(m.cub_temp, temp_bytes, m.counts, indptr, n + 1, s),
-        "cub::DeviceScan::ExclusiveSum (csr indptr)");
+  check_cuda(cub::DeviceScan::ExclusiveSum(m.cub_temp, temp_bytes, m.counts, indptr, n + 1, s),
+             "cub::DeviceScan::ExclusiveSum (csr indptr)");
   scatter_csr_kernel<<<static_cast<unsigned>(n), 128, 0, s>>>(
       m.block_tables, m.stride, m.context_lens, block_size, indptr, indices, last_page_len);
-  check(cudaGetLastError(), "scatter_csr_kernel launch");
+  check_launch("scatter_csr_kernel launch");
 }
 
 void launch_build_slot_mapping(const MetadataBuffers& m, const int32_t* num_new_tokens,
@@ -126,18 +123,18 @@ void launch_build_slot_mapping(const MetadataBuffers& m, const int32_t* num_new_
   const auto s = static_cast<cudaStream_t>(stream);
   const int32_t n = m.max_seqs;
   copy_counts_kernel<<<blocks_for(n + 1, 256), 256, 0, s>>>(num_new_tokens, n, m.counts);
-  check(cudaGetLastError(), "copy_counts_kernel launch");
+  check_launch("copy_counts_kernel launch");
   auto temp_bytes = static_cast<size_t>(m.cub_temp_bytes);
-  check(cub::DeviceScan::ExclusiveSum(m.cub_temp, temp_bytes, m.counts, query_start, n + 1, s),
-        "cub::DeviceScan::ExclusiveSum (query_start)");
+  check_cuda(cub::DeviceScan::ExclusiveSum(m.cub_temp, temp_bytes, m.counts, query_start, n + 1, s),
+             "cub::DeviceScan::ExclusiveSum (query_start)");
   slot_mapping_kernel<<<static_cast<unsigned>(n), 128, 0, s>>>(
       m.block_tables, m.stride, m.context_lens, block_size, num_new_tokens, query_start,
       slot_mapping);
-  check(cudaGetLastError(), "slot_mapping_kernel launch");
+  check_launch("slot_mapping_kernel launch");
   const unsigned pad_blocks =
       blocks_for(max_tokens, 256) < 1024 ? blocks_for(max_tokens, 256) : 1024;
   pad_slots_kernel<<<pad_blocks, 256, 0, s>>>(query_start + n, slot_mapping, max_tokens);
-  check(cudaGetLastError(), "pad_slots_kernel launch");
+  check_launch("pad_slots_kernel launch");
 }
 
 }  // namespace pagedkv::cuda::detail

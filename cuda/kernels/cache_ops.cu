@@ -1,5 +1,5 @@
 // Cache-write (reshape_and_cache) and block-copy (copy-on-write) kernels.
-// Inputs were validated by src/core/cuda_cache_ops.cpp: kernels trust them.
+// Inputs were validated by cuda/host/cache_ops.cpp: kernels trust them.
 
 #include <cuda_runtime.h>
 
@@ -7,6 +7,7 @@
 
 #include "cuda/launch.hpp"
 #include "device_math.cuh"
+#include "dispatch.cuh"
 
 namespace pagedkv::cuda::detail {
 namespace {
@@ -67,43 +68,19 @@ __global__ void copy_blocks_kernel(void* const* __restrict__ pools,
   }
 }
 
-template <typename Src>
-void launch_write_for_dst(const CacheWrite& a, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(a.num_tokens));
-  switch (a.dtype) {
-    case DType::kF32:
-      reshape_and_cache_kernel<Src, float><<<grid, 128, 0, stream>>>(a);
-      return;
-    case DType::kF16:
-      reshape_and_cache_kernel<Src, __half><<<grid, 128, 0, stream>>>(a);
-      return;
-    case DType::kBF16:
-      reshape_and_cache_kernel<Src, __nv_bfloat16><<<grid, 128, 0, stream>>>(a);
-      return;
-  }
-}
-
-void check_launch(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) throw_cuda_error(static_cast<int>(err), what, __FILE__, __LINE__);
-}
-
 }  // namespace
 
 void launch_reshape_and_cache(const CacheWrite& args, void* stream) {
   if (args.num_tokens == 0) return;
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (args.src_dtype) {
-    case DType::kF32:
-      launch_write_for_dst<float>(args, s);
-      break;
-    case DType::kF16:
-      launch_write_for_dst<__half>(args, s);
-      break;
-    case DType::kBF16:
-      launch_write_for_dst<__nv_bfloat16>(args, s);
-      break;
-  }
+  const dim3 grid(static_cast<unsigned>(args.num_tokens));
+  dispatch_storage_type(args.src_dtype, [&](auto src) {
+    dispatch_storage_type(args.dtype, [&](auto dst) {
+      using Src = typename decltype(src)::type;
+      using Dst = typename decltype(dst)::type;
+      reshape_and_cache_kernel<Src, Dst><<<grid, 128, 0, s>>>(args);
+    });
+  });
   check_launch("reshape_and_cache_kernel launch");
 }
 

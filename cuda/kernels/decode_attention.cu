@@ -4,8 +4,9 @@
 // Three levels (FlashInfer's structure): __global__ shells (decode_kernel, merge_kernel), the
 // reusable __device__ body (decode_body, templated on the K/V addressing so the paged and the
 // contiguous kernels run the same code), and host launchers templated on the compile-time
-// sizes (dtype, head_dim) and dispatched from the one list in supported_configs.hpp.
-// Inputs were validated by src/core/cuda_decode_attention.cpp: kernels trust them.
+// sizes (dtype, head_dim) and dispatched by dispatch_decode_config (dispatch.cuh) from the one
+// list in supported_configs.hpp. Inputs were validated by cuda/host/decode_attention.cpp:
+// kernels trust them.
 
 #include <cuda_runtime.h>
 
@@ -16,6 +17,7 @@
 
 #include "cuda/launch.hpp"
 #include "device_math.cuh"
+#include "dispatch.cuh"
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/cuda/supported_configs.hpp"
 
@@ -63,277 +65,383 @@ struct DecodeTraits {
   static_assert(kSmemBytes <= 163 * 1024, "dynamic shared memory per CTA: 163 KiB on sm_80");
 };
 
+/// Shared memory of a decode CTA (DecodeTraits::kSmemBytes bytes): kStages K and V tiles, then
+/// the scores and the per-head softmax scalars; after the loop the tiles are reused as `reduce`.
+template <typename T, int D>
+struct DecodeSmem {
+  T* k_tiles;      // [kStages][kTile][D]
+  T* v_tiles;      // [kStages][kTile][D]
+  float* reduce;   // [kGroups][kHeads][D], after the loop
+  float* scores;   // [kTile][kHeads]
+  float* alpha_s;  // [kHeads]
+  float* m_s;      // [kHeads]
+  float* l_s;      // [kHeads]
+};
+
+template <typename T, int D>
+__device__ __forceinline__ DecodeSmem<T, D> carve_smem(unsigned char* smem) {
+  using Tr = DecodeTraits<T, D>;
+  constexpr int kTileElems = Tr::kTileTokens * D;
+  DecodeSmem<T, D> s;
+  s.k_tiles = reinterpret_cast<T*>(smem);
+  s.v_tiles = s.k_tiles + Tr::kStages * kTileElems;
+  s.reduce = reinterpret_cast<float*>(smem);
+  s.scores = reinterpret_cast<float*>(smem + Tr::kTileBufferBytes);
+  s.alpha_s = s.scores + Tr::kScoreFloats;
+  s.m_s = s.alpha_s + Tr::kHeads;
+  s.l_s = s.m_s + Tr::kHeads;
+  return s;
+}
+
+/// Who this thread is in its CTA (kv head chunk, seq, split), which query heads the CTA
+/// serves, and which positions it reads.
+struct DecodeCta {
+  int tid;
+  int warp;
+  int lane;
+  int tx;  // lane within the token row
+  int tg;  // token group
+  int kv_head;
+  int seq;
+  int split;
+  int head0;    // first query head of the CTA
+  int n_heads;  // query heads served, <= kHeads
+  // Positions [begin, end) of this split; of those, the query at qpos sees [lo, qpos] and the
+  // sinks [0, sink_end) (AttentionParams: window and sinks). `end` precedes `begin` because
+  // the field order decides an operand order in the SASS, kept identical to the unsplit body.
+  int64_t end;
+  int64_t begin;
+  int64_t qpos;
+  int64_t lo;
+  int64_t sink_end;
+
+  __device__ __forceinline__ bool visible(int64_t pos) const {
+    return pos < end && (pos < sink_end || (pos >= lo && pos <= qpos));
+  }
+};
+
+template <typename T, int D>
+__device__ __forceinline__ DecodeCta locate_cta(const DecodeProblem& p) {
+  using Tr = DecodeTraits<T, D>;
+  DecodeCta c;
+  c.tid = static_cast<int>(threadIdx.x);
+  c.warp = c.tid / 32;
+  c.lane = c.tid % 32;
+  c.tx = c.tid % Tr::kLanes;
+  c.tg = c.tid / Tr::kLanes;
+  c.kv_head = static_cast<int>(blockIdx.x) / p.head_chunks;
+  const int head_chunk = static_cast<int>(blockIdx.x) % p.head_chunks;
+  c.seq = static_cast<int>(blockIdx.y);
+  c.split = static_cast<int>(blockIdx.z);
+  c.head0 = c.kv_head * p.group + head_chunk * Tr::kHeads;
+  c.n_heads = min(Tr::kHeads, p.group - head_chunk * Tr::kHeads);
+
+  // The whole context, or one split (the last split takes everything past the planned chunks,
+  // so any plan is correct).
+  const int64_t ctx = p.context_lens[c.seq];
+  c.begin = 0;
+  c.end = ctx;
+  if (p.num_splits > 1) {
+    const int64_t first = static_cast<int64_t>(c.split) * p.chunk_tokens;
+    c.begin = first < ctx ? first : ctx;
+    if (c.split != p.num_splits - 1 && first + p.chunk_tokens < ctx) c.end = first + p.chunk_tokens;
+  }
+  c.qpos = ctx - 1;
+  c.lo = p.window_left < 0 ? 0 : (c.qpos - p.window_left + 1 > 0 ? c.qpos - p.window_left + 1 : 0);
+  c.sink_end = p.window_left < 0 ? 0 : (p.sink_tokens < c.lo ? p.sink_tokens : c.lo);
+  return c;
+}
+
+/// q of the CTA's heads, this lane's chunks, pre-scaled; zeros for heads past the group.
+template <typename T, int D>
+__device__ __forceinline__ void load_q(
+    const DecodeProblem& p, const DecodeCta& c,
+    float (&q)[DecodeTraits<T, D>::kHeads][DecodeTraits<T, D>::kElemsPerLane]) {
+  using Tr = DecodeTraits<T, D>;
+  constexpr int kVec = Tr::kVec;
+  const float* q_base = p.q + (static_cast<int64_t>(c.seq) * p.num_heads + c.head0) * D;
+#pragma unroll
+  for (int h = 0; h < Tr::kHeads; ++h) {
+#pragma unroll
+    for (int ch = 0; ch < Tr::kChunksPerLane; ++ch) {
+      const int d0 = (c.tx + ch * Tr::kLanes) * kVec;
+#pragma unroll
+      for (int e = 0; e < kVec; e += 4) {
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (h < c.n_heads) x = *reinterpret_cast<const float4*>(q_base + h * D + d0 + e);
+        q[h][ch * kVec + e + 0] = x.x * p.scale_log2;
+        q[h][ch * kVec + e + 1] = x.y * p.scale_log2;
+        q[h][ch * kVec + e + 2] = x.z * p.scale_log2;
+        q[h][ch * kVec + e + 3] = x.w * p.scale_log2;
+      }
+    }
+  }
+}
+
+/// (1) Issues the cp.async copies of the tile at tile_start into buffer `stage`; positions the
+/// query does not see are zero-filled without reading global memory.
+template <typename T, int D, typename KV>
+__device__ __forceinline__ void issue_tile(const KV& kv, const T* k_gmem, const T* v_gmem,
+                                           const DecodeCta& c, const DecodeSmem<T, D>& s,
+                                           int64_t tile_start, int stage) {
+  using Tr = DecodeTraits<T, D>;
+  constexpr int kTileElems = Tr::kTileTokens * D;
+  T* ks = s.k_tiles + stage * kTileElems;
+  T* vs = s.v_tiles + stage * kTileElems;
+#pragma unroll
+  for (int j = 0; j < Tr::kLoadsPerThread; ++j) {
+    const int ci = c.tid + j * Tr::kThreads;
+    const int t = ci / Tr::kChunksPerRow;
+    const int chunk = ci % Tr::kChunksPerRow;
+    const int64_t pos = tile_start + t;
+    const bool fill = c.visible(pos);
+    const int64_t off = fill ? kv.row(c.seq, c.kv_head, pos) + chunk * Tr::kVec : 0;
+    cp_async_16(ks + t * D + chunk * Tr::kVec, k_gmem + off, fill);
+    cp_async_16(vs + t * D + chunk * Tr::kVec, v_gmem + off, fill);
+  }
+}
+
+/// (2) Scores of the tile in buffer `stage`: each token group takes tokens t = tg,
+/// tg + kTokenGroups, ...; each lane dots its chunks with all heads' q, reduce_scatter leaves
+/// one head's score per lane, written to scores [token][head] (-inf where not visible).
+template <typename T, int D>
+__device__ __forceinline__ void tile_scores(
+    const DecodeCta& c, const DecodeSmem<T, D>& s,
+    const float (&q)[DecodeTraits<T, D>::kHeads][DecodeTraits<T, D>::kElemsPerLane], int stage,
+    int64_t tile_start) {
+  using Tr = DecodeTraits<T, D>;
+  constexpr int kHeads = Tr::kHeads;
+  constexpr int kVec = Tr::kVec;
+  constexpr int kLanes = Tr::kLanes;
+  constexpr int kDup = kLanes / kHeads;  // lanes holding the same head's score
+  const T* ks = s.k_tiles + stage * (Tr::kTileTokens * D);
+#pragma unroll
+  for (int i = 0; i < Tr::kTokensPerGroup; ++i) {
+    const int t = c.tg + i * Tr::kTokenGroups;
+    float part[kHeads];
+#pragma unroll
+    for (int h = 0; h < kHeads; ++h) part[h] = 0.f;
+#pragma unroll
+    for (int ch = 0; ch < Tr::kChunksPerLane; ++ch) {
+      float kf[kVec];
+      load_chunk_f32(ks + t * D + (c.tx + ch * kLanes) * kVec, kf);
+#pragma unroll
+      for (int h = 0; h < kHeads; ++h) {
+        if (h < c.n_heads) {
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) part[h] = fmaf(q[h][ch * kVec + e], kf[e], part[h]);
+        }
+      }
+    }
+    const float sc = reduce_scatter<kLanes, kHeads>(part, c.tx);
+    if (c.tx % kDup == 0) {
+      s.scores[t * kHeads + c.tx / kDup] = c.visible(tile_start + t) ? sc : -INFINITY;
+    }
+  }
+}
+
+/// (3) Online softmax over the tile's scores, one warp per head (warp w owns heads w,
+/// w + kWarps, ...): tile max, rescale factor alpha (to alpha_s), p = exp2(s - m) in place.
+template <typename T, int D>
+__device__ __forceinline__ void tile_softmax(
+    const DecodeCta& c, const DecodeSmem<T, D>& s,
+    float (&m_run)[DecodeTraits<T, D>::kHeads / DecodeTraits<T, D>::kWarps],
+    float (&l_run)[DecodeTraits<T, D>::kHeads / DecodeTraits<T, D>::kWarps]) {
+  using Tr = DecodeTraits<T, D>;
+  constexpr int kHeads = Tr::kHeads;
+  constexpr int kTile = Tr::kTileTokens;
+#pragma unroll
+  for (int i = 0; i < kHeads / Tr::kWarps; ++i) {
+    const int h = c.warp + i * Tr::kWarps;
+    if (h < c.n_heads) {
+      float mx = -INFINITY;
+      for (int t = c.lane; t < kTile; t += 32) mx = fmaxf(mx, s.scores[t * kHeads + h]);
+      mx = warp_max(mx);
+      const float m_new = fmaxf(m_run[i], mx);
+      float alpha = 1.f;
+      float sum = 0.f;
+      if (m_new == -INFINITY) {  // nothing visible yet: keep the state, p = 0
+        for (int t = c.lane; t < kTile; t += 32) s.scores[t * kHeads + h] = 0.f;
+      } else {
+        alpha = exp2f(m_run[i] - m_new);  // 0 when m_run is -inf (empty state)
+        for (int t = c.lane; t < kTile; t += 32) {
+          const float e = exp2f(s.scores[t * kHeads + h] - m_new);
+          s.scores[t * kHeads + h] = e;
+          sum += e;
+        }
+      }
+      sum = warp_sum(sum);
+      l_run[i] = l_run[i] * alpha + sum;
+      m_run[i] = m_new;
+      if (c.lane == 0) s.alpha_s[h] = alpha;
+    }
+  }
+}
+
+/// (4) P.V: each lane scales its accumulators by alpha, then adds p[h] * v for its chunks of
+/// the tile in buffer `stage`, all heads.
+template <typename T, int D>
+__device__ __forceinline__ void tile_pv(
+    const DecodeCta& c, const DecodeSmem<T, D>& s,
+    float (&acc)[DecodeTraits<T, D>::kHeads][DecodeTraits<T, D>::kElemsPerLane], int stage) {
+  using Tr = DecodeTraits<T, D>;
+  constexpr int kHeads = Tr::kHeads;
+  constexpr int kVec = Tr::kVec;
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h) {
+    if (h < c.n_heads) {
+      const float a = s.alpha_s[h];
+      if (a != 1.f) {
+#pragma unroll
+        for (int e = 0; e < Tr::kElemsPerLane; ++e) acc[h][e] *= a;
+      }
+    }
+  }
+  const T* vs = s.v_tiles + stage * (Tr::kTileTokens * D);
+#pragma unroll
+  for (int i = 0; i < Tr::kTokensPerGroup; ++i) {
+    const int t = c.tg + i * Tr::kTokenGroups;
+    float pr[kHeads];
+#pragma unroll
+    for (int j = 0; j < kHeads; j += 4) {
+      const float4 x = *reinterpret_cast<const float4*>(s.scores + t * kHeads + j);
+      pr[j] = x.x;
+      pr[j + 1] = x.y;
+      pr[j + 2] = x.z;
+      pr[j + 3] = x.w;
+    }
+#pragma unroll
+    for (int ch = 0; ch < Tr::kChunksPerLane; ++ch) {
+      float vf[kVec];
+      load_chunk_f32(vs + t * D + (c.tx + ch * Tr::kLanes) * kVec, vf);
+#pragma unroll
+      for (int h = 0; h < kHeads; ++h) {
+        if (h < c.n_heads) {
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) {
+            acc[h][ch * kVec + e] = fmaf(pr[h], vf[e], acc[h][ch * kVec + e]);
+          }
+        }
+      }
+    }
+  }
+}
+
+/// Sums the token groups' accumulators through shared memory (same softmax frame: m is per
+/// head, CTA-wide) and writes o = acc / l: to out (one pass) or to the split's partial output
+/// and log-sum-exp (split-K).
+template <typename T, int D>
+__device__ __forceinline__ void reduce_and_store(
+    const DecodeProblem& p, const DecodeCta& c, const DecodeSmem<T, D>& s,
+    const float (&acc)[DecodeTraits<T, D>::kHeads][DecodeTraits<T, D>::kElemsPerLane],
+    const float (&m_run)[DecodeTraits<T, D>::kHeads / DecodeTraits<T, D>::kWarps],
+    const float (&l_run)[DecodeTraits<T, D>::kHeads / DecodeTraits<T, D>::kWarps]) {
+  using Tr = DecodeTraits<T, D>;
+  constexpr int kHeads = Tr::kHeads;
+  constexpr int kVec = Tr::kVec;
+  cp_async_wait_all();
+  __syncthreads();  // every thread is done with the tiles: reuse them as `reduce`
+#pragma unroll
+  for (int i = 0; i < kHeads / Tr::kWarps; ++i) {
+    const int h = c.warp + i * Tr::kWarps;
+    if (h < c.n_heads && c.lane == 0) {
+      s.m_s[h] = m_run[i];
+      s.l_s[h] = l_run[i];
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h) {
+    if (h < c.n_heads) {
+#pragma unroll
+      for (int ch = 0; ch < Tr::kChunksPerLane; ++ch) {
+        const int d0 = (c.tx + ch * Tr::kLanes) * kVec;
+#pragma unroll
+        for (int e = 0; e < kVec; ++e)
+          s.reduce[(c.tg * kHeads + h) * D + d0 + e] = acc[h][ch * kVec + e];
+      }
+    }
+  }
+  __syncthreads();
+  for (int idx = c.tid; idx < c.n_heads * D; idx += Tr::kThreads) {
+    const int h = idx / D;
+    const int d = idx % D;
+    float sum = 0.f;
+#pragma unroll
+    for (int g = 0; g < Tr::kTokenGroups; ++g) sum += s.reduce[(g * kHeads + h) * D + d];
+    const float l = s.l_s[h];
+    const float o = l > 0.f ? sum / l : 0.f;
+    const int64_t row = static_cast<int64_t>(c.seq) * p.num_heads + c.head0 + h;
+    if (p.num_splits == 1) {
+      p.out[row * D + d] = o;
+    } else {
+      p.partial_o[(row * p.num_splits + c.split) * D + d] = o;
+      if (d == 0)
+        p.partial_lse[row * p.num_splits + c.split] = l > 0.f ? s.m_s[h] + log2f(l) : -INFINITY;
+    }
+  }
+}
+
 /// The decode body: CTA (kv head chunk, seq, split) computes, for its up to kHeads query heads,
-/// softmax(q K^T) V over the visible positions of its split.
-/// Per tile: (1) wait for the tile's cp.async group, issue tile it + kStages - 1's into the
-/// buffer tile it - 1 used;
-/// (2) scores: each token group takes tokens t = group, group + kTokenGroups, ..., each lane
-/// dots its chunks with all heads' q (fp32, pre-scaled by scale * log2 e), reduce_scatter
-/// leaves one head's score per lane, written to smem [token][head]; (3) online softmax per head
-/// (warp w owns heads w, w + kWarps, ...): tile max, rescale factor alpha, p = exp2(s - m);
-/// (4) P.V: each lane accumulates p[h] * v for its chunks, all heads, after scaling by alpha.
-/// The kTokenGroups partial accumulators are summed through smem at the end.
+/// softmax(q K^T) V over the visible positions of its split, one tile at a time: (1) wait for
+/// the tile's cp.async group and issue tile it + kStages - 1's into the buffer tile it - 1
+/// used, (2) tile_scores, (3) tile_softmax, (4) tile_pv; then reduce_and_store. The stages are
+/// force-inlined: the generated code is that of one function (docs/cuda.md).
 template <typename T, int D, typename KV>
 __device__ __forceinline__ void decode_body(const DecodeProblem& p, const KV& kv,
                                             unsigned char* smem) {
   using Tr = DecodeTraits<T, D>;
   constexpr int kHeads = Tr::kHeads;
-  constexpr int kVec = Tr::kVec;
-  constexpr int kLanes = Tr::kLanes;
-  constexpr int kChunksPerLane = Tr::kChunksPerLane;
-  constexpr int kElems = Tr::kElemsPerLane;
-  constexpr int kGroups = Tr::kTokenGroups;
   constexpr int kTile = Tr::kTileTokens;
-  constexpr int kTileElems = kTile * D;
-  constexpr int kDup = kLanes / kHeads;  // lanes holding the same head's score
-  constexpr int kHeadsPerWarp = kHeads / Tr::kWarps;
-
   constexpr int kStages = Tr::kStages;
-  T* k_tiles = reinterpret_cast<T*>(smem);         // [kStages][kTile][D]
-  T* v_tiles = k_tiles + kStages * kTileElems;     // [kStages][kTile][D]
-  float* reduce = reinterpret_cast<float*>(smem);  // [kGroups][kHeads][D], after the loop
-  float* scores = reinterpret_cast<float*>(smem + Tr::kTileBufferBytes);  // [kTile][kHeads]
-  float* alpha_s = scores + Tr::kScoreFloats;                             // [kHeads]
-  float* m_s = alpha_s + kHeads;                                          // [kHeads]
-  float* l_s = m_s + kHeads;                                              // [kHeads]
+  const DecodeSmem<T, D> s = carve_smem<T, D>(smem);
+  const DecodeCta c = locate_cta<T, D>(p);
 
-  const int tid = static_cast<int>(threadIdx.x);
-  const int warp = tid / 32;
-  const int lane = tid % 32;
-  const int tx = tid % kLanes;  // lane within the token row
-  const int tg = tid / kLanes;  // token group
-  const int kv_head = static_cast<int>(blockIdx.x) / p.head_chunks;
-  const int head_chunk = static_cast<int>(blockIdx.x) % p.head_chunks;
-  const int seq = static_cast<int>(blockIdx.y);
-  const int split = static_cast<int>(blockIdx.z);
-  const int head0 = kv_head * p.group + head_chunk * kHeads;
-  const int n_heads = min(kHeads, p.group - head_chunk * kHeads);
-
-  // This CTA's positions [begin, end): the whole context, or one split (the last split takes
-  // everything past the planned chunks, so any plan is correct).
-  const int64_t ctx = p.context_lens[seq];
-  int64_t begin = 0;
-  int64_t end = ctx;
-  if (p.num_splits > 1) {
-    const int64_t first = static_cast<int64_t>(split) * p.chunk_tokens;
-    begin = first < ctx ? first : ctx;
-    if (split != p.num_splits - 1 && first + p.chunk_tokens < ctx) end = first + p.chunk_tokens;
-  }
-  // Visibility of the query at position ctx - 1 (AttentionParams: window and sinks).
-  const int64_t qpos = ctx - 1;
-  const int64_t lo =
-      p.window_left < 0 ? 0 : (qpos - p.window_left + 1 > 0 ? qpos - p.window_left + 1 : 0);
-  const int64_t sink_end = p.window_left < 0 ? 0 : (p.sink_tokens < lo ? p.sink_tokens : lo);
-  auto visible = [&](int64_t pos) {
-    return pos < end && (pos < sink_end || (pos >= lo && pos <= qpos));
-  };
-
-  // q of this CTA's heads, this lane's chunks, pre-scaled; zeros for heads past the group.
-  float q[kHeads][kElems];
-  const float* q_base = p.q + (static_cast<int64_t>(seq) * p.num_heads + head0) * D;
+  float q[kHeads][Tr::kElemsPerLane];
+  load_q<T, D>(p, c, q);
+  float acc[kHeads][Tr::kElemsPerLane];
 #pragma unroll
   for (int h = 0; h < kHeads; ++h) {
 #pragma unroll
-    for (int c = 0; c < kChunksPerLane; ++c) {
-      const int d0 = (tx + c * kLanes) * kVec;
-#pragma unroll
-      for (int e = 0; e < kVec; e += 4) {
-        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (h < n_heads) x = *reinterpret_cast<const float4*>(q_base + h * D + d0 + e);
-        q[h][c * kVec + e + 0] = x.x * p.scale_log2;
-        q[h][c * kVec + e + 1] = x.y * p.scale_log2;
-        q[h][c * kVec + e + 2] = x.z * p.scale_log2;
-        q[h][c * kVec + e + 3] = x.w * p.scale_log2;
-      }
-    }
-  }
-
-  float acc[kHeads][kElems];
-#pragma unroll
-  for (int h = 0; h < kHeads; ++h) {
-#pragma unroll
-    for (int e = 0; e < kElems; ++e) acc[h][e] = 0.f;
+    for (int e = 0; e < Tr::kElemsPerLane; ++e) acc[h][e] = 0.f;
   }
   // Online-softmax state of the heads this warp owns (identical in all its lanes).
-  float m_run[kHeadsPerWarp];
-  float l_run[kHeadsPerWarp];
+  float m_run[kHeads / Tr::kWarps];
+  float l_run[kHeads / Tr::kWarps];
 #pragma unroll
-  for (int i = 0; i < kHeadsPerWarp; ++i) {
+  for (int i = 0; i < kHeads / Tr::kWarps; ++i) {
     m_run[i] = -INFINITY;
     l_run[i] = 0.f;
   }
 
   const T* k_gmem = static_cast<const T*>(kv.k);
   const T* v_gmem = static_cast<const T*>(kv.v);
-  auto issue_tile = [&](int64_t tile_start, int stage) {
-    T* ks = k_tiles + stage * kTileElems;
-    T* vs = v_tiles + stage * kTileElems;
-#pragma unroll
-    for (int j = 0; j < Tr::kLoadsPerThread; ++j) {
-      const int c = tid + j * Tr::kThreads;
-      const int t = c / Tr::kChunksPerRow;
-      const int chunk = c % Tr::kChunksPerRow;
-      const int64_t pos = tile_start + t;
-      const bool fill = visible(pos);
-      const int64_t off = fill ? kv.row(seq, kv_head, pos) + chunk * kVec : 0;
-      cp_async_16(ks + t * D + chunk * kVec, k_gmem + off, fill);
-      cp_async_16(vs + t * D + chunk * kVec, v_gmem + off, fill);
-    }
-  };
-
   // One cp.async group per tile (empty past the end), so wait_group<kStages - 2> means "the
   // oldest tile has landed".
-  const int64_t num_tiles = (end - begin + kTile - 1) / kTile;
+  const int64_t num_tiles = (c.end - c.begin + kTile - 1) / kTile;
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < num_tiles) issue_tile(begin + int64_t{s} * kTile, s);
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < num_tiles)
+      issue_tile<T, D>(kv, k_gmem, v_gmem, c, s, c.begin + int64_t{st} * kTile, st);
     cp_async_commit();
   }
   for (int64_t it = 0; it < num_tiles; ++it) {
     const int stage = static_cast<int>(it % kStages);
-    const int64_t tile_start = begin + it * kTile;
+    const int64_t tile_start = c.begin + it * kTile;
     cp_async_wait<kStages - 2>();
     __syncthreads();  // tile `it` landed for everyone; tile it-1's buffers and scores are free
     const int64_t next = it + kStages - 1;
-    if (next < num_tiles) issue_tile(begin + next * kTile, static_cast<int>(next % kStages));
+    if (next < num_tiles) {
+      issue_tile<T, D>(kv, k_gmem, v_gmem, c, s, c.begin + next * kTile,
+                       static_cast<int>(next % kStages));
+    }
     cp_async_commit();
-
-    // (2) scores
-    const T* ks = k_tiles + stage * kTileElems;
-#pragma unroll
-    for (int i = 0; i < Tr::kTokensPerGroup; ++i) {
-      const int t = tg + i * kGroups;
-      float part[kHeads];
-#pragma unroll
-      for (int h = 0; h < kHeads; ++h) part[h] = 0.f;
-#pragma unroll
-      for (int c = 0; c < kChunksPerLane; ++c) {
-        float kf[kVec];
-        load_chunk_f32(ks + t * D + (tx + c * kLanes) * kVec, kf);
-#pragma unroll
-        for (int h = 0; h < kHeads; ++h) {
-          if (h < n_heads) {
-#pragma unroll
-            for (int e = 0; e < kVec; ++e) part[h] = fmaf(q[h][c * kVec + e], kf[e], part[h]);
-          }
-        }
-      }
-      const float s = reduce_scatter<kLanes, kHeads>(part, tx);
-      if (tx % kDup == 0) scores[t * kHeads + tx / kDup] = visible(tile_start + t) ? s : -INFINITY;
-    }
+    tile_scores<T, D>(c, s, q, stage, tile_start);
     __syncthreads();
-
-    // (3) online softmax, one warp per head
-#pragma unroll
-    for (int i = 0; i < kHeadsPerWarp; ++i) {
-      const int h = warp + i * Tr::kWarps;
-      if (h < n_heads) {
-        float mx = -INFINITY;
-        for (int t = lane; t < kTile; t += 32) mx = fmaxf(mx, scores[t * kHeads + h]);
-        mx = warp_max(mx);
-        const float m_new = fmaxf(m_run[i], mx);
-        float alpha = 1.f;
-        float sum = 0.f;
-        if (m_new == -INFINITY) {  // nothing visible yet: keep the state, p = 0
-          for (int t = lane; t < kTile; t += 32) scores[t * kHeads + h] = 0.f;
-        } else {
-          alpha = exp2f(m_run[i] - m_new);  // 0 when m_run is -inf (empty state)
-          for (int t = lane; t < kTile; t += 32) {
-            const float e = exp2f(scores[t * kHeads + h] - m_new);
-            scores[t * kHeads + h] = e;
-            sum += e;
-          }
-        }
-        sum = warp_sum(sum);
-        l_run[i] = l_run[i] * alpha + sum;
-        m_run[i] = m_new;
-        if (lane == 0) alpha_s[h] = alpha;
-      }
-    }
+    tile_softmax<T, D>(c, s, m_run, l_run);
     __syncthreads();
-
-    // (4) P.V
-#pragma unroll
-    for (int h = 0; h < kHeads; ++h) {
-      if (h < n_heads) {
-        const float a = alpha_s[h];
-        if (a != 1.f) {
-#pragma unroll
-          for (int e = 0; e < kElems; ++e) acc[h][e] *= a;
-        }
-      }
-    }
-    const T* vs = v_tiles + stage * kTileElems;
-#pragma unroll
-    for (int i = 0; i < Tr::kTokensPerGroup; ++i) {
-      const int t = tg + i * kGroups;
-      float pr[kHeads];
-#pragma unroll
-      for (int j = 0; j < kHeads; j += 4) {
-        const float4 x = *reinterpret_cast<const float4*>(scores + t * kHeads + j);
-        pr[j] = x.x;
-        pr[j + 1] = x.y;
-        pr[j + 2] = x.z;
-        pr[j + 3] = x.w;
-      }
-#pragma unroll
-      for (int c = 0; c < kChunksPerLane; ++c) {
-        float vf[kVec];
-        load_chunk_f32(vs + t * D + (tx + c * kLanes) * kVec, vf);
-#pragma unroll
-        for (int h = 0; h < kHeads; ++h) {
-          if (h < n_heads) {
-#pragma unroll
-            for (int e = 0; e < kVec; ++e) {
-              acc[h][c * kVec + e] = fmaf(pr[h], vf[e], acc[h][c * kVec + e]);
-            }
-          }
-        }
-      }
-    }
+    tile_pv<T, D>(c, s, acc, stage);
   }
-
-  // Sum the token groups' accumulators (same softmax frame: m is per head, CTA-wide).
-  cp_async_wait_all();
-  __syncthreads();  // every thread is done with the tiles: reuse them as `reduce`
-#pragma unroll
-  for (int i = 0; i < kHeadsPerWarp; ++i) {
-    const int h = warp + i * Tr::kWarps;
-    if (h < n_heads && lane == 0) {
-      m_s[h] = m_run[i];
-      l_s[h] = l_run[i];
-    }
-  }
-#pragma unroll
-  for (int h = 0; h < kHeads; ++h) {
-    if (h < n_heads) {
-#pragma unroll
-      for (int c = 0; c < kChunksPerLane; ++c) {
-        const int d0 = (tx + c * kLanes) * kVec;
-#pragma unroll
-        for (int e = 0; e < kVec; ++e)
-          reduce[(tg * kHeads + h) * D + d0 + e] = acc[h][c * kVec + e];
-      }
-    }
-  }
-  __syncthreads();
-  for (int idx = tid; idx < n_heads * D; idx += Tr::kThreads) {
-    const int h = idx / D;
-    const int d = idx % D;
-    float sum = 0.f;
-#pragma unroll
-    for (int g = 0; g < kGroups; ++g) sum += reduce[(g * kHeads + h) * D + d];
-    const float l = l_s[h];
-    const float o = l > 0.f ? sum / l : 0.f;
-    const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + h;
-    if (p.num_splits == 1) {
-      p.out[row * D + d] = o;
-    } else {
-      p.partial_o[(row * p.num_splits + split) * D + d] = o;
-      if (d == 0)
-        p.partial_lse[row * p.num_splits + split] = l > 0.f ? m_s[h] + log2f(l) : -INFINITY;
-    }
-  }
+  reduce_and_store<T, D>(p, c, s, acc, m_run, l_run);
 }
 
 // grid: (num_kv_heads * head_chunks, num_seqs, num_splits); block: kDecodeThreads;
@@ -351,12 +459,9 @@ template <typename T, int D, typename KV>
 void allow_decode_smem() {
   constexpr int kBytes = DecodeTraits<T, D>::kSmemBytes;
   if constexpr (kBytes > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        decode_kernel<T, D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
-    if (err != cudaSuccess) {
-      throw_cuda_error(static_cast<int>(err), "cudaFuncSetAttribute(decode_kernel)", __FILE__,
-                       __LINE__);
-    }
+    check_cuda(cudaFuncSetAttribute(decode_kernel<T, D, KV>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes),
+               "cudaFuncSetAttribute(decode_kernel)");
   }
 }
 
@@ -386,43 +491,6 @@ __global__ void merge_kernel(
   }
 }
 
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
-
-/// Calls f(TypeTag<T>{}, std::integral_constant<int, D>{}) for the (dtype, head_dim) of the
-/// supported list; every instantiation of the kernels comes from here.
-template <size_t kI = 0, typename F>
-void dispatch_head_dim(int32_t head_dim, F&& f) {
-  if constexpr (kI < kDecodeHeadDims.size()) {
-    constexpr int kD = kDecodeHeadDims[kI];
-    if (head_dim == kD) {
-      f(std::integral_constant<int, kD>{});
-      return;
-    }
-    dispatch_head_dim<kI + 1>(head_dim, std::forward<F>(f));
-  } else {
-    throw_cuda_error(static_cast<int>(cudaErrorInvalidValue), "decode: unsupported head_dim",
-                     __FILE__, __LINE__);
-  }
-}
-
-template <size_t kI = 0, typename F>
-void dispatch_decode(DType dtype, int32_t head_dim, F&& f) {
-  if constexpr (kI < kDecodeDTypes.size()) {
-    constexpr DType kT = kDecodeDTypes[kI];
-    if (dtype == kT) {
-      dispatch_head_dim(head_dim, [&](auto d) { f(TypeTag<typename StorageType<kT>::type>{}, d); });
-      return;
-    }
-    dispatch_decode<kI + 1>(dtype, head_dim, std::forward<F>(f));
-  } else {
-    throw_cuda_error(static_cast<int>(cudaErrorInvalidValue), "decode: unsupported dtype", __FILE__,
-                     __LINE__);
-  }
-}
-
 constexpr bool all_powers_of_two() {
   for (int32_t bs : kDecodeBlockSizes) {
     if (bs < 1 || (bs & (bs - 1)) != 0) return false;
@@ -431,16 +499,11 @@ constexpr bool all_powers_of_two() {
 }
 static_assert(all_powers_of_two(), "PagedKV::row maps positions to blocks with a shift");
 
-void check_launch(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) throw_cuda_error(static_cast<int>(err), what, __FILE__, __LINE__);
-}
-
 template <typename KV>
 void launch_decode(DType dtype, int32_t head_dim, const DecodeProblem& p, const KV& kv,
                    void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  dispatch_decode(dtype, head_dim, [&](auto type, auto dim) {
+  dispatch_decode_config(dtype, head_dim, [&](auto type, auto dim) {
     using T = typename decltype(type)::type;
     constexpr int kD = decltype(dim)::value;
     const dim3 grid(static_cast<unsigned>(p.num_kv_heads * p.head_chunks),
@@ -470,18 +533,15 @@ void launch_contiguous_decode(DType dtype, int32_t head_dim, const DecodeProblem
 
 int32_t decode_ctas_per_sm(DType dtype, int32_t head_dim) {
   int ctas = 0;
-  cudaError_t err = cudaSuccess;
-  dispatch_decode(dtype, head_dim, [&](auto type, auto dim) {
+  dispatch_decode_config(dtype, head_dim, [&](auto type, auto dim) {
     using T = typename decltype(type)::type;
     constexpr int kD = decltype(dim)::value;
     allow_decode_smem<T, kD, PagedKV>();
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &ctas, decode_kernel<T, kD, PagedKV>, kDecodeThreads, DecodeTraits<T, kD>::kSmemBytes);
+    check_cuda(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &ctas, decode_kernel<T, kD, PagedKV>, kDecodeThreads, DecodeTraits<T, kD>::kSmemBytes),
+        "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   });
-  if (err != cudaSuccess) {
-    throw_cuda_error(static_cast<int>(err), "cudaOccupancyMaxActiveBlocksPerMultiprocessor",
-                     __FILE__, __LINE__);
-  }
   return ctas > 0 ? ctas : 1;
 }
 

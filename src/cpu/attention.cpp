@@ -8,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "core/attention_checks.hpp"
 #include "core/check.hpp"
 #include "cpu/attention_fast.hpp"
 
@@ -46,14 +47,6 @@ void check_tables(const char* fn, const KVLayerView& cache, const BlockTableView
   }
 }
 
-void check_rows(const char* fn, const char* what, size_t size, int64_t rows,
-                const AttentionParams& params) {
-  const int64_t expected = rows * params.num_heads * params.head_dim;
-  PAGEDKV_CHECK(static_cast<int64_t>(size) == expected,
-                "{}: {} has {} elements, expected {} ({} rows x {} heads x {} dims)", fn, what,
-                size, expected, rows, params.num_heads, params.head_dim);
-}
-
 }  // namespace
 
 void paged_decode_attention(const AttentionParams& params, const KVLayerView& cache,
@@ -62,8 +55,8 @@ void paged_decode_attention(const AttentionParams& params, const KVLayerView& ca
   constexpr const char* kFn = "paged_decode_attention";
   check_attention_params(params, cache);
   check_tables(kFn, cache, tables);
-  check_rows(kFn, "q", q.size(), tables.num_seqs, params);
-  check_rows(kFn, "out", out.size(), tables.num_seqs, params);
+  detail::check_attention_rows(kFn, "q", q.size(), tables.num_seqs, params);
+  detail::check_attention_rows(kFn, "out", out.size(), tables.num_seqs, params);
   // Decode = prefill with one query per sequence. A padding row (context 0) also gets one
   // query row; its position is -1, it sees no key, and the kernel writes zeros.
   std::vector<int32_t> query_start(static_cast<size_t>(tables.num_seqs) + 1);
@@ -90,8 +83,8 @@ void paged_prefill_attention(const AttentionParams& params, const KVLayerView& c
                   tables.context_lens[i]);
   }
   const int64_t rows = query_start[tables.num_seqs];
-  check_rows(kFn, "q", q.size(), rows, params);
-  check_rows(kFn, "out", out.size(), rows, params);
+  detail::check_attention_rows(kFn, "q", q.size(), rows, params);
+  detail::check_attention_rows(kFn, "out", out.size(), rows, params);
   detail::fast_paged_prefill_attention(params, cache, tables, query_start, q, out);
 }
 

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "core/enum_names.hpp"
+#include "model/paged_backend.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/storage/kv_cache_config.hpp"
 
@@ -11,13 +13,12 @@ namespace pagedkv::model {
 
 namespace {
 
-AttentionParams attention_params(const KVBackendConfig& c) {
-  AttentionParams p;
-  p.num_heads = c.num_heads;
-  p.num_kv_heads = c.num_kv_heads;
-  p.head_dim = c.head_dim;
-  return p;  // scale 0: 1/sqrt(head_dim), as Llama
-}
+constexpr ::pagedkv::detail::EnumName<CacheMode> kCacheModeNames[] = {
+    {CacheMode::kPaged, "paged"},
+    {CacheMode::kContiguous, "contiguous"},
+    {CacheMode::kNone, "none"}};
+constexpr ::pagedkv::detail::EnumName<Device> kDeviceNames[] = {{Device::kCpu, "cpu"},
+                                                                {Device::kCuda, "cuda"}};
 
 void check_step(std::span<const SeqId> seqs, std::span<const int64_t> n_new) {
   if (seqs.size() != n_new.size()) {
@@ -26,63 +27,31 @@ void check_step(std::span<const SeqId> seqs, std::span<const int64_t> n_new) {
   }
 }
 
-class PagedBackend : public KVBackend {
- public:
-  explicit PagedBackend(const KVBackendConfig& c)
-      : params_(attention_params(c)),
-        manager_(KVCacheManagerConfig{c.num_blocks, c.block_size}),
-        cache_(KVCacheConfig{c.num_layers, c.num_blocks, c.block_size, c.num_kv_heads, c.head_dim,
-                             DType::kF32, KVLayout::kHND}),
-        block_bytes_(kv_bytes_for_tokens(c.num_layers, c.num_kv_heads, c.head_dim, DType::kF32,
-                                         c.block_size)) {}
-
-  CacheMode mode() const override { return CacheMode::kPaged; }
-  void add_sequence(SeqId seq) override { manager_.add_sequence(seq); }
-  void free_sequence(SeqId seq) override { manager_.free_sequence(seq); }
-  int64_t num_tokens(SeqId seq) const override { return manager_.num_tokens(seq); }
-
-  void begin_step(std::span<const SeqId> seqs, std::span<const int64_t> n_new) override {
-    detail::append_step(manager_, seqs, n_new,
-                        [this](std::span<const BlockCopy> copies) { cache_.copy_blocks(copies); });
-    manager_.batch_metadata(seqs, n_new, meta_);  // reuses meta_'s storage every step
-    decode_ = std::all_of(n_new.begin(), n_new.end(), [](int64_t n) { return n == 1; });
+/// The CPU kernels of pagedkv/cpu/attention.hpp, as PagedBackend's attention.
+struct CpuPagedAttention {
+  void decode(const AttentionParams& params, const KVLayerView& cache, const BlockTableView& tables,
+              std::span<const float> q, std::span<float> out) {
+    paged_decode_attention(params, cache, tables, q, out);
   }
-
-  void attend(int32_t layer, std::span<const float> q, std::span<const float> k,
-              std::span<const float> v, std::span<float> out) override {
-    cache_.write(layer, meta_.slot_mapping, k, v);
-    const KVLayerView view = cache_.layer(layer);
-    if (decode_) {
-      paged_decode_attention(params_, view, meta_.padded.view(), q, out);
-    } else {
-      paged_prefill_attention(params_, view, meta_.padded.view(), meta_.query_start, q, out);
-    }
+  void prefill(const AttentionParams& params, const KVLayerView& cache,
+               const BlockTableView& tables, std::span<const int32_t> query_start,
+               std::span<const float> q, std::span<float> out) {
+    paged_prefill_attention(params, cache, tables, query_start, q, out);
   }
-
-  int64_t bytes_in_use() const override {
-    const int64_t used = manager_.num_total_blocks() - manager_.num_free_blocks();
-    return used * block_bytes_;
-  }
-
- protected:
-  AttentionParams params_;
-  KVCacheManager manager_;
-  HostKVCache cache_;
-  int64_t block_bytes_;
-  BatchMetadata meta_;
-  bool decode_ = false;
 };
+
+using CpuPagedBackend = detail::PagedBackend<HostKVCache, CpuPagedAttention>;
 
 /// No cache: every step is a full prefill of each sequence's history into a scratch pool that
 /// end_step() empties again, so nothing survives from one step to the next.
-class NoCacheBackend final : public PagedBackend {
+class NoCacheBackend final : public CpuPagedBackend {
  public:
-  using PagedBackend::PagedBackend;
+  using CpuPagedBackend::CpuPagedBackend;
   CacheMode mode() const override { return CacheMode::kNone; }
 
   void begin_step(std::span<const SeqId> seqs, std::span<const int64_t> n_new) override {
     step_seqs_.assign(seqs.begin(), seqs.end());
-    PagedBackend::begin_step(seqs, n_new);
+    CpuPagedBackend::begin_step(seqs, n_new);
   }
 
   void end_step() override {
@@ -100,7 +69,7 @@ class NoCacheBackend final : public PagedBackend {
 class ContiguousBackend final : public KVBackend {
  public:
   explicit ContiguousBackend(const KVBackendConfig& c)
-      : params_(attention_params(c)), cache_(c.num_layers, c.num_kv_heads, c.head_dim) {}
+      : params_(detail::attention_params(c)), cache_(c.num_layers, c.num_kv_heads, c.head_dim) {}
 
   CacheMode mode() const override { return CacheMode::kContiguous; }
   void add_sequence(SeqId seq) override { cache_.add_sequence(seq); }
@@ -166,39 +135,21 @@ void append_step(KVCacheManager& manager, std::span<const SeqId> seqs,
 }  // namespace detail
 
 std::string_view device_name(Device device) {
-  switch (device) {
-    case Device::kCpu:
-      return "cpu";
-    case Device::kCuda:
-      return "cuda";
-  }
-  return "?";
+  const std::string_view name = ::pagedkv::detail::enum_name<Device>(kDeviceNames, device);
+  return name.empty() ? "?" : name;
 }
 
 std::optional<Device> parse_device(std::string_view name) {
-  for (const Device d : {Device::kCpu, Device::kCuda}) {
-    if (name == device_name(d)) return d;
-  }
-  return std::nullopt;
+  return ::pagedkv::detail::parse_enum<Device>(kDeviceNames, name);
 }
 
 std::string_view cache_mode_name(CacheMode mode) {
-  switch (mode) {
-    case CacheMode::kPaged:
-      return "paged";
-    case CacheMode::kContiguous:
-      return "contiguous";
-    case CacheMode::kNone:
-      return "none";
-  }
-  return "?";
+  const std::string_view name = ::pagedkv::detail::enum_name<CacheMode>(kCacheModeNames, mode);
+  return name.empty() ? "?" : name;
 }
 
 std::optional<CacheMode> parse_cache_mode(std::string_view name) {
-  for (const CacheMode m : {CacheMode::kPaged, CacheMode::kContiguous, CacheMode::kNone}) {
-    if (name == cache_mode_name(m)) return m;
-  }
-  return std::nullopt;
+  return ::pagedkv::detail::parse_enum<CacheMode>(kCacheModeNames, name);
 }
 
 std::unique_ptr<KVBackend> make_kv_backend(CacheMode mode, const KVBackendConfig& config,
@@ -214,7 +165,7 @@ std::unique_ptr<KVBackend> make_kv_backend(CacheMode mode, const KVBackendConfig
   }
   switch (mode) {
     case CacheMode::kPaged:
-      return std::make_unique<PagedBackend>(config);
+      return std::make_unique<CpuPagedBackend>(config);
     case CacheMode::kContiguous:
       return std::make_unique<ContiguousBackend>(config);
     case CacheMode::kNone:

@@ -11,12 +11,12 @@
 ///                to a scratch pool that is emptied after the step, attention is the same
 ///                paged prefill kernel, so none vs paged measures the caching alone.
 ///
-/// Device: the paged mode also runs on a CUDA device (kv_backend_cuda.cpp, `--device cuda`):
-/// the same KVCacheManager on the host, the pools in a cuda::DeviceKVCache, attention by
+/// Device: the paged mode also runs on a CUDA device (kv_backend_cuda.cpp, `--device cuda`): the
+/// same backend (paged_backend.hpp) over another storage and attention, the same
+/// KVCacheManager on the host, the pools in a cuda::DeviceKVCache, attention by
 /// cuda::DeviceDecodeRunner. contiguous and none exist on the CPU only.
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -106,14 +106,5 @@ class KVBackend {
 /// not supported (supported: 64, 128, 256)" and the like for a geometry outside
 /// cuda/supported_configs.hpp (checked before anything is allocated), or a failed allocation.
 [[nodiscard]] std::unique_ptr<KVBackend> make_cuda_paged_backend(const KVBackendConfig& config);
-
-namespace detail {
-/// The paged backends' begin_step bookkeeping: manager.append_slots for every sequence, handing
-/// each non-empty copy-on-write list to `copy_blocks` before the next sequence appends.
-/// Errors: throws pagedkv::Error on a size mismatch or an exhausted pool (naming the counts).
-void append_step(KVCacheManager& manager, std::span<const SeqId> seqs,
-                 std::span<const int64_t> n_new,
-                 const std::function<void(std::span<const BlockCopy>)>& copy_blocks);
-}  // namespace detail
 
 }  // namespace pagedkv::model

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/cuda_test_util.hpp"
+#include "common/error_message.hpp"
 #include "pagedkv/config.hpp"
 #include "pagedkv/cuda/cache_ops.hpp"
 #include "pagedkv/error.hpp"
@@ -28,14 +29,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string message_of(auto&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
+using testing::message_of;
 
 KVLayerView fake_view() {
   KVLayerView v;
@@ -100,36 +94,9 @@ KVCacheConfig small_config(DType dtype, KVLayout layout,
   return c;
 }
 
-const char* placement_name(KVPlacement p) {
-  return p == KVPlacement::kInterleaved ? "interleaved" : "separate";
-}
-
-/// Every byte of every block of a host cache.
-std::vector<std::byte> all_bytes(const HostKVCache& h) {
-  std::vector<std::byte> out;
-  for (BlockId b = 0; b < h.config().num_blocks; ++b) {
-    const std::vector<std::byte> x = h.block_bytes(b);
-    out.insert(out.end(), x.begin(), x.end());
-  }
-  return out;
-}
-
-/// Writes random values into every slot of every layer.
-void fill_random(HostKVCache& h, uint32_t seed) {
-  const KVCacheConfig& c = h.config();
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-  const int64_t n = int64_t{c.num_blocks} * c.block_size;
-  std::vector<Slot> slots(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) slots[static_cast<size_t>(i)] = i;
-  std::vector<float> k(static_cast<size_t>(n * c.num_kv_heads * c.head_dim));
-  std::vector<float> v(k.size());
-  for (int32_t l = 0; l < c.num_layers; ++l) {
-    for (float& x : k) x = uni(rng);
-    for (float& x : v) x = uni(rng);
-    h.write(l, slots, k, v);
-  }
-}
+using testing::all_bytes;
+using testing::fill_random;
+using testing::placement_name;
 
 class CudaReshapeAndCache : public ::testing::TestWithParam<WriteCase> {};
 
@@ -186,7 +153,8 @@ TEST_P(CudaReshapeAndCache, BitIdenticalToHostWrite) {
 std::string write_name(const ::testing::TestParamInfo<WriteCase>& info) {
   return std::string(dtype_name(info.param.dtype)) +
          (info.param.layout == KVLayout::kHND ? "_hnd" : "_nhd") + "_from_" +
-         std::string(dtype_name(info.param.src_dtype)) + "_" + placement_name(info.param.placement);
+         std::string(dtype_name(info.param.src_dtype)) + "_" +
+         std::string(placement_name(info.param.placement));
 }
 
 std::vector<WriteCase> write_cases() {

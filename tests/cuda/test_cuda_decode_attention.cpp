@@ -13,12 +13,14 @@
 #include <vector>
 
 #include "common/cuda_test_util.hpp"
+#include "common/error_message.hpp"
 #include "common/paged_scenario.hpp"
 #include "cuda/launch.hpp"
 #include "pagedkv/config.hpp"
 #include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/error.hpp"
+#include "pagedkv/storage/contiguous_paged_view.hpp"
 
 #if PAGEDKV_WITH_CUDA
 #include "pagedkv/cuda/device_decode_runner.hpp"
@@ -30,14 +32,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string message_of(auto&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
+using testing::message_of;
 
 // ---- the split-K heuristic (host only) ---------------------------------------------------------
 
@@ -133,11 +128,25 @@ TEST(DecodeWorkspace, BytesArePartialsPlusAlignedLse) {
   EXPECT_EQ(decode_workspace_bytes(2, 8, 64, DecodePlan{3, 512}), 12288 + 256);
 }
 
-TEST(ContiguousView, DenseStrides) {
-  const ContiguousKVView v = make_contiguous_view(nullptr, nullptr, DType::kF16, 3, 100, 4, 128);
-  EXPECT_EQ(v.token_stride, 128);
-  EXPECT_EQ(v.head_stride, 12800);
-  EXPECT_EQ(v.seq_stride, 51200);
+/// A fake, aligned, non-null device address (never dereferenced on the host).
+void* fake_ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+TEST(ContiguousView, KernelAddressingIsTheSharedDescription) {
+  // 3 sequences, 4 kv heads, max_len 100, head_dim 128 (HND): sequence = block.
+  const KVLayerView view = contiguous_paged_view({3, 4, 100, 128, DType::kF16, KVLayout::kHND},
+                                                 fake_ptr(0x10000), fake_ptr(0x20000));
+  const detail::ContiguousKV kv = detail::contiguous_kv(view);
+  EXPECT_EQ(kv.k, view.k);
+  EXPECT_EQ(kv.v, view.v);
+  EXPECT_EQ(kv.token_stride, 128);
+  EXPECT_EQ(kv.head_stride, 12800);
+  EXPECT_EQ(kv.seq_stride, 51200);
+  // Same element as the paged addressing with the identity block table.
+  const PaddedBlockTables identity = identity_block_tables(std::vector<int32_t>{5, 100, 1}, 100);
+  for (int32_t seq = 0; seq < 3; ++seq) {
+    const int64_t block = identity.block_tables[static_cast<size_t>(seq)];
+    EXPECT_EQ(kv.row(seq, 3, 99), view.offset(block, 3, 99));
+  }
 }
 
 // ---- kernel index math (host-testable __host__ __device__ helpers) ----------------------------
@@ -160,9 +169,12 @@ TEST(DecodeIndexMath, PagedRowFollowsTheBlockTable) {
 }
 
 TEST(DecodeIndexMath, ContiguousRowIsDense) {
-  const ContiguousKVView v = make_contiguous_view(nullptr, nullptr, DType::kF32, 2, 50, 2, 64);
-  detail::ContiguousKV kv{nullptr, nullptr, v.seq_stride, v.head_stride, v.token_stride};
+  const detail::ContiguousKV kv = detail::contiguous_kv(contiguous_paged_view(
+      {2, 2, 50, 64, DType::kF32, KVLayout::kHND}, fake_ptr(0x10000), fake_ptr(0x20000)));
   EXPECT_EQ(kv.row(1, 1, 49), 1 * 6400 + 1 * 3200 + 49 * 64);
+  const detail::ContiguousKV nhd = detail::contiguous_kv(contiguous_paged_view(
+      {2, 2, 50, 64, DType::kF32, KVLayout::kNHD}, fake_ptr(0x10000), fake_ptr(0x20000)));
+  EXPECT_EQ(nhd.row(1, 1, 49), 1 * 6400 + 49 * 128 + 1 * 64);
 }
 
 // ---- rejection before any CUDA call (no GPU needed) --------------------------------------------
@@ -219,9 +231,8 @@ TEST(DecodeRejection, UnsupportedConfigurationsFailOnTheHost) {
                 HasSubstr("CUDA decode attention: " + c.message));
   }
   // The contiguous kernel has no block size; head_dim and dtype are checked the same way.
-  ContiguousKVView cv =
-      make_contiguous_view(reinterpret_cast<void*>(uintptr_t{0x30000}),
-                           reinterpret_cast<void*>(uintptr_t{0x40000}), DType::kF16, 1, 16, 2, 80);
+  const KVLayerView cv = contiguous_paged_view({1, 2, 16, 80, DType::kF16, KVLayout::kHND},
+                                               fake_ptr(0x30000), fake_ptr(0x40000));
   FakeProblem f(DType::kF16, 80, 16);
   EXPECT_THAT(message_of([&] { contiguous_decode_attention(f.params, cv, f.ctx, f.q, f.out); }),
               HasSubstr("head_dim 80 is not supported (supported: 64, 128, 256)"));
@@ -331,7 +342,7 @@ TEST_P(CudaDecodeVsCpu, MatchesCpuPagedDecode) {
   const int64_t max_ctx = *std::max_element(c.contexts.begin(), c.contexts.end());
 
   std::vector<float> automatic = testing::nan_filled(s.q.size());
-  runner.decode(s.params, device, PagedScenario::kLayer, s.view(), s.q, automatic);
+  runner.decode(s.params, device.layer(PagedScenario::kLayer), s.view(), s.q, automatic);
   expect_close(c.dtype, automatic, cpu,
                "auto plan " + std::to_string(runner.last_plan().num_splits));
   if (max_ctx >= 4097 && c.contexts.size() <= 8) {
@@ -339,13 +350,14 @@ TEST_P(CudaDecodeVsCpu, MatchesCpuPagedDecode) {
   }
 
   std::vector<float> one_pass = testing::nan_filled(s.q.size());
-  runner.decode(s.params, device, PagedScenario::kLayer, s.view(), s.q, one_pass, DecodePlan{});
+  runner.decode(s.params, device.layer(PagedScenario::kLayer), s.view(), s.q, one_pass,
+                DecodePlan{});
   expect_close(c.dtype, one_pass, cpu, "one pass");
 
   // A forced split count whose chunks are not tile multiples and leave short rows with empty
   // splits (lse = -inf in the merge).
   std::vector<float> split = testing::nan_filled(s.q.size());
-  runner.decode(s.params, device, PagedScenario::kLayer, s.view(), s.q, split,
+  runner.decode(s.params, device.layer(PagedScenario::kLayer), s.view(), s.q, split,
                 make_split_plan(max_ctx, 13));
   expect_close(c.dtype, split, cpu, "13 splits");
 }
@@ -440,26 +452,29 @@ INSTANTIATE_TEST_SUITE_P(Masks, CudaDecodeVsCpu, ::testing::ValuesIn(named(mask_
 struct DenseCopy {
   DeviceBuffer k;
   DeviceBuffer v;
-  ContiguousKVView view;
+  KVLayerView view;
 };
 
 DenseCopy dense_copy(const PagedScenario& s, int32_t max_len) {
   const KVCacheConfig& c = s.config;
-  const auto num_seqs = static_cast<int32_t>(s.seqs.size());
-  const int64_t elems = int64_t{num_seqs} * c.num_kv_heads * max_len * c.head_dim;
+  const ContiguousKVShape shape{static_cast<int32_t>(s.seqs.size()),
+                                c.num_kv_heads,
+                                max_len,
+                                c.head_dim,
+                                c.dtype,
+                                KVLayout::kHND};
+  const int64_t elems = contiguous_kv_elements(shape);
   std::vector<std::byte> hk(static_cast<size_t>(elems * dtype_size(c.dtype)));
   std::vector<std::byte> hv(hk.size());
-  const ContiguousKVView layout = make_contiguous_view(nullptr, nullptr, c.dtype, num_seqs, max_len,
-                                                       c.num_kv_heads, c.head_dim);
-  for (int32_t i = 0; i < num_seqs; ++i) {
+  const KVLayerView layout = contiguous_paged_view(shape, hk.data(), hv.data());
+  for (int32_t i = 0; i < shape.num_seqs; ++i) {
     const std::vector<float> ks = s.stored(static_cast<size_t>(i), false);
     const std::vector<float> vs = s.stored(static_cast<size_t>(i), true);
     for (int64_t p = 0; p < s.seqs[static_cast<size_t>(i)].context_len; ++p) {
       for (int32_t h = 0; h < c.num_kv_heads; ++h) {
         for (int32_t d = 0; d < c.head_dim; ++d) {
           const int64_t src = (p * c.num_kv_heads + h) * c.head_dim + d;
-          const int64_t dst =
-              i * layout.seq_stride + h * layout.head_stride + p * layout.token_stride + d;
+          const int64_t dst = layout.offset(i, h, p) + d;  // sequence i is block i
           store_from_f32(hk.data(), c.dtype, dst, ks[static_cast<size_t>(src)]);
           store_from_f32(hv.data(), c.dtype, dst, vs[static_cast<size_t>(src)]);
         }
@@ -471,8 +486,7 @@ DenseCopy dense_copy(const PagedScenario& s, int32_t max_len) {
                 {}};
   out.k.upload(std::span<const std::byte>(hk));
   out.v.upload(std::span<const std::byte>(hv));
-  out.view = make_contiguous_view(out.k.data(), out.v.data(), c.dtype, num_seqs, max_len,
-                                  c.num_kv_heads, c.head_dim);
+  out.view = contiguous_paged_view(shape, out.k.data(), out.v.data());
   return out;
 }
 
@@ -493,7 +507,7 @@ TEST_P(CudaContiguousDecode, SameBodyAsPaged) {
     SCOPED_TRACE("splits " + std::to_string(plan.num_splits));
     std::vector<float> paged = testing::nan_filled(s.q.size());
     std::vector<float> contiguous = testing::nan_filled(s.q.size());
-    runner.decode(s.params, device, PagedScenario::kLayer, s.view(), s.q, paged, plan);
+    runner.decode(s.params, device.layer(PagedScenario::kLayer), s.view(), s.q, paged, plan);
     runner.decode_contiguous(s.params, dense.view, s.context_lens, s.q, contiguous, plan);
     expect_close(c.dtype, contiguous, cpu, "contiguous vs CPU");
     // Same kernel body, same tiles, same order: the two layouts agree to rounding noise.

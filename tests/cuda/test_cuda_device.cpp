@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/cuda_test_util.hpp"
+#include "common/error_message.hpp"
 #include "pagedkv/config.hpp"
 #include "pagedkv/cuda/device.hpp"
 #include "pagedkv/error.hpp"
@@ -20,14 +21,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-std::string message_of(auto&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
+using testing::message_of;
 
 TEST(CudaDevice, RequireDeviceAgreesWithDeviceAvailable) {
   if (device_available()) {

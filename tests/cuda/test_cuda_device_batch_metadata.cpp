@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/cuda_test_util.hpp"
+#include "common/error_message.hpp"
 #include "common/paged_scenario.hpp"
 #include "pagedkv/config.hpp"
 #include "pagedkv/cuda/device_batch_metadata.hpp"
@@ -31,14 +32,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string message_of(auto&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
+using testing::message_of;
 
 template <typename T>
 std::vector<T> download(const T* device, int64_t n) {

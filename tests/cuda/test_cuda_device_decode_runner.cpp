@@ -1,6 +1,5 @@
-// DeviceDecodeRunner: the host-span API a CLI uses. write() against HostKVCache::write,
-// prefill() (decode rows per query token) against the CPU paged_prefill_attention, and the
-// host-side errors of decode().
+// DeviceDecodeRunner: the host-span attention a CLI uses. prefill() (decode rows per query token)
+// against the CPU paged_prefill_attention, and the host-side errors of decode().
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -13,10 +12,12 @@
 #include <vector>
 
 #include "common/cuda_test_util.hpp"
+#include "common/error_message.hpp"
 #include "common/paged_scenario.hpp"
 #include "pagedkv/config.hpp"
 #include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/cuda/device_decode_runner.hpp"
+#include "pagedkv/cuda/device_kv_cache.hpp"
 #include "pagedkv/error.hpp"
 
 namespace pagedkv::cuda {
@@ -29,14 +30,7 @@ using testing::make_scenario;
 using testing::PagedScenario;
 using testing::SeqSpec;
 
-std::string message_of(auto&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
+using testing::message_of;
 
 PagedScenario prefill_scenario(DType dtype, int32_t head_dim, int32_t block_size,
                                int32_t window_left = -1) {
@@ -67,48 +61,14 @@ TEST(DeviceDecodeRunner, PrefillMatchesCpuPrefill) {
     device.upload(*s.cache);
     DeviceDecodeRunner runner;
     std::vector<float> gpu = testing::nan_filled(s.q.size());
-    runner.prefill(s.params, device, PagedScenario::kLayer, s.view(), s.query_start, s.q, gpu);
+    runner.prefill(s.params, device.layer(PagedScenario::kLayer), s.view(), s.query_start, s.q,
+                   gpu);
     if (dtype == DType::kF32) {
       EXPECT_LE(testing::max_abs_diff(gpu, cpu), testing::kCudaF32MaxAbs);
     } else {
       EXPECT_LE(testing::rel_error(gpu, cpu), testing::kCudaLowPrecisionRel);
     }
   }
-}
-
-TEST(DeviceDecodeRunner, WriteMatchesHostWriteAndChecksFirst) {
-  PAGEDKV_REQUIRE_CUDA_DEVICE();
-  KVCacheConfig c;
-  c.num_layers = 2;
-  c.num_blocks = 6;
-  c.block_size = 8;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;
-  c.dtype = DType::kBF16;
-  std::mt19937 rng(3);
-  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-  const std::vector<Slot> slots = {7, -1, 40, 0, 47};
-  std::vector<float> k(slots.size() * 128);
-  std::vector<float> v(k.size());
-  for (float& x : k) x = uni(rng);
-  for (float& x : v) x = uni(rng);
-  HostKVCache host(c);
-  host.write(1, slots, k, v);
-  DeviceKVCache device(c);
-  DeviceDecodeRunner runner;
-  runner.write(device, 1, slots, k, v);
-  EXPECT_THAT(message_of([&] {
-                runner.write(device, 1, std::vector<Slot>{3, 48}, k, v);
-              }),
-              HasSubstr("k has 640 and v 640 elements, expected 256"));
-  const std::vector<float> k2(256, std::numeric_limits<float>::quiet_NaN());
-  EXPECT_THAT(message_of([&] {
-                runner.write(device, 0, std::vector<Slot>{3, 48}, k2, k2);
-              }),
-              HasSubstr("slot 48 of token 1 out of range [0, 48)"));
-  HostKVCache back(c);
-  device.download(back);
-  for (BlockId b = 0; b < c.num_blocks; ++b) EXPECT_EQ(back.block_bytes(b), host.block_bytes(b));
 }
 
 TEST(DeviceDecodeRunner, DecodeChecksTablesOnTheHost) {
@@ -127,25 +87,25 @@ TEST(DeviceDecodeRunner, DecodeChecksTablesOnTheHost) {
   int32_t table[2] = {1, 4};
   int32_t ctx[1] = {9};
   EXPECT_THAT(message_of([&] {
-                runner.decode(params, device, 0, {table, ctx, 1, 2}, q, out);
+                runner.decode(params, device.layer(0), {table, ctx, 1, 2}, q, out);
               }),
               HasSubstr("block id 4 (sequence 0, logical block 1) out of range [0, 4)"));
   ctx[0] = 17;
   EXPECT_THAT(message_of([&] {
-                runner.decode(params, device, 0, {table, ctx, 1, 2}, q, out);
+                runner.decode(params, device.layer(0), {table, ctx, 1, 2}, q, out);
               }),
               HasSubstr("context length 17 of sequence 0 outside [0, max_blocks_per_seq 2"));
   ctx[0] = 3;
   std::vector<float> short_q(10);
   EXPECT_THAT(message_of([&] {
-                runner.decode(params, device, 0, {table, ctx, 1, 2}, short_q, out);
+                runner.decode(params, device.layer(0), {table, ctx, 1, 2}, short_q, out);
               }),
               HasSubstr("q has 10 elements, expected 64"));
   KVCacheConfig bad = c;
   bad.block_size = 4;
   DeviceKVCache unsupported(bad);
   EXPECT_THAT(message_of([&] {
-                runner.decode(params, unsupported, 0, {table, ctx, 1, 2}, q, out);
+                runner.decode(params, unsupported.layer(0), {table, ctx, 1, 2}, q, out);
               }),
               HasSubstr("block_size 4 is not supported (supported: 8, 16, 32)"));
 }

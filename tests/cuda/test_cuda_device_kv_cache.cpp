@@ -1,15 +1,18 @@
 // DeviceKVCache: construction errors (some need no GPU), host mirror round trip, layer views,
-// copy-on-write copies and swap out/in, bit-identical against HostKVCache.
+// writes from host memory, copy-on-write copies and swap out/in, bit-identical against
+// HostKVCache.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "common/cuda_test_util.hpp"
+#include "common/error_message.hpp"
 #include "pagedkv/config.hpp"
 #include "pagedkv/cuda/device_kv_cache.hpp"
 #include "pagedkv/error.hpp"
@@ -22,20 +25,12 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string message_of(auto&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
+using testing::message_of;
 
 constexpr KVPlacement kPlacements[] = {KVPlacement::kSeparate, KVPlacement::kInterleaved};
 
-std::string placement_name(KVPlacement p) {
-  return p == KVPlacement::kInterleaved ? " interleaved" : " separate";
-}
+using testing::fill_random;
+using testing::placement_name;
 
 KVCacheConfig config_of(DType dtype, KVLayout layout = KVLayout::kHND,
                         KVPlacement placement = KVPlacement::kInterleaved) {
@@ -49,22 +44,6 @@ KVCacheConfig config_of(DType dtype, KVLayout layout = KVLayout::kHND,
   c.layout = layout;
   c.placement = placement;
   return c;
-}
-
-void fill_random(HostKVCache& h, uint32_t seed) {
-  const KVCacheConfig& c = h.config();
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-  const int64_t n = int64_t{c.num_blocks} * c.block_size;
-  std::vector<Slot> slots(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) slots[static_cast<size_t>(i)] = i;
-  std::vector<float> k(static_cast<size_t>(n * c.num_kv_heads * c.head_dim));
-  std::vector<float> v(k.size());
-  for (int32_t l = 0; l < c.num_layers; ++l) {
-    for (float& x : k) x = uni(rng);
-    for (float& x : v) x = uni(rng);
-    h.write(l, slots, k, v);
-  }
 }
 
 TEST(DeviceKVCacheErrors, InvalidArgumentsBeforeAnyDeviceCall) {
@@ -85,7 +64,7 @@ TEST(DeviceKVCache, GeometryMatchesHost) {
   PAGEDKV_REQUIRE_CUDA_DEVICE();
   for (KVLayout layout : {KVLayout::kHND, KVLayout::kNHD}) {
     for (KVPlacement placement : kPlacements) {
-      SCOPED_TRACE(placement_name(placement));
+      SCOPED_TRACE(std::string(placement_name(placement)));
       const KVCacheConfig c = config_of(DType::kBF16, layout, placement);
       DeviceKVCache device(c, 4);
       HostKVCache host(c);
@@ -115,7 +94,7 @@ TEST(DeviceKVCache, UploadDownloadRoundTrip) {
   PAGEDKV_REQUIRE_CUDA_DEVICE();
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (KVPlacement placement : kPlacements) {
-      SCOPED_TRACE(std::string(dtype_name(dtype)) + placement_name(placement));
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + std::string(placement_name(placement)));
       const KVCacheConfig c = config_of(dtype, KVLayout::kHND, placement);
       HostKVCache host(c);
       fill_random(host, 3);
@@ -143,8 +122,9 @@ TEST(DeviceKVCache, SwapRoundTripIsBitIdenticalAtNewIds) {
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (KVLayout layout : {KVLayout::kHND, KVLayout::kNHD}) {
       for (KVPlacement placement : kPlacements) {
-        SCOPED_TRACE(std::string(dtype_name(dtype)) + (layout == KVLayout::kHND ? " HND" : " NHD") +
-                     placement_name(placement));
+        SCOPED_TRACE(std::string(dtype_name(dtype)) +
+                     (layout == KVLayout::kHND ? " HND " : " NHD ") +
+                     std::string(placement_name(placement)));
         const KVCacheConfig c = config_of(dtype, layout, placement);
         HostKVCache original(c);
         fill_random(original, 21);
@@ -226,6 +206,35 @@ TEST(DeviceKVCache, CopyBlocksRejectsOverlapsBeforeCopying) {
                 device.copy_blocks(std::vector<BlockCopy>{{1, 16}});
               }),
               HasSubstr("destination block 16 out of range [0, 16)"));
+  HostKVCache back(c);
+  device.download(back);
+  for (BlockId b = 0; b < c.num_blocks; ++b) EXPECT_EQ(back.block_bytes(b), host.block_bytes(b));
+}
+
+TEST(DeviceKVCache, WriteFromHostMatchesHostWriteAndChecksFirst) {
+  PAGEDKV_REQUIRE_CUDA_DEVICE();
+  KVCacheConfig c = config_of(DType::kBF16);
+  c.num_blocks = 6;  // 48 slots
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  const std::vector<Slot> slots = {7, -1, 40, 0, 47};
+  std::vector<float> k(slots.size() * 128);
+  std::vector<float> v(k.size());
+  for (float& x : k) x = uni(rng);
+  for (float& x : v) x = uni(rng);
+  HostKVCache host(c);
+  host.write(1, slots, k, v);
+  DeviceKVCache device(c);
+  device.write(1, slots, k, v);
+  EXPECT_THAT(message_of([&] {
+                device.write(1, std::vector<Slot>{3, 48}, k, v);
+              }),
+              HasSubstr("k has 640 and v 640 elements, expected 256"));
+  const std::vector<float> k2(256, std::numeric_limits<float>::quiet_NaN());
+  EXPECT_THAT(message_of([&] {
+                device.write(0, std::vector<Slot>{3, 48}, k2, k2);
+              }),
+              HasSubstr("slot 48 of token 1 out of range [0, 48)"));
   HostKVCache back(c);
   device.download(back);
   for (BlockId b = 0; b < c.num_blocks; ++b) EXPECT_EQ(back.block_bytes(b), host.block_bytes(b));

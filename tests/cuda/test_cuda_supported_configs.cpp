@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "common/error_message.hpp"
 #include "pagedkv/cuda/supported_configs.hpp"
 #include "pagedkv/error.hpp"
 
@@ -14,14 +15,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string message_of(auto&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
+using testing::message_of;
 
 TEST(SupportedConfigs, EveryListedCombinationIsSupported) {
   int count = 0;

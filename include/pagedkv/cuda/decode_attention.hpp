@@ -3,8 +3,8 @@
 /// CUDA paged decode attention (and the same kernel over a contiguous cache), with split-K
 /// "flash-decoding" for long contexts. Host declarations only; no CUDA headers.
 ///
-/// Kernel (cuda/decode_attention.cu): one CTA of 128 threads serves up to kHeadsPerCta query
-/// heads that share one kv head (GQA: the K/V tile is read once for the whole group), one
+/// Kernel (cuda/kernels/decode_attention.cu): one CTA of 128 threads serves up to kHeadsPerCta
+/// query heads that share one kv head (GQA: the K/V tile is read once for the whole group), one
 /// sequence, and one split of its context. K/V tiles (8 KiB of K + 8 KiB of V) stream into
 /// shared memory with cp.async, three deep (two in flight while one is computed); scores,
 /// online softmax and P.V accumulate in fp32. Supported configurations:
@@ -30,6 +30,7 @@
 #include "pagedkv/cuda/supported_configs.hpp"
 #include "pagedkv/dtype.hpp"
 #include "pagedkv/metadata/batch_metadata.hpp"
+#include "pagedkv/storage/contiguous_paged_view.hpp"
 #include "pagedkv/storage/kv_layer_view.hpp"
 
 namespace pagedkv::cuda {
@@ -104,29 +105,6 @@ struct DecodePlanInput {
 [[nodiscard]] int64_t decode_workspace_bytes(int32_t num_seqs, int32_t num_heads, int32_t head_dim,
                                              const DecodePlan& plan);
 
-/// A contiguous (unpaged) cache: every sequence owns max_len positions, layout
-/// [num_seqs, num_kv_heads, max_len, head_dim] (HND per sequence) unless strides say otherwise.
-/// It is the fair speed peer of the paged kernel: same kernel body, only the address of a
-/// position differs. Element (seq s, kv head h, position p, dim d) of K is at
-/// k[s * seq_stride + h * head_stride + p * token_stride + d]; V alike.
-struct ContiguousKVView {
-  void* k = nullptr;  // [num_seqs, num_kv_heads, max_len, head_dim]
-  void* v = nullptr;  // same shape as k
-  DType dtype = DType::kF32;
-  int32_t num_seqs = 0;
-  int32_t max_len = 0;
-  int32_t num_kv_heads = 0;
-  int32_t head_dim = 0;
-  int64_t seq_stride = 0;
-  int64_t head_stride = 0;
-  int64_t token_stride = 0;
-};
-
-/// View of a dense [num_seqs, num_kv_heads, max_len, head_dim] K and V pair.
-[[nodiscard]] ContiguousKVView make_contiguous_view(void* k, void* v, DType dtype, int32_t num_seqs,
-                                                    int32_t max_len, int32_t num_kv_heads,
-                                                    int32_t head_dim);
-
 /// Everything of a launch that is not the problem itself.
 struct DecodeLaunch {
   DecodePlan plan;            ///< one-pass by default
@@ -163,11 +141,18 @@ void paged_decode_attention(const AttentionParams& params, const KVLayerView& ca
                             const BlockTableView& tables, const float* q, float* out,
                             const DecodeLaunch& launch = {});
 
-/// The same kernel body over a contiguous cache: sequence i attends to positions
-/// 0 .. context_lens[i] - 1 of its own rows. Shapes: context_lens [cache.num_seqs] int32
-/// (device); q, out [cache.num_seqs, num_heads, head_dim] fp32 (device).
-/// Preconditions: context_lens[i] <= cache.max_len. Errors: as paged_decode_attention.
-void contiguous_decode_attention(const AttentionParams& params, const ContiguousKVView& cache,
+/// The same kernel body over a contiguous cache, described as storage describes one: `cache` is
+/// contiguous_paged_view(shape, k, v) of device buffers (storage/contiguous_paged_view.hpp), so
+/// sequence i owns block i (num_seqs = cache.num_blocks) and block_size = max_len. The result
+/// equals paged_decode_attention over that view with identity_block_tables; only the address
+/// of a position differs (no block-table read), which makes this the paged kernel's fair speed
+/// peer. Asynchronous on launch.stream.
+/// Shapes: context_lens [cache.num_blocks] int32 (device); q, out [cache.num_blocks, num_heads,
+/// head_dim] fp32 (device); K, V per cache's layout (HND [num_seqs, num_kv_heads, max_len,
+/// head_dim] or NHD [num_seqs, max_len, num_kv_heads, head_dim]).
+/// Preconditions (device data, not checked): context_lens[i] <= cache.block_size (max_len).
+/// Errors: as paged_decode_attention, except that block_size (max_len) may be any size >= 1.
+void contiguous_decode_attention(const AttentionParams& params, const KVLayerView& cache,
                                  const int32_t* context_lens, const float* q, float* out,
                                  const DecodeLaunch& launch = {});
 

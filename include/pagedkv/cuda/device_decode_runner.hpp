@@ -1,8 +1,9 @@
 #pragma once
 /// @file device_decode_runner.hpp
-/// Host-driven use of the device cache: the same calls, with host spans, as the CPU path
-/// (HostKVCache::write, pagedkv::paged_decode_attention), so a host-side model loop such as
-/// `pagedkv generate --device cuda` swaps backends without touching device pointers.
+/// Host-driven attention over device pools: the same calls, with host spans, as the CPU path
+/// (pagedkv::paged_decode_attention / paged_prefill_attention over a KVLayerView), so a
+/// host-side model loop such as `pagedkv generate --device cuda` swaps backends without touching
+/// device pointers (the cache writes are DeviceKVCache::write, as HostKVCache::write).
 /// Host declarations only; no CUDA headers. Defined only when PAGEDKV_WITH_CUDA is 1.
 
 #include <cstdint>
@@ -12,8 +13,8 @@
 #include "pagedkv/attention_params.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/cuda/device.hpp"
-#include "pagedkv/cuda/device_kv_cache.hpp"
 #include "pagedkv/metadata/batch_metadata.hpp"
+#include "pagedkv/storage/kv_layer_view.hpp"
 #include "pagedkv/types.hpp"
 
 namespace pagedkv::cuda {
@@ -28,21 +29,15 @@ class DeviceDecodeRunner {
   /// Errors: throws pagedkv::Error if there is no CUDA device.
   explicit DeviceDecodeRunner(Stream stream = nullptr);
 
-  /// HostKVCache::write on the device: the K/V of new tokens into their slots of `layer`.
-  /// Shapes: slot_mapping [num_tokens] int64 (negative = padding); k, v [num_tokens,
-  /// num_kv_heads, head_dim] fp32. Errors: throws pagedkv::Error (nothing written) if the layer
-  /// is out of range, a size differs, or a slot is >= num_blocks * block_size.
-  void write(DeviceKVCache& cache, int32_t layer, std::span<const Slot> slot_mapping,
-             std::span<const float> k, std::span<const float> v);
-
-  /// pagedkv::paged_decode_attention on the device, over layer `layer` of `cache`.
+  /// pagedkv::paged_decode_attention on the device. `cache` views device pools (e.g.
+  /// DeviceKVCache::layer()).
   /// Shapes: `tables` holds HOST arrays (see BlockTableView); q, out [num_seqs, num_heads,
   /// head_dim] fp32, host. plan: make_decode_plan() for this batch unless given.
   /// Errors: throws pagedkv::Error on what the CPU function rejects (params/view mismatch, sizes,
   /// a context longer than the table, a block id out of range among those in use) and on an
   /// unsupported (dtype, head_dim, block_size) (supported_configs.hpp).
-  void decode(const AttentionParams& params, const DeviceKVCache& cache, int32_t layer,
-              const BlockTableView& tables, std::span<const float> q, std::span<float> out,
+  void decode(const AttentionParams& params, const KVLayerView& cache, const BlockTableView& tables,
+              std::span<const float> q, std::span<float> out,
               std::optional<DecodePlan> plan = std::nullopt);
 
   /// pagedkv::paged_prefill_attention on the device, by the decode kernel: query token t of
@@ -52,19 +47,20 @@ class DeviceDecodeRunner {
   /// row), which is fine for a prompt processed once. Rows are launched in chunks of at most
   /// kMaxRowsPerLaunch.
   /// Shapes: query_start [num_seqs + 1] (query_start[0] = 0); q, out [query_start[num_seqs],
-  /// num_heads, head_dim] fp32, host; `tables` host arrays.
+  /// num_heads, head_dim] fp32, host; `tables` host arrays; `cache` device pools.
   /// Errors: as decode, plus n_i < 0 or n_i > context_lens[i] (naming the sequence).
-  void prefill(const AttentionParams& params, const DeviceKVCache& cache, int32_t layer,
+  void prefill(const AttentionParams& params, const KVLayerView& cache,
                const BlockTableView& tables, std::span<const int32_t> query_start,
                std::span<const float> q, std::span<float> out);
 
   /// Rows of one decode launch made by prefill() (the grid's y limit is 65535).
   static constexpr int32_t kMaxRowsPerLaunch = 16384;
 
-  /// contiguous_decode_attention with host context lengths, q and out (the cache is on the
-  /// device). Shapes: context_lens [cache.num_seqs]; q, out [cache.num_seqs, num_heads,
-  /// head_dim]. Errors: as decode, plus a context length outside [0, cache.max_len].
-  void decode_contiguous(const AttentionParams& params, const ContiguousKVView& cache,
+  /// contiguous_decode_attention with host context lengths, q and out; `cache` is the
+  /// contiguous_paged_view of device buffers (sequence i is block i, block_size = max_len).
+  /// Shapes: context_lens [cache.num_blocks]; q, out [cache.num_blocks, num_heads, head_dim].
+  /// Errors: as decode, plus a context length outside [0, max_len].
+  void decode_contiguous(const AttentionParams& params, const KVLayerView& cache,
                          std::span<const int32_t> context_lens, std::span<const float> q,
                          std::span<float> out, std::optional<DecodePlan> plan = std::nullopt);
 
@@ -86,9 +82,6 @@ class DeviceDecodeRunner {
   DeviceBuffer out_;
   DeviceBuffer tables_;
   DeviceBuffer context_lens_;
-  DeviceBuffer slots_;
-  DeviceBuffer k_;
-  DeviceBuffer v_;
   DeviceBuffer workspace_;
 };
 

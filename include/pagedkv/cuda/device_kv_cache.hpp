@@ -1,8 +1,10 @@
 #pragma once
 /// @file device_kv_cache.hpp
 /// Paged K/V storage in device memory, with a pinned host pool for swapping (preemption).
-/// The device twin of HostKVCache: same KVCacheConfig, layout and dtypes, same arena order.
-/// Host declarations only; no CUDA headers. Defined only when PAGEDKV_WITH_CUDA is 1.
+/// The device twin of HostKVCache: same KVCacheConfig, layout and dtypes, same arena order, and
+/// the same write / copy_blocks / layer shape (storage/paged_kv_storage.hpp), so one model loop
+/// drives either. Host declarations only; no CUDA headers. Defined only when PAGEDKV_WITH_CUDA
+/// is 1.
 
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +15,7 @@
 #include "pagedkv/storage/host_kv_cache.hpp"
 #include "pagedkv/storage/kv_cache_config.hpp"
 #include "pagedkv/storage/kv_layer_view.hpp"
+#include "pagedkv/storage/paged_kv_storage.hpp"
 #include "pagedkv/types.hpp"
 
 namespace pagedkv::cuda {
@@ -63,7 +66,19 @@ class DeviceKVCache {
   /// 2 * pool_block_bytes() (interleaved).
   [[nodiscard]] int64_t copy_block_bytes() const { return copy_block_bytes_; }
 
-  /// reshape_and_cache into layer `layer`: see cuda::reshape_and_cache. Asynchronous.
+  /// HostKVCache::write on the device, from host memory: the K/V of new tokens into their slots
+  /// of layer `layer`, converted from fp32 to the pool dtype (round to nearest even, the host's
+  /// bits). Stages the inputs through device buffers owned by this cache and synchronizes
+  /// `stream` before returning, so the spans may be reused at once.
+  /// Shapes: slot_mapping [num_tokens] int64 (negative = padding, skipped); k, v [num_tokens,
+  /// num_kv_heads, head_dim] fp32, host.
+  /// Errors: throws pagedkv::Error, before anything is written, if the layer is out of range,
+  /// a size differs, or a slot is >= num_blocks * block_size; CUDA errors after.
+  void write(int32_t layer, std::span<const Slot> slot_mapping, std::span<const float> k,
+             std::span<const float> v, Stream stream = nullptr);
+
+  /// reshape_and_cache into layer `layer` from device memory (see cuda::reshape_and_cache: fp32,
+  /// fp16 or bf16 inputs). Asynchronous on `stream`.
   /// Errors: throws if layer is out of range, plus reshape_and_cache's errors.
   void write(int32_t layer, const NewKV& input, Stream stream = nullptr);
 
@@ -113,7 +128,12 @@ class DeviceKVCache {
   DeviceBuffer arena_;
   DeviceBuffer pool_ptrs_;     // [2 * num_layers] void*
   DeviceBuffer pair_staging_;  // BlockCopy list for copy_blocks()
+  DeviceBuffer slot_staging_;  // write() from host memory: [num_tokens] int64
+  DeviceBuffer k_staging_;     // [num_tokens, num_kv_heads, head_dim] fp32
+  DeviceBuffer v_staging_;
   PinnedHostBuffer host_pool_;
 };
+
+static_assert(PagedKVStorage<DeviceKVCache>);
 
 }  // namespace pagedkv::cuda
