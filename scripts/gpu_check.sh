@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every CUDA test (tests/cuda/test_cuda_*.cpp, tests/model/test_*cuda*.cpp), the CUDA decode
-# benchmark and the main job on the device (`pagedkv generate --device cuda --cache all`,
-# built-in model) on a machine with an NVIDIA GPU, and prints a Markdown section to paste into
+# benchmark and the main job on the device (`pagedkv generate --model random --device
+# cuda --cache all`) on a machine with an NVIDIA GPU, and prints a Markdown section to paste into
 # docs/benchmarks.md.
 #
 # Usage, from the repository root:
@@ -105,8 +105,8 @@ run() {
   # The main job with the paged cache on the device, checked against the CPU caches.
   local gen_log
   gen_log=$(mktemp)
-  echo "== pagedkv generate --device cuda --cache all"
-  "$dir/pagedkv" generate --device cuda --cache all >"$gen_log" 2>&1
+  echo "== pagedkv generate --model random --device cuda --cache all"
+  "$dir/pagedkv" generate --model random --device cuda --cache all >"$gen_log" 2>&1
   local gen_rc=$?
   cat "$gen_log"
   if [ "$gen_rc" -ne 0 ] ||
@@ -135,7 +135,7 @@ paste_section() {
   printf '%s' "$summary"
   sed -n '/^### CUDA decode attention/,$p' "$bench_log"
   echo
-  echo "### pagedkv generate --device cuda --cache all (built-in model, exit $gen_rc)"
+  echo "### pagedkv generate --model random --device cuda --cache all (exit $gen_rc)"
   echo
   echo '```'
   sed -n '/^cache /,$p' "$gen_log"

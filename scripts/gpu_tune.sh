@@ -143,7 +143,7 @@ PY
   echo "full benchmark of $best: at $((SECONDS - start)) s"
   save
   sed -n '/^### CUDA decode attention/,$p' "$out/full_$best.log"
-  timeout 120 "$dir/$best/pagedkv" generate --device cuda --cache all \
+  timeout 120 "$dir/$best/pagedkv" generate --model random --device cuda --cache all \
     >"$out/generate_$best.log" 2>&1 || status=1
   grep -q 'agreement: contiguous vs paged-cuda: same tokens' "$out/generate_$best.log" ||
     { status=1; echo "generate ($best): failed or disagreed with the CPU caches"; }

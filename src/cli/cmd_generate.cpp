@@ -1,8 +1,9 @@
-// `pagedkv generate`: the main job. Runs a Llama model (the seeded random built-in one, or a
-// llama2.c checkpoint + tokenizer) with the paged cache, the contiguous reference cache and no
-// cache, checks that they agree and reports time and memory per mode. With --device cuda the
-// paged mode runs on the GPU (the contiguous and none modes stay on the CPU as its checks).
-// docs/cli.md documents the flags and the output.
+// `pagedkv generate`: the main job. Runs a Llama model (by default the real stories260K from
+// models/, or a llama2.c checkpoint + tokenizer, or seeded random weights of a chosen shape)
+// with the paged cache, the contiguous reference cache and no cache, checks that they agree and
+// reports time and memory per mode. With --device cuda the paged mode runs on the GPU (the
+// contiguous and none modes stay on the CPU as its checks). docs/cli.md documents the flags and
+// the output.
 
 #include <fmt/format.h>
 
@@ -10,11 +11,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli/commands.hpp"
@@ -32,8 +34,16 @@ namespace {
 using model::CacheMode;
 using model::Device;
 
-/// Seed of the built-in model's weights (the sampling seed is --seed).
-constexpr uint64_t kBuiltinWeightSeed = 20240229;
+/// Seed of the random model's weights (the sampling seed is --seed).
+constexpr uint64_t kRandomWeightSeed = 20240229;
+/// `--model random`: seeded random weights instead of a checkpoint file.
+constexpr const char* kRandomModel = "random";
+/// The default model's files, in models/ of the source tree and <prefix>/share/pagedkv/models.
+constexpr const char* kDefaultModelFile = "stories260K.bin";
+constexpr const char* kDefaultTokenizerFile = "tok512.bin";
+/// Largest random model, in floats (16 GiB of fp32): a typo in a shape flag should be an
+/// error message, not an out-of-memory kill while the weights are filled.
+constexpr int64_t kMaxRandomFloats = int64_t{1} << 32;
 /// At most this many prompts from --prompts (each gets a full-length paged pool share).
 constexpr size_t kMaxPrompts = 1024;
 /// Logits are kept for the agreement check while they fit in this many bytes per mode.
@@ -44,8 +54,11 @@ constexpr int64_t kMaxLogitBytes = int64_t{256} << 20;
 constexpr double kLogitTolerance = 1e-3;
 
 struct Options {
-  std::string model_path;
+  std::string model_path;  ///< empty: the default model; kRandomModel: random weights
   std::string tokenizer_path;
+  /// Shape of `--model random` (its flags only count with it).
+  model::LlamaConfig random_shape = model::builtin_config();
+  std::vector<const CLI::Option*> shape_flags;
   std::string prompt = "Once upon a time";
   std::string prompts_path;
   int32_t steps = 256;
@@ -56,6 +69,86 @@ struct Options {
   int32_t block_size = 16;
   bool json = false;
 };
+
+/// A model ready to run, with its tokenizer and how the output names it.
+struct LoadedModel {
+  model::LlamaModel llama;
+  model::Tokenizer tok;
+  std::string source;       ///< JSON "model.source": "random" or the checkpoint path
+  std::string description;  ///< the text output's "model:" line
+};
+
+/// The folders searched for the default model, in order: the installed copy beside this
+/// executable (<prefix>/bin/pagedkv -> <prefix>/share/pagedkv/models), then models/ of the source
+/// tree it was built from (in a build tree, build/src/cli/pagedkv has no share/ beside it).
+std::vector<std::filesystem::path> default_model_dirs() {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> dirs;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) dirs.push_back((exe.parent_path() / PAGEDKV_INSTALLED_MODELS_DIR).lexically_normal());
+  dirs.emplace_back(PAGEDKV_SOURCE_MODELS_DIR);
+  return dirs;
+}
+
+/// The default model's checkpoint and tokenizer: the first folder of default_model_dirs that
+/// holds both. Errors: none does (the message lists where it looked and the alternatives).
+std::pair<std::string, std::string> find_default_model() {
+  std::string looked;
+  for (const auto& dir : default_model_dirs()) {
+    const auto model = dir / kDefaultModelFile, tok = dir / kDefaultTokenizerFile;
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(model, ec) && std::filesystem::is_regular_file(tok, ec)) {
+      return {model.string(), tok.string()};
+    }
+    looked += (looked.empty() ? "" : ", ") + dir.string();
+  }
+  throw Error(fmt::format(
+      "no default model: {} and {} are in none of {}; give --model FILE --tokenizer FILE, or "
+      "--model random",
+      kDefaultModelFile, kDefaultTokenizerFile, looked));
+}
+
+LoadedModel load_random_model(const Options& o) {
+  if (!o.tokenizer_path.empty()) {
+    throw Error("--model random brings its own byte-level tokenizer: drop --tokenizer");
+  }
+  const model::LlamaConfig& cfg = o.random_shape;
+  model::validate_config(cfg, "--model random");
+  if (model::weights_floats(cfg) > kMaxRandomFloats) {
+    throw Error(fmt::format("--model random: {} floats of weights, more than the {} allowed",
+                            model::weights_floats(cfg), kMaxRandomFloats));
+  }
+  model::Tokenizer tok = model::Tokenizer::builtin(cfg.vocab_size);
+  model::LlamaModel llama(model::random_weights(cfg, kRandomWeightSeed));
+  std::string desc = fmt::format("random Llama (weight seed {}, byte-level tokenizer): {}",
+                                 kRandomWeightSeed, cfg.describe());
+  return {std::move(llama), std::move(tok), kRandomModel, std::move(desc)};
+}
+
+/// The model the options name: --model random, --model FILE --tokenizer FILE, or the default.
+/// Errors: a shape flag without --model random, --model FILE without --tokenizer (or the other
+/// way round), no default model found, and the loaders' errors (a missing or corrupt file).
+LoadedModel load_model(const Options& o) {
+  if (o.model_path == kRandomModel) return load_random_model(o);
+  for (const CLI::Option* flag : o.shape_flags) {
+    if (flag->count() > 0) {
+      throw Error(fmt::format("{} needs --model random (a checkpoint's shape is in its header)",
+                              flag->get_name()));
+    }
+  }
+  if (o.model_path.empty() != o.tokenizer_path.empty()) {
+    throw Error(o.model_path.empty() ? "--tokenizer needs --model (the vocabulary comes from it)"
+                                     : "--model needs --tokenizer (a llama2.c tokenizer file)");
+  }
+  const auto [model_path, tok_path] =
+      o.model_path.empty() ? find_default_model() : std::pair{o.model_path, o.tokenizer_path};
+  model::LlamaModel llama(model::load_checkpoint(model_path));
+  model::Tokenizer tok = model::Tokenizer::load(tok_path, llama.config().vocab_size);
+  std::string desc = fmt::format("{} ({} parameters): {}", model_path,
+                                 llama.config().num_parameters(), llama.config().describe());
+  return {std::move(llama), std::move(tok), model_path, std::move(desc)};
+}
 
 std::vector<std::string> read_prompts(const std::string& path) {
   std::ifstream in(path);
@@ -290,27 +383,8 @@ void run_generate(const Options& o) {
     cuda::require_device();  // "no CUDA device: ..." -> exit 2, before any work
     device_desc = cuda::device_info().name;
   }
-  if (o.model_path.empty() != o.tokenizer_path.empty()) {
-    throw Error(o.model_path.empty() ? "--tokenizer needs --model (the vocabulary comes from it)"
-                                     : "--model needs --tokenizer (a llama2.c tokenizer file)");
-  }
-  std::optional<model::LlamaModel> llama;
-  std::optional<model::Tokenizer> tok;
-  std::string model_desc, model_src;
-  if (o.model_path.empty()) {
-    llama.emplace(model::random_weights(model::builtin_config(), kBuiltinWeightSeed));
-    tok.emplace(model::Tokenizer::builtin(llama->config().vocab_size));
-    model_src = "built-in";
-    model_desc = fmt::format("built-in random Llama (weight seed {}, byte-level tokenizer): {}",
-                             kBuiltinWeightSeed, llama->config().describe());
-  } else {
-    llama.emplace(model::load_checkpoint(o.model_path));
-    tok.emplace(model::Tokenizer::load(o.tokenizer_path, llama->config().vocab_size));
-    model_src = o.model_path;
-    model_desc = fmt::format("{} ({} parameters): {}", o.model_path,
-                             llama->config().num_parameters(), llama->config().describe());
-  }
-  const model::LlamaConfig& cfg = llama->config();
+  LoadedModel m = load_model(o);
+  const model::LlamaConfig& cfg = m.llama.config();
 
   std::vector<std::string> notices;
   int32_t steps = o.steps;
@@ -325,7 +399,7 @@ void run_generate(const Options& o) {
       o.prompts_path.empty() ? std::vector<std::string>{o.prompt} : read_prompts(o.prompts_path);
   std::vector<std::vector<TokenId>> ids;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    ids.push_back(tok->encode(prompts[i], /*bos=*/true, /*eos=*/false));
+    ids.push_back(m.tok.encode(prompts[i], /*bos=*/true, /*eos=*/false));
     if (static_cast<int64_t>(ids.back().size()) > steps) {
       throw Error(
           fmt::format("prompt {} is {} tokens, more than the {} positions to run "
@@ -350,10 +424,10 @@ void run_generate(const Options& o) {
   g.record_logits = modes.size() > 1 && logit_bytes <= kMaxLogitBytes;
 
   std::vector<ModeRun> runs;
-  for (const CacheMode m : modes) {
+  for (const CacheMode mode : modes) {
     // Only the paged mode has a device version; the others stay on the CPU as its checks.
-    g.device = m == CacheMode::kPaged ? device : Device::kCpu;
-    runs.push_back({m, model::generate(*llama, ids, m, g)});
+    g.device = mode == CacheMode::kPaged ? device : Device::kCpu;
+    runs.push_back({mode, model::generate(m.llama, ids, mode, g)});
   }
 
   std::vector<Check> checks;
@@ -367,9 +441,9 @@ void run_generate(const Options& o) {
   }
 
   if (o.json) {
-    print_json(o, cfg, model_src, device_desc, steps, notices, prompts, *tok, runs, checks);
+    print_json(o, cfg, m.source, device_desc, steps, notices, prompts, m.tok, runs, checks);
   } else {
-    print_human(o, model_desc, device_desc, steps, prompts, *tok, runs, checks);
+    print_human(o, m.description, device_desc, steps, prompts, m.tok, runs, checks);
   }
   std::fflush(stdout);
   if (!all_ok) {
@@ -389,13 +463,41 @@ void add_generate_command(CLI::App& app) {
       "generate",
       "Generate text with a Llama model through the paged KV cache, side by side with the "
       "contiguous cache and with no cache; report time and memory per mode.");
+  // A file, or the word `random`: CLI::ExistingFile's message for anything else.
+  const CLI::Validator model_file(
+      [](std::string& value) {
+        return value == kRandomModel ? std::string() : CLI::ExistingFile(value);
+      },
+      "FILE|random");
   sub->add_option("--model", opts->model_path,
-                  "llama2.c checkpoint (e.g. ../shared/models/stories260K.bin); default: the "
-                  "built-in random model")
-      ->check(CLI::ExistingFile);
+                  "llama2.c checkpoint FILE (with --tokenizer), or `random`: seeded random "
+                  "weights of the shape below, byte-level tokenizer; default: stories260K.bin "
+                  "from share/pagedkv/models beside the installed binary, or models/ of the "
+                  "source tree")
+      ->check(model_file);
   sub->add_option("--tokenizer", opts->tokenizer_path,
-                  "llama2.c tokenizer for --model (e.g. ../shared/models/tok512.bin)")
+                  "llama2.c tokenizer FILE for --model FILE (e.g. models/tok512.bin)")
       ->check(CLI::ExistingFile);
+  struct ShapeFlag {
+    const char* name;
+    int32_t* field;
+    const char* what;
+  };
+  model::LlamaConfig& r = opts->random_shape;
+  const ShapeFlag shape_flags[] = {
+      {"--dim", &r.dim, "d_model"},
+      {"--hidden-dim", &r.hidden_dim, "SwiGLU inner width"},
+      {"--layers", &r.n_layers, "transformer layers"},
+      {"--heads", &r.n_heads, "query heads (head_dim = dim / heads, even)"},
+      {"--kv-heads", &r.n_kv_heads, "K/V heads, dividing --heads (GQA)"},
+      {"--vocab", &r.vocab_size, "vocabulary (259 .. 1056: the byte-level tokenizer)"},
+      {"--seq-len", &r.seq_len, "maximum context, tokens (caps --steps)"}};
+  for (const ShapeFlag& f : shape_flags) {
+    opts->shape_flags.push_back(sub->add_option(f.name, *f.field, f.what)
+                                    ->capture_default_str()
+                                    ->check(CLI::Range(1, 1 << 24))
+                                    ->group("Random model shape (with --model random)"));
+  }
   auto* prompt = sub->add_option("--prompt", opts->prompt, "prompt text")->capture_default_str();
   sub->add_option("--prompts", opts->prompts_path,
                   "file with one prompt per line (blank lines skipped), generated together as "

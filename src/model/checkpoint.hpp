@@ -1,6 +1,7 @@
 #pragma once
 /// @file checkpoint.hpp
-/// Llama weights: the llama2.c checkpoint reader and the seeded random built-in model.
+/// Llama weights: the llama2.c checkpoint reader and the seeded random model
+/// (`pagedkv generate --model random`).
 ///
 /// File format (llama2.c "legacy" export, version 0; source: karpathy/llama2.c run.c,
 /// read_checkpoint / memory_map_weights):
@@ -94,7 +95,8 @@ class LlamaWeights {
 /// Errors: throws pagedkv::Error naming the path if it cannot be written.
 void save_checkpoint(const LlamaWeights& weights, const std::string& path);
 
-/// The built-in model's configuration: dim 512, hidden 1376, 4 layers, 8 heads, 4 kv heads
+/// The random model's default configuration (`pagedkv generate --model random` without shape
+/// flags): dim 512, hidden 1376, 4 layers, 8 heads, 4 kv heads
 /// (head_size 64, GQA group 2), vocab 1024 (byte-level tokenizer, see Tokenizer::builtin),
 /// seq_len 512, separate classifier. 12.65 M parameters; see docs/model.md for the sizing.
 [[nodiscard]] LlamaConfig builtin_config();

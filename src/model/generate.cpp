@@ -71,6 +71,90 @@ class Sampler {
   std::vector<float> probs_;
 };
 
+/// The checks of generate() on its arguments (see generate.hpp, Errors), before any work.
+void check_request(const LlamaConfig& c, const std::vector<std::vector<TokenId>>& prompts,
+                   const GenerateOptions& opt) {
+  if (prompts.empty()) throw Error("generate: no prompt");
+  if (opt.steps < 1) throw Error(fmt::format("generate: steps {} must be >= 1", opt.steps));
+  if (opt.block_size < 1) {
+    throw Error(fmt::format("generate: block size {} must be >= 1", opt.block_size));
+  }
+  if (!(opt.temperature >= 0.0f) || !std::isfinite(opt.temperature)) {
+    throw Error(fmt::format("generate: temperature {} must be finite and >= 0", opt.temperature));
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto& p = prompts[i];
+    if (p.empty()) throw Error(fmt::format("generate: prompt {} has no token", i));
+    if (static_cast<int64_t>(p.size()) > opt.steps) {
+      throw Error(
+          fmt::format("generate: prompt {} has {} tokens, more than the {} positions "
+                      "to run (--steps)",
+                      i, p.size(), opt.steps));
+    }
+    for (const TokenId t : p) {
+      if (t < 0 || t >= c.vocab_size) {
+        throw Error(
+            fmt::format("generate: prompt {} has token id {} outside [0, {})", i, t, c.vocab_size));
+      }
+    }
+  }
+}
+
+/// The page pool of a run: blocks (all sequences) and bytes per block.
+struct PagePool {
+  int64_t blocks = 0;
+  int64_t block_bytes = 0;
+};
+
+/// Sizes the pool so that it never runs out: each sequence forwards at most `steps` positions.
+/// Errors: too many blocks, or (paged and none modes) more than kMaxPoolBytes.
+PagePool size_page_pool(const LlamaConfig& c, int64_t num_seqs, CacheMode mode,
+                        const GenerateOptions& opt) {
+  PagePool pool;
+  pool.blocks = num_seqs * blocks_for_tokens(opt.steps, opt.block_size);
+  if (pool.blocks > (int64_t{1} << 30)) {
+    throw Error(fmt::format("generate: {} sequences x {} positions need {} blocks, too many",
+                            num_seqs, opt.steps, pool.blocks));
+  }
+  pool.block_bytes =
+      kv_bytes_for_tokens(c.n_layers, c.n_kv_heads, c.head_size(), DType::kF32, opt.block_size);
+  if (mode != CacheMode::kContiguous && pool.blocks * pool.block_bytes > kMaxPoolBytes) {
+    throw Error(
+        fmt::format("generate: the page pool would take {} bytes ({} sequences x {} "
+                    "blocks of {} tokens), more than the {} allowed: use fewer prompts, "
+                    "fewer steps or a smaller block size",
+                    pool.blocks * pool.block_bytes, num_seqs, pool.blocks / num_seqs,
+                    opt.block_size, kMaxPoolBytes));
+  }
+  return pool;
+}
+
+/// One forward step's input, rebuilt every step (the vectors keep their capacity).
+struct StepBatch {
+  std::vector<SeqId> seqs;
+  std::vector<int64_t> n_new;
+  std::vector<TokenId> tokens;
+};
+
+/// The next step's batch: every active sequence with what it feeds. Cached modes feed what is
+/// not cached yet (the prompt, then the last token); none feeds everything forwarded so far plus
+/// the new position.
+void gather_step(const std::vector<SequenceOutput>& outs, const std::vector<uint8_t>& active,
+                 bool caches, bool first, StepBatch& batch) {
+  batch.seqs.clear();
+  batch.n_new.clear();
+  batch.tokens.clear();
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (!active[i]) continue;
+    const auto& s = outs[i];
+    const int64_t from = caches ? s.positions_run : 0;
+    const int64_t to = first ? static_cast<int64_t>(s.prompt_ids.size()) : s.positions_run + 1;
+    batch.seqs.push_back(static_cast<SeqId>(i));
+    batch.n_new.push_back(to - from);
+    batch.tokens.insert(batch.tokens.end(), s.ids.begin() + from, s.ids.begin() + to);
+  }
+}
+
 }  // namespace
 
 double RunStats::tokens_per_s() const {
@@ -101,50 +185,12 @@ Summary summarize(std::vector<double> values) {
 GenerateResult generate(LlamaModel& model, const std::vector<std::vector<TokenId>>& prompts,
                         CacheMode mode, const GenerateOptions& opt) {
   const LlamaConfig& c = model.config();
-  if (prompts.empty()) throw Error("generate: no prompt");
-  if (opt.steps < 1) throw Error(fmt::format("generate: steps {} must be >= 1", opt.steps));
-  if (opt.block_size < 1) {
-    throw Error(fmt::format("generate: block size {} must be >= 1", opt.block_size));
-  }
-  if (!(opt.temperature >= 0.0f) || !std::isfinite(opt.temperature)) {
-    throw Error(fmt::format("generate: temperature {} must be finite and >= 0", opt.temperature));
-  }
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const auto& p = prompts[i];
-    if (p.empty()) throw Error(fmt::format("generate: prompt {} has no token", i));
-    if (static_cast<int64_t>(p.size()) > opt.steps) {
-      throw Error(
-          fmt::format("generate: prompt {} has {} tokens, more than the {} positions "
-                      "to run (--steps)",
-                      i, p.size(), opt.steps));
-    }
-    for (const TokenId t : p) {
-      if (t < 0 || t >= c.vocab_size) {
-        throw Error(
-            fmt::format("generate: prompt {} has token id {} outside [0, {})", i, t, c.vocab_size));
-      }
-    }
-  }
-
+  check_request(c, prompts, opt);
   const auto num_seqs = static_cast<int64_t>(prompts.size());
   const int32_t vocab = c.vocab_size;
-  // Each sequence forwards at most `steps` positions, so this pool never runs out.
-  const int64_t blocks = num_seqs * blocks_for_tokens(opt.steps, opt.block_size);
-  if (blocks > (int64_t{1} << 30)) {
-    throw Error(fmt::format("generate: {} sequences x {} positions need {} blocks, too many",
-                            num_seqs, opt.steps, blocks));
-  }
-  const int64_t block_bytes =
-      kv_bytes_for_tokens(c.n_layers, c.n_kv_heads, c.head_size(), DType::kF32, opt.block_size);
-  if (mode != CacheMode::kContiguous && blocks * block_bytes > kMaxPoolBytes) {
-    throw Error(fmt::format(
-        "generate: the page pool would take {} bytes ({} sequences x {} "
-        "blocks of {} tokens), more than the {} allowed: use fewer prompts, "
-        "fewer steps or a smaller block size",
-        blocks * block_bytes, num_seqs, blocks / num_seqs, opt.block_size, kMaxPoolBytes));
-  }
+  const PagePool pool = size_page_pool(c, num_seqs, mode, opt);
   auto backend = make_kv_backend(
-      mode, model.backend_config(opt.block_size, static_cast<int32_t>(blocks)), opt.device);
+      mode, model.backend_config(opt.block_size, static_cast<int32_t>(pool.blocks)), opt.device);
 
   GenerateResult result;
   RunStats& st = result.stats;
@@ -153,7 +199,7 @@ GenerateResult generate(LlamaModel& model, const std::vector<std::vector<TokenId
   st.contiguous_reservation_bytes =
       num_seqs *
       kv_bytes_for_tokens(c.n_layers, c.n_kv_heads, c.head_size(), DType::kF32, c.seq_len);
-  if (mode != CacheMode::kContiguous) st.pool_bytes = blocks * block_bytes;
+  if (mode != CacheMode::kContiguous) st.pool_bytes = pool.blocks * pool.block_bytes;
 
   result.seqs.resize(static_cast<size_t>(num_seqs));
   std::vector<Sampler> samplers;
@@ -166,55 +212,40 @@ GenerateResult generate(LlamaModel& model, const std::vector<std::vector<TokenId
     backend->add_sequence(i);
   }
 
-  std::vector<SeqId> seqs;
-  std::vector<int64_t> n_new;
-  std::vector<TokenId> tokens;
+  StepBatch batch;
   const auto t_start = Clock::now();
   for (bool first = true;; first = false) {
-    seqs.clear();
-    n_new.clear();
-    tokens.clear();
-    for (int64_t i = 0; i < num_seqs; ++i) {
-      if (!active[static_cast<size_t>(i)]) continue;
-      const auto& s = result.seqs[static_cast<size_t>(i)];
-      // Cached modes feed what is not cached yet (the prompt, then the last token); none feeds
-      // everything forwarded so far plus the new position.
-      const int64_t from = backend->caches() ? s.positions_run : 0;
-      const int64_t to = first ? static_cast<int64_t>(s.prompt_ids.size()) : s.positions_run + 1;
-      seqs.push_back(i);
-      n_new.push_back(to - from);
-      tokens.insert(tokens.end(), s.ids.begin() + from, s.ids.begin() + to);
-    }
-    if (seqs.empty()) break;
+    gather_step(result.seqs, active, backend->caches(), first, batch);
+    if (batch.seqs.empty()) break;
 
     const auto t_step = Clock::now();
     // Prompt rows are only needed to record them; later steps have one new position each.
     const bool all_rows = opt.record_logits && first;
     const std::span<const float> logits =
-        model.forward(*backend, StepInput{seqs, n_new, tokens}, all_rows);
+        model.forward(*backend, StepInput{batch.seqs, batch.n_new, batch.tokens}, all_rows);
 
     int64_t row = -1;
-    for (size_t b = 0; b < seqs.size(); ++b) {
-      auto& s = result.seqs[static_cast<size_t>(seqs[b])];
-      const int64_t new_positions = first ? n_new[b] : 1;
-      row += all_rows ? n_new[b] : 1;
+    for (size_t b = 0; b < batch.seqs.size(); ++b) {
+      const auto i = static_cast<size_t>(batch.seqs[b]);
+      auto& s = result.seqs[i];
+      const int64_t new_positions = first ? batch.n_new[b] : 1;
+      row += all_rows ? batch.n_new[b] : 1;
       const float* last = logits.data() + row * vocab;
       if (opt.record_logits) {
         const float* from = all_rows ? last - (new_positions - 1) * vocab : last;
         s.logits.insert(s.logits.end(), from, last + vocab);
       }
       s.positions_run += new_positions;
-      const TokenId next =
-          samplers[static_cast<size_t>(seqs[b])].sample(last, vocab, opt.temperature);
+      const TokenId next = samplers[i].sample(last, vocab, opt.temperature);
       if (next == kBos) {
         s.stopped_on_bos = true;
-        active[static_cast<size_t>(seqs[b])] = 0;
+        active[i] = 0;
         continue;
       }
       s.ids.push_back(next);
       ++s.num_generated;
       ++st.tokens_generated;
-      if (s.positions_run >= opt.steps) active[static_cast<size_t>(seqs[b])] = 0;
+      if (s.positions_run >= opt.steps) active[i] = 0;
     }
     const double ms = ms_since(t_step);
     if (first) {

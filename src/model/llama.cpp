@@ -41,6 +41,113 @@ T* grow(std::vector<T>& v, int64_t n) {
   return v.data();
 }
 
+/// Sizes of one forward step: N new tokens and the model's widths.
+struct StepDims {
+  int64_t n, dim, kv_dim, hidden, hs, vocab;
+  int32_t n_heads, n_kv_heads;
+};
+
+/// The step's workspace, rows [N, ...] each (LlamaModel's buffers, grown for this step).
+struct StepBuffers {
+  float *x, *xb, *q, *k, *v, *att, *hb, *hb2;
+  float *rope_cos, *rope_sin;  // [head_size / 2], one row's angles at a time
+  const int64_t* pos;          // [N]
+};
+
+/// Checks a step's input against the model (see LlamaModel::forward, Errors) and returns its
+/// sizes.
+StepDims check_step(const StepInput& in, const LlamaConfig& c) {
+  if (in.seqs.size() != in.n_new.size()) {
+    throw Error(fmt::format("forward: {} sequences but {} new-token counts", in.seqs.size(),
+                            in.n_new.size()));
+  }
+  int64_t n = 0;
+  for (size_t i = 0; i < in.n_new.size(); ++i) {
+    if (in.n_new[i] < 1) {
+      throw Error(fmt::format("forward: sequence {} has {} new tokens, must be >= 1", in.seqs[i],
+                              in.n_new[i]));
+    }
+    n += in.n_new[i];
+  }
+  if (static_cast<int64_t>(in.tokens.size()) != n) {
+    throw Error(
+        fmt::format("forward: {} tokens given, the counts add up to {}", in.tokens.size(), n));
+  }
+  for (const TokenId t : in.tokens) {
+    if (t < 0 || t >= c.vocab_size) {
+      throw Error(fmt::format("forward: token id {} outside [0, {})", t, c.vocab_size));
+    }
+  }
+  return {.n = n,
+          .dim = c.dim,
+          .kv_dim = c.kv_dim(),
+          .hidden = c.hidden_dim,
+          .hs = c.head_size(),
+          .vocab = c.vocab_size,
+          .n_heads = c.n_heads,
+          .n_kv_heads = c.n_kv_heads};
+}
+
+/// RoPE of every row's q and k, from the position itself (no table, so any position works).
+/// The same float expressions as the reference runtime: freq = 1 / 10000^(j / head_size),
+/// angle pos * freq.
+inline void rotate_rows(const StepDims& d, const StepBuffers& b) {
+  const int64_t hs = d.hs;
+  float* rc = b.rope_cos;
+  float* rs = b.rope_sin;
+  for (int64_t r = 0; r < d.n; ++r) {
+    for (int64_t j = 0; j < hs; j += 2) {
+      const float freq = 1.0f / std::pow(10000.0f, static_cast<float>(j) / static_cast<float>(hs));
+      const float val = static_cast<float>(b.pos[r]) * freq;
+      rc[j / 2] = std::cos(val);
+      rs[j / 2] = std::sin(val);
+    }
+    auto rotate = [&](float* vec, int64_t heads) {
+      for (int64_t h = 0; h < heads; ++h) {
+        float* p = vec + h * hs;
+        for (int64_t j = 0; j < hs; j += 2) {
+          const float v0 = p[j], v1 = p[j + 1];
+          p[j] = v0 * rc[j / 2] - v1 * rs[j / 2];
+          p[j + 1] = v0 * rs[j / 2] + v1 * rc[j / 2];
+        }
+      }
+    };
+    rotate(b.q + r * d.dim, d.n_heads);
+    rotate(b.k + r * d.kv_dim, d.n_kv_heads);
+  }
+}
+
+/// Layer l's attention half: x += attention(RMSNorm(x) * rms_att[l]) Wo^T.
+inline void attention_block(const LlamaWeights& w, int32_t l, const StepDims& d,
+                            const StepBuffers& b, KVBackend& backend) {
+  const int64_t n = d.n, dim = d.dim, kv_dim = d.kv_dim;
+  for (int64_t r = 0; r < n; ++r) rmsnorm(b.xb + r * dim, b.x + r * dim, w.rms_att + l * dim, dim);
+  linear(b.xb, n, dim, w.wq + l * dim * dim, dim, b.q);
+  linear(b.xb, n, dim, w.wk + l * kv_dim * dim, kv_dim, b.k);
+  linear(b.xb, n, dim, w.wv + l * kv_dim * dim, kv_dim, b.v);
+  rotate_rows(d, b);
+  backend.attend(l, {b.q, static_cast<size_t>(n * dim)}, {b.k, static_cast<size_t>(n * kv_dim)},
+                 {b.v, static_cast<size_t>(n * kv_dim)}, {b.att, static_cast<size_t>(n * dim)});
+  linear(b.att, n, dim, w.wo + l * dim * dim, dim, b.xb);
+  for (int64_t i = 0; i < n * dim; ++i) b.x[i] += b.xb[i];
+}
+
+/// Layer l's feed-forward half: x += (silu(xb W1^T) * (xb W3^T)) W2^T, xb = RMSNorm(x) *
+/// rms_ffn[l].
+inline void ffn_block(const LlamaWeights& w, int32_t l, const StepDims& d, const StepBuffers& b) {
+  const int64_t n = d.n, dim = d.dim, hidden = d.hidden;
+  for (int64_t r = 0; r < n; ++r) rmsnorm(b.xb + r * dim, b.x + r * dim, w.rms_ffn + l * dim, dim);
+  linear(b.xb, n, dim, w.w1 + l * hidden * dim, hidden, b.hb);
+  linear(b.xb, n, dim, w.w3 + l * hidden * dim, hidden, b.hb2);
+  for (int64_t i = 0; i < n * hidden; ++i) {
+    float val = b.hb[i];
+    val *= 1.0f / (1.0f + std::exp(-val));  // silu
+    b.hb[i] = val * b.hb2[i];
+  }
+  linear(b.hb, n, hidden, w.w2 + l * dim * hidden, dim, b.xb);
+  for (int64_t i = 0; i < n * dim; ++i) b.x[i] += b.xb[i];
+}
+
 }  // namespace
 
 void set_threads(int blas_threads, int attention_threads) {
@@ -70,30 +177,8 @@ std::span<const float> LlamaModel::forward(KVBackend& backend, const StepInput& 
                                            bool all_logits) {
   const LlamaConfig& c = config();
   const LlamaWeights& w = weights_;
-  if (in.seqs.size() != in.n_new.size()) {
-    throw Error(fmt::format("forward: {} sequences but {} new-token counts", in.seqs.size(),
-                            in.n_new.size()));
-  }
-  int64_t n = 0;
-  for (size_t i = 0; i < in.n_new.size(); ++i) {
-    if (in.n_new[i] < 1) {
-      throw Error(fmt::format("forward: sequence {} has {} new tokens, must be >= 1", in.seqs[i],
-                              in.n_new[i]));
-    }
-    n += in.n_new[i];
-  }
-  if (static_cast<int64_t>(in.tokens.size()) != n) {
-    throw Error(
-        fmt::format("forward: {} tokens given, the counts add up to {}", in.tokens.size(), n));
-  }
-  for (const TokenId t : in.tokens) {
-    if (t < 0 || t >= c.vocab_size) {
-      throw Error(fmt::format("forward: token id {} outside [0, {})", t, c.vocab_size));
-    }
-  }
-
-  const int64_t dim = c.dim, kv_dim = c.kv_dim(), hidden = c.hidden_dim, hs = c.head_size();
-  const int64_t vocab = c.vocab_size;
+  const StepDims d = check_step(in, c);
+  const int64_t n = d.n, dim = d.dim;
 
   // Positions come from the backend before begin_step appends the new tokens.
   int64_t* pos = grow(positions_, n);
@@ -105,88 +190,46 @@ std::span<const float> LlamaModel::forward(KVBackend& backend, const StepInput& 
     }
   }
 
-  float* x = grow(x_, n * dim);
-  float* xb = grow(xb_, n * dim);
-  float* q = grow(q_, n * dim);
-  float* k = grow(k_, n * kv_dim);
-  float* v = grow(v_, n * kv_dim);
-  float* att = grow(att_, n * dim);
-  float* hb = grow(hb_, n * hidden);
-  float* hb2 = grow(hb2_, n * hidden);
-  float* rc = grow(rope_cos_, hs / 2);
-  float* rs = grow(rope_sin_, hs / 2);
+  const StepBuffers b{.x = grow(x_, n * dim),
+                      .xb = grow(xb_, n * dim),
+                      .q = grow(q_, n * dim),
+                      .k = grow(k_, n * d.kv_dim),
+                      .v = grow(v_, n * d.kv_dim),
+                      .att = grow(att_, n * dim),
+                      .hb = grow(hb_, n * d.hidden),
+                      .hb2 = grow(hb2_, n * d.hidden),
+                      .rope_cos = grow(rope_cos_, d.hs / 2),
+                      .rope_sin = grow(rope_sin_, d.hs / 2),
+                      .pos = pos};
 
   for (int64_t r = 0; r < n; ++r) {
     const float* e = w.token_embedding + static_cast<int64_t>(in.tokens[r]) * dim;
-    std::copy(e, e + dim, x + r * dim);
+    std::copy(e, e + dim, b.x + r * dim);
   }
 
   backend.begin_step(in.seqs, in.n_new);
   for (int32_t l = 0; l < c.n_layers; ++l) {
-    for (int64_t r = 0; r < n; ++r) rmsnorm(xb + r * dim, x + r * dim, w.rms_att + l * dim, dim);
-    linear(xb, n, dim, w.wq + l * dim * dim, dim, q);
-    linear(xb, n, dim, w.wk + l * kv_dim * dim, kv_dim, k);
-    linear(xb, n, dim, w.wv + l * kv_dim * dim, kv_dim, v);
-
-    // RoPE from the position itself (no table, so any position works). The same float
-    // expressions as the reference runtime: freq = 1 / 10000^(j / head_size), angle pos * freq.
-    for (int64_t r = 0; r < n; ++r) {
-      for (int64_t j = 0; j < hs; j += 2) {
-        const float freq =
-            1.0f / std::pow(10000.0f, static_cast<float>(j) / static_cast<float>(hs));
-        const float val = static_cast<float>(pos[r]) * freq;
-        rc[j / 2] = std::cos(val);
-        rs[j / 2] = std::sin(val);
-      }
-      auto rotate = [&](float* vec, int64_t heads) {
-        for (int64_t h = 0; h < heads; ++h) {
-          float* p = vec + h * hs;
-          for (int64_t j = 0; j < hs; j += 2) {
-            const float v0 = p[j], v1 = p[j + 1];
-            p[j] = v0 * rc[j / 2] - v1 * rs[j / 2];
-            p[j + 1] = v0 * rs[j / 2] + v1 * rc[j / 2];
-          }
-        }
-      };
-      rotate(q + r * dim, c.n_heads);
-      rotate(k + r * kv_dim, c.n_kv_heads);
-    }
-
-    backend.attend(l, {q, static_cast<size_t>(n * dim)}, {k, static_cast<size_t>(n * kv_dim)},
-                   {v, static_cast<size_t>(n * kv_dim)}, {att, static_cast<size_t>(n * dim)});
-
-    linear(att, n, dim, w.wo + l * dim * dim, dim, xb);
-    for (int64_t i = 0; i < n * dim; ++i) x[i] += xb[i];
-
-    for (int64_t r = 0; r < n; ++r) rmsnorm(xb + r * dim, x + r * dim, w.rms_ffn + l * dim, dim);
-    linear(xb, n, dim, w.w1 + l * hidden * dim, hidden, hb);
-    linear(xb, n, dim, w.w3 + l * hidden * dim, hidden, hb2);
-    for (int64_t i = 0; i < n * hidden; ++i) {
-      float val = hb[i];
-      val *= 1.0f / (1.0f + std::exp(-val));  // silu
-      hb[i] = val * hb2[i];
-    }
-    linear(hb, n, hidden, w.w2 + l * dim * hidden, dim, xb);
-    for (int64_t i = 0; i < n * dim; ++i) x[i] += xb[i];
+    attention_block(w, l, d, b, backend);
+    ffn_block(w, l, d, b);
   }
   backend.end_step();
 
   // Final norm and classifier only for the rows whose logits are wanted.
   int64_t rows = 0;
   if (all_logits) {
-    for (int64_t r = 0; r < n; ++r) rmsnorm(xb + r * dim, x + r * dim, w.rms_final, dim);
+    for (int64_t r = 0; r < n; ++r) rmsnorm(b.xb + r * dim, b.x + r * dim, w.rms_final, dim);
     rows = n;
   } else {
     int64_t last = -1;
     for (size_t i = 0; i < in.seqs.size(); ++i) {
       last += in.n_new[i];
-      rmsnorm(xb + rows * dim, x + last * dim, w.rms_final, dim);
+      rmsnorm(b.xb + rows * dim, b.x + last * dim, w.rms_final, dim);
       ++rows;
     }
   }
-  float* logits = grow(logits_, rows * vocab);
-  linear(xb, rows, dim, w.wcls, vocab, logits);
-  return {logits, static_cast<size_t>(rows * vocab)};
+  float* logits = grow(logits_, rows * d.vocab);
+  linear(b.xb, rows, dim, w.wcls, d.vocab, logits);
+  return {logits, static_cast<size_t>(rows * d.vocab)};
 }
 
 }  // namespace pagedkv::model

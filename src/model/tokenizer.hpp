@@ -31,7 +31,7 @@ class Tokenizer {
   /// tokenizer then does not match the model's vocab_size). vocab_size < 1 throws too.
   [[nodiscard]] static Tokenizer load(const std::string& path, int32_t vocab_size);
 
-  /// The built-in model's byte-level tokenizer with `vocab_size` (>= 259) tokens:
+  /// The random model's byte-level tokenizer with `vocab_size` (>= 259) tokens:
   /// 0 <unk>, 1 BOS, 2 EOS, 3..258 the bytes <0x00>..<0xFF>, then the 95 printable ASCII
   /// characters, then " a".." z", then lowercase letter pairs "aa", "ab", ... until vocab_size
   /// (later pieces score lower). Any text encodes (byte fallback); ASCII text mostly into

@@ -1,0 +1,20 @@
+# Runs the consumer (it prints "consumer: paged ..." and exits 0 when paged attention agrees with
+# the reference) and, against the shared library, checks its dynamic section: it needs
+# libpagedkv.so and none of pagedkv's private dependencies.   -DEXE=path -DTYPE=static|shared
+execute_process(COMMAND ${EXE} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "consumer: paged")
+  message(FATAL_ERROR "consumer: exit ${rc}\nstdout:\n${out}\nstderr:\n${err}")
+endif()
+message(STATUS "${out}")
+if(TYPE STREQUAL "shared")
+  find_program(READELF readelf REQUIRED)
+  execute_process(COMMAND ${READELF} -d ${EXE} OUTPUT_VARIABLE dyn RESULT_VARIABLE rc)
+  string(REGEX MATCHALL "\\(NEEDED\\)[^\n]*" needed "${dyn}")
+  if(NOT needed MATCHES "libpagedkv\\.so")
+    message(FATAL_ERROR "the consumer does not need libpagedkv.so:\n${dyn}")
+  endif()
+  if(needed MATCHES "lib(fmt|hwy|gomp|omp|xxhash|cudart)")
+    message(FATAL_ERROR "the consumer needs a private dependency of pagedkv:\n${needed}")
+  endif()
+  message(STATUS "consumer needs: ${needed}")
+endif()
