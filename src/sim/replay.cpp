@@ -27,29 +27,7 @@ class SeriesBuilder {
 
   /// Adds `count` identical steps starting at `step`.
   void add(int64_t step, int64_t count, double util, bool has_util, double running, double waiting,
-           double reserved_fraction) {
-    while (count > 0) {
-      size_t b = static_cast<size_t>(step / width_);
-      while (b >= max_buckets_) {
-        merge();
-        b = static_cast<size_t>(step / width_);
-      }
-      if (b >= buckets_.size()) buckets_.resize(b + 1);
-      const int64_t in_bucket = std::min(count, (static_cast<int64_t>(b) + 1) * width_ - step);
-      Bucket& k = buckets_[b];
-      const auto w = static_cast<double>(in_bucket);
-      if (has_util) {
-        k.util_sum += util * w;
-        k.util_steps += in_bucket;
-      }
-      k.running_sum += running * w;
-      k.waiting_sum += waiting * w;
-      k.reserved_sum += reserved_fraction * w;
-      k.steps += in_bucket;
-      step += in_bucket;
-      count -= in_bucket;
-    }
-  }
+           double reserved_fraction);
 
   std::vector<SeriesPoint> points(double step_ms) const {
     std::vector<SeriesPoint> out;
@@ -97,6 +75,31 @@ class SeriesBuilder {
   int64_t width_ = 1;
   std::vector<Bucket> buckets_;
 };
+
+void SeriesBuilder::add(int64_t step, int64_t count, double util, bool has_util, double running,
+                        double waiting, double reserved_fraction) {
+  while (count > 0) {
+    size_t b = static_cast<size_t>(step / width_);
+    while (b >= max_buckets_) {
+      merge();
+      b = static_cast<size_t>(step / width_);
+    }
+    if (b >= buckets_.size()) buckets_.resize(b + 1);
+    const int64_t in_bucket = std::min(count, (static_cast<int64_t>(b) + 1) * width_ - step);
+    Bucket& k = buckets_[b];
+    const auto w = static_cast<double>(in_bucket);
+    if (has_util) {
+      k.util_sum += util * w;
+      k.util_steps += in_bucket;
+    }
+    k.running_sum += running * w;
+    k.waiting_sum += waiting * w;
+    k.reserved_sum += reserved_fraction * w;
+    k.steps += in_bucket;
+    step += in_bucket;
+    count -= in_bucket;
+  }
+}
 
 /// Time-weighted accumulators over steps.
 class Accumulator {
