@@ -11,7 +11,7 @@ foreach(name IN LISTS PAGEDKV_FUZZ_TARGETS)
   add_executable(replay_${name} fuzz/${name}.cpp fuzz/replay_main.cpp)
   target_link_libraries(replay_${name} PRIVATE ${PAGEDKV_FUZZ_LIBS_${name}})
   target_include_directories(replay_${name} PRIVATE ${PROJECT_SOURCE_DIR}/src
-                             ${CMAKE_CURRENT_SOURCE_DIR}/fuzz)
+                             ${CMAKE_CURRENT_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR}/fuzz)
   add_test(NAME fuzz.${name}.corpus COMMAND replay_${name} ${_corpus})
   set_tests_properties(fuzz.${name}.corpus PROPERTIES LABELS fuzz_corpus TIMEOUT 300)
 endforeach()

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "cli/model_flags.hpp"
 #include "model/checkpoint.hpp"
 #include "model/llama.hpp"
 #include "model/tokenizer.hpp"
@@ -37,10 +38,7 @@ constexpr uint64_t kBuiltinWeightSeed = 20240229;
 constexpr std::string_view kPromptText = "Once upon a time";
 
 struct Options {
-  std::string preset = "llama-3-8b";
-  std::optional<int32_t> layers, kv_heads, head_dim;
-  std::optional<std::string> dtype;
-  std::optional<int64_t> max_context, sliding_window;
+  ModelFlags model;  // --preset, the overrides, --sliding-window
   int64_t batch = 1;
   int32_t block_size = 16;
   std::string kv_memory;
@@ -62,163 +60,184 @@ bool interesting(const sim::MeasuredStep& m, int32_t bs, bool last) {
   return m.step == 0 || last || pow2 || boundary;
 }
 
+/// The real model's run through both caches, and the steps where a cache disagrees with the
+/// formula.
+struct Measured {
+  std::vector<sim::MeasuredStep> steps;
+  std::string desc;  ///< the model, for titles
+  int64_t contiguous_bad = 0;
+  int64_t paged_bad = 0;
+};
+
+Measured measure(const Options& o) {
+  Measured out;
+  if (o.no_measure) return out;
+  std::optional<model::LlamaModel> llama;
+  if (o.model_path.empty()) {
+    llama.emplace(model::random_weights(model::builtin_config(), kBuiltinWeightSeed));
+    out.desc = fmt::format("built-in model ({})", llama->config().describe());
+  } else {
+    llama.emplace(model::load_checkpoint(o.model_path));
+    out.desc = fmt::format("{} ({})", std::filesystem::path(o.model_path).filename().string(),
+                           llama->config().describe());
+  }
+  std::vector<TokenId> prompt = {model::kBos};
+  for (char c : kPromptText) prompt.push_back(3 + static_cast<unsigned char>(c));
+  const int64_t positions = o.measure_tokens > 0 ? o.measure_tokens : llama->config().seq_len;
+  if (positions > llama->config().seq_len || positions < static_cast<int64_t>(prompt.size())) {
+    throw Error(fmt::format("--measure-tokens {} must be in [{}, the model's seq_len {}]",
+                            positions, prompt.size(), llama->config().seq_len));
+  }
+  out.steps = sim::measure_model_growth(*llama, prompt, positions, o.block_size);
+  for (const sim::MeasuredStep& m : out.steps) {
+    out.contiguous_bad += m.contiguous_bytes != m.formula_bytes;
+    out.paged_bad += m.paged_bytes != m.paged_expected_bytes;
+  }
+  return out;
+}
+
+/// --csv: one header, the growth rows, then every measured step.
+void print_csv(const std::vector<sim::GrowthRow>& rows, const Measured& measured) {
+  fmt::print(
+      "table,step,tokens,formula_bytes,window_bytes,paged_bytes,contiguous_max_bytes,"
+      "paged_fit,contiguous_fit,contiguous_measured_bytes,paged_measured_bytes\n");
+  for (const sim::GrowthRow& r : rows) {
+    fmt::print("growth,,{},{},{},{},{},{},{},,\n", r.tokens, r.formula_bytes, r.window_bytes,
+               r.paged_bytes, r.contiguous_max_bytes, r.paged_fit, r.contiguous_fit);
+  }
+  for (const sim::MeasuredStep& m : measured.steps) {
+    fmt::print("measured,{},{},{},,{},,,,{},{}\n", m.step, m.tokens, m.formula_bytes,
+               m.paged_expected_bytes, m.contiguous_bytes, m.paged_bytes);
+  }
+}
+
+/// The model, its bytes per token and the formula, then the growth table.
+void print_growth(const Options& o, const sim::ModelPreset& model, int64_t budget,
+                  const std::vector<sim::GrowthRow>& rows) {
+  fmt::print("model: {} - {} layers, {} kv heads, head_dim {}, {}, max context {}{}\n",
+             model.display, model.num_layers, model.num_kv_heads, model.head_dim,
+             dtype_name(model.dtype), model.max_context,
+             model.sliding_window > 0 ? fmt::format(", sliding window {}", model.sliding_window)
+                                      : std::string());
+  fmt::print("source: {}\n", model.source);
+  const int64_t per_token = sim::kv_bytes_per_token(model);
+  fmt::print(
+      "KV bytes per token = 2 x L x H_kv x D x sizeof(dtype) = 2 x {} x {} x {} x {} = "
+      "{} bytes ({})\n",
+      model.num_layers, model.num_kv_heads, model.head_dim, dtype_size(model.dtype), per_token,
+      mib(per_token));
+  fmt::print(
+      "formula: bytes = 2 (K and V) x L x B x T x H_kv x D x sizeof(dtype) "
+      "(Kwon et al., \"Efficient Memory Management for Large Language Model Serving "
+      "with PagedAttention\", SOSP 2023)\n\n");
+  fmt::print(
+      "Growth for B = {} sequence(s); paged = whole {}-token blocks; contiguous-max = "
+      "{} positions reserved per sequence{}\n\n",
+      o.batch, o.block_size, model.max_context,
+      budget > 0 ? fmt::format("; fits = sequences in {}", mib(budget)) : std::string());
+  fmt::print("| tokens | formula | paged bs={} | contiguous-max |{}{}\n", o.block_size,
+             model.sliding_window > 0 ? " window |" : "",
+             budget > 0 ? " fits paged | fits contiguous-max |" : "");
+  fmt::print("| ---: | ---: | ---: | ---: |{}{}\n", model.sliding_window > 0 ? " ---: |" : "",
+             budget > 0 ? " ---: | ---: |" : "");
+  for (const sim::GrowthRow& r : rows) {
+    fmt::print("| {} | {} | {} | {} |", r.tokens, mib(r.formula_bytes), mib(r.paged_bytes),
+               mib(r.contiguous_max_bytes));
+    if (model.sliding_window > 0) fmt::print(" {} |", mib(r.window_bytes));
+    if (budget > 0) fmt::print(" {} | {} |", r.paged_fit, r.contiguous_fit);
+    fmt::print("\n");
+  }
+}
+
+/// The measured table (interesting rows only) and the check line.
+void print_measured(const Measured& measured, int32_t block_size) {
+  const std::vector<sim::MeasuredStep>& steps = measured.steps;
+  if (steps.empty()) return;
+  fmt::print(
+      "\nMeasured: {}; prompt of {} tokens prefilled in one step, then greedy decode; "
+      "fp32 caches, paged block size {} (every step in --csv)\n\n",
+      measured.desc, steps.front().tokens, block_size);
+  fmt::print(
+      "| step | tokens | formula | contiguous measured | paged measured | formula "
+      "rounded up to blocks |\n| ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const sim::MeasuredStep& m = steps[i];
+    if (!interesting(m, block_size, i + 1 == steps.size())) continue;
+    fmt::print("| {} | {} | {} | {} | {} | {} |\n", m.step, m.tokens, m.formula_bytes,
+               m.contiguous_bytes, m.paged_bytes, m.paged_expected_bytes);
+  }
+  fmt::print(
+      "\ncheck: contiguous == formula at {}/{} steps; paged == formula rounded up to "
+      "{}-token blocks at {}/{} steps\n",
+      steps.size() - measured.contiguous_bad, steps.size(), block_size,
+      steps.size() - measured.paged_bad, steps.size());
+}
+
+/// --svg: the growth panel (MiB vs context length) and, after a measured run, its panel (KiB).
+std::vector<sim::SvgPanel> memory_panels(const Options& o, const sim::ModelPreset& model,
+                                         const std::vector<sim::GrowthRow>& rows,
+                                         const Measured& measured) {
+  std::vector<sim::SvgPanel> panels;
+  sim::SvgPanel growth{
+      fmt::format("{}: KV cache bytes for B = {} vs context length", model.display, o.batch),
+      "tokens per sequence",
+      "KV cache (MiB)",
+      {},
+      true,
+      0.0};
+  sim::SvgSeries formula{"formula (exact)", {}, false, false};
+  sim::SvgSeries paged{fmt::format("paged, {}-token blocks", o.block_size), {}, true, false};
+  sim::SvgSeries cmax{"contiguous-max reservation", {}, true, false};
+  sim::SvgSeries window{"sliding window", {}, false, false};
+  for (const sim::GrowthRow& r : rows) {
+    const double t = static_cast<double>(r.tokens);
+    formula.points.emplace_back(t, static_cast<double>(r.formula_bytes) / (1 << 20));
+    paged.points.emplace_back(t, static_cast<double>(r.paged_bytes) / (1 << 20));
+    cmax.points.emplace_back(t, static_cast<double>(r.contiguous_max_bytes) / (1 << 20));
+    window.points.emplace_back(t, static_cast<double>(r.window_bytes) / (1 << 20));
+  }
+  growth.series = {formula, paged, cmax};
+  if (model.sliding_window > 0) growth.series.push_back(window);
+  panels.push_back(std::move(growth));
+  if (measured.steps.empty()) return panels;
+  sim::SvgPanel m{"Measured: " + measured.desc, "tokens cached", "KV cache (KiB)", {}, true, 0.0};
+  sim::SvgSeries f{"formula", {}, true, false};
+  sim::SvgSeries c{"contiguous, measured", {}, false, false};
+  sim::SvgSeries p{fmt::format("paged bs={}, measured", o.block_size), {}, false, false};
+  for (const sim::MeasuredStep& s : measured.steps) {
+    const double t = static_cast<double>(s.tokens);
+    f.points.emplace_back(t, static_cast<double>(s.formula_bytes) / 1024.0);
+    c.points.emplace_back(t, static_cast<double>(s.contiguous_bytes) / 1024.0);
+    p.points.emplace_back(t, static_cast<double>(s.paged_bytes) / 1024.0);
+  }
+  m.series = {c, p, f};
+  panels.push_back(std::move(m));
+  return panels;
+}
+
 void run_memory(const Options& o) {
-  sim::ModelOverrides ov;
-  ov.num_layers = o.layers;
-  ov.num_kv_heads = o.kv_heads;
-  ov.head_dim = o.head_dim;
-  if (o.dtype) ov.dtype = parse_dtype(*o.dtype);
-  ov.max_context = o.max_context;
-  ov.sliding_window = o.sliding_window;
-  const sim::ModelPreset model = sim::apply_overrides(sim::find_preset(o.preset), ov);
+  const sim::ModelPreset model = resolve_model(o.model);
   const int64_t budget = o.kv_memory.empty() ? 0 : sim::parse_bytes(o.kv_memory);
   const std::vector<int64_t> lengths = sim::growth_lengths(model.max_context);
   const std::vector<sim::GrowthRow> rows =
       sim::growth_table(model, o.batch, o.block_size, lengths, budget);
-
-  // The measured run.
-  std::vector<sim::MeasuredStep> measured;
-  std::string measured_desc;
-  if (!o.no_measure) {
-    std::optional<model::LlamaModel> llama;
-    if (o.model_path.empty()) {
-      llama.emplace(model::random_weights(model::builtin_config(), kBuiltinWeightSeed));
-      measured_desc = fmt::format("built-in model ({})", llama->config().describe());
-    } else {
-      llama.emplace(model::load_checkpoint(o.model_path));
-      measured_desc =
-          fmt::format("{} ({})", std::filesystem::path(o.model_path).filename().string(),
-                      llama->config().describe());
-    }
-    std::vector<TokenId> prompt = {model::kBos};
-    for (char c : kPromptText) prompt.push_back(3 + static_cast<unsigned char>(c));
-    const int64_t positions = o.measure_tokens > 0 ? o.measure_tokens : llama->config().seq_len;
-    if (positions > llama->config().seq_len || positions < static_cast<int64_t>(prompt.size())) {
-      throw Error(fmt::format("--measure-tokens {} must be in [{}, the model's seq_len {}]",
-                              positions, prompt.size(), llama->config().seq_len));
-    }
-    measured = sim::measure_model_growth(*llama, prompt, positions, o.block_size);
-  }
-  int64_t contiguous_bad = 0, paged_bad = 0;
-  for (const sim::MeasuredStep& m : measured) {
-    contiguous_bad += m.contiguous_bytes != m.formula_bytes;
-    paged_bad += m.paged_bytes != m.paged_expected_bytes;
-  }
+  const Measured measured = measure(o);
 
   if (o.csv) {
-    fmt::print(
-        "table,step,tokens,formula_bytes,window_bytes,paged_bytes,contiguous_max_bytes,"
-        "paged_fit,contiguous_fit,contiguous_measured_bytes,paged_measured_bytes\n");
-    for (const sim::GrowthRow& r : rows) {
-      fmt::print("growth,,{},{},{},{},{},{},{},,\n", r.tokens, r.formula_bytes, r.window_bytes,
-                 r.paged_bytes, r.contiguous_max_bytes, r.paged_fit, r.contiguous_fit);
-    }
-    for (const sim::MeasuredStep& m : measured) {
-      fmt::print("measured,{},{},{},,{},,,,{},{}\n", m.step, m.tokens, m.formula_bytes,
-                 m.paged_expected_bytes, m.contiguous_bytes, m.paged_bytes);
-    }
+    print_csv(rows, measured);
   } else {
-    fmt::print("model: {} - {} layers, {} kv heads, head_dim {}, {}, max context {}{}\n",
-               model.display, model.num_layers, model.num_kv_heads, model.head_dim,
-               dtype_name(model.dtype), model.max_context,
-               model.sliding_window > 0 ? fmt::format(", sliding window {}", model.sliding_window)
-                                        : std::string());
-    fmt::print("source: {}\n", model.source);
-    const int64_t per_token = sim::kv_bytes_per_token(model);
-    fmt::print(
-        "KV bytes per token = 2 x L x H_kv x D x sizeof(dtype) = 2 x {} x {} x {} x {} = "
-        "{} bytes ({})\n",
-        model.num_layers, model.num_kv_heads, model.head_dim, dtype_size(model.dtype), per_token,
-        mib(per_token));
-    fmt::print(
-        "formula: bytes = 2 (K and V) x L x B x T x H_kv x D x sizeof(dtype) "
-        "(Kwon et al., \"Efficient Memory Management for Large Language Model Serving "
-        "with PagedAttention\", SOSP 2023)\n\n");
-    fmt::print(
-        "Growth for B = {} sequence(s); paged = whole {}-token blocks; contiguous-max = "
-        "{} positions reserved per sequence{}\n\n",
-        o.batch, o.block_size, model.max_context,
-        budget > 0 ? fmt::format("; fits = sequences in {}", mib(budget)) : std::string());
-    fmt::print("| tokens | formula | paged bs={} | contiguous-max |{}{}\n", o.block_size,
-               model.sliding_window > 0 ? " window |" : "",
-               budget > 0 ? " fits paged | fits contiguous-max |" : "");
-    fmt::print("| ---: | ---: | ---: | ---: |{}{}\n", model.sliding_window > 0 ? " ---: |" : "",
-               budget > 0 ? " ---: | ---: |" : "");
-    for (const sim::GrowthRow& r : rows) {
-      fmt::print("| {} | {} | {} | {} |", r.tokens, mib(r.formula_bytes), mib(r.paged_bytes),
-                 mib(r.contiguous_max_bytes));
-      if (model.sliding_window > 0) fmt::print(" {} |", mib(r.window_bytes));
-      if (budget > 0) fmt::print(" {} | {} |", r.paged_fit, r.contiguous_fit);
-      fmt::print("\n");
-    }
-    if (!measured.empty()) {
-      fmt::print(
-          "\nMeasured: {}; prompt of {} tokens prefilled in one step, then greedy decode; "
-          "fp32 caches, paged block size {} (every step in --csv)\n\n",
-          measured_desc, measured.front().tokens, o.block_size);
-      fmt::print(
-          "| step | tokens | formula | contiguous measured | paged measured | formula "
-          "rounded up to blocks |\n| ---: | ---: | ---: | ---: | ---: | ---: |\n");
-      for (size_t i = 0; i < measured.size(); ++i) {
-        const sim::MeasuredStep& m = measured[i];
-        if (!interesting(m, o.block_size, i + 1 == measured.size())) continue;
-        fmt::print("| {} | {} | {} | {} | {} | {} |\n", m.step, m.tokens, m.formula_bytes,
-                   m.contiguous_bytes, m.paged_bytes, m.paged_expected_bytes);
-      }
-      fmt::print(
-          "\ncheck: contiguous == formula at {}/{} steps; paged == formula rounded up to "
-          "{}-token blocks at {}/{} steps\n",
-          measured.size() - contiguous_bad, measured.size(), o.block_size,
-          measured.size() - paged_bad, measured.size());
-    }
+    print_growth(o, model, budget, rows);
+    print_measured(measured, o.block_size);
   }
-
   if (!o.svg_path.empty()) {
-    std::vector<sim::SvgPanel> panels;
-    sim::SvgPanel growth{
-        fmt::format("{}: KV cache bytes for B = {} vs context length", model.display, o.batch),
-        "tokens per sequence",
-        "KV cache (MiB)",
-        {},
-        true,
-        0.0};
-    sim::SvgSeries formula{"formula (exact)", {}, false, false};
-    sim::SvgSeries paged{fmt::format("paged, {}-token blocks", o.block_size), {}, true, false};
-    sim::SvgSeries cmax{"contiguous-max reservation", {}, true, false};
-    sim::SvgSeries window{"sliding window", {}, false, false};
-    for (const sim::GrowthRow& r : rows) {
-      const double t = static_cast<double>(r.tokens);
-      formula.points.emplace_back(t, static_cast<double>(r.formula_bytes) / (1 << 20));
-      paged.points.emplace_back(t, static_cast<double>(r.paged_bytes) / (1 << 20));
-      cmax.points.emplace_back(t, static_cast<double>(r.contiguous_max_bytes) / (1 << 20));
-      window.points.emplace_back(t, static_cast<double>(r.window_bytes) / (1 << 20));
-    }
-    growth.series = {formula, paged, cmax};
-    if (model.sliding_window > 0) growth.series.push_back(window);
-    panels.push_back(std::move(growth));
-    if (!measured.empty()) {
-      sim::SvgPanel m{
-          "Measured: " + measured_desc, "tokens cached", "KV cache (KiB)", {}, true, 0.0};
-      sim::SvgSeries f{"formula", {}, true, false};
-      sim::SvgSeries c{"contiguous, measured", {}, false, false};
-      sim::SvgSeries p{fmt::format("paged bs={}, measured", o.block_size), {}, false, false};
-      for (const sim::MeasuredStep& s : measured) {
-        const double t = static_cast<double>(s.tokens);
-        f.points.emplace_back(t, static_cast<double>(s.formula_bytes) / 1024.0);
-        c.points.emplace_back(t, static_cast<double>(s.contiguous_bytes) / 1024.0);
-        p.points.emplace_back(t, static_cast<double>(s.paged_bytes) / 1024.0);
-      }
-      m.series = {c, p, f};
-      panels.push_back(std::move(m));
-    }
-    sim::write_text_file(o.svg_path, sim::render_svg(panels));
+    sim::write_text_file(o.svg_path, sim::render_svg(memory_panels(o, model, rows, measured)));
     if (!o.csv) fmt::print("plot: {}\n", o.svg_path);
   }
-  if (contiguous_bad > 0 || paged_bad > 0) {
+  if (measured.contiguous_bad > 0 || measured.paged_bad > 0) {
     fmt::print(stderr,
                "pagedkv memory: measured bytes differ from the formula (contiguous at {} steps, "
                "paged at {} steps)\n",
-               contiguous_bad, paged_bad);
+               measured.contiguous_bad, measured.paged_bad);
     throw ExitStatus{1};
   }
 }
@@ -231,18 +250,9 @@ void add_memory_command(CLI::App& app) {
       "memory",
       "KV-cache bytes per token and growth with context length for a model preset, and the "
       "bytes a real tiny model's contiguous and paged caches hold step by step vs the formula.");
-  sub->add_option("--preset", opts->preset, "model preset: " + sim::preset_names())
-      ->capture_default_str();
-  sub->add_option("--layers", opts->layers, "override: transformer layers L")
-      ->check(CLI::Range(1, 1 << 16));
-  sub->add_option("--kv-heads", opts->kv_heads, "override: K/V heads H_kv")
-      ->check(CLI::Range(1, 1 << 16));
-  sub->add_option("--head-dim", opts->head_dim, "override: head dimension D")
-      ->check(CLI::Range(1, 1 << 16));
-  sub->add_option("--dtype", opts->dtype, "override: KV dtype (fp32, fp16, bf16)");
-  sub->add_option("--max-context", opts->max_context, "override: max positions per sequence")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 32));
-  sub->add_option("--sliding-window", opts->sliding_window,
+  add_model_flags(*sub, opts->model,
+                  {.formula_symbols = true, .max_context = "override: max positions per sequence"});
+  sub->add_option("--sliding-window", opts->model.sliding_window,
                   "override: attention window in tokens (0 = full attention)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 32));
   sub->add_option("--batch", opts->batch, "sequences B in the growth table")

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "cli/model_flags.hpp"
 #include "pagedkv/error.hpp"
 #include "sim/model_preset.hpp"
 #include "sim/replay.hpp"
@@ -28,10 +29,7 @@ namespace {
 
 struct Options {
   std::string trace_path;
-  std::string preset = "llama-3-8b";
-  std::optional<int32_t> layers, kv_heads, head_dim;
-  std::optional<std::string> dtype;
-  std::optional<int64_t> max_context;
+  ModelFlags model;  // --preset and the overrides
   std::string kv_memory = "40GiB";
   std::vector<std::string> strategies;
   double step_ms = 25.0;
@@ -72,13 +70,7 @@ class ProgressBar {
 };
 
 void run_replay(const Options& o) {
-  sim::ModelOverrides ov;
-  ov.num_layers = o.layers;
-  ov.num_kv_heads = o.kv_heads;
-  ov.head_dim = o.head_dim;
-  if (o.dtype) ov.dtype = parse_dtype(*o.dtype);
-  ov.max_context = o.max_context;
-  const sim::ModelPreset model = sim::apply_overrides(sim::find_preset(o.preset), ov);
+  const sim::ModelPreset model = resolve_model(o.model);
 
   sim::ReplayConfig config;
   config.kv_memory_bytes = sim::parse_bytes(o.kv_memory);
@@ -173,18 +165,10 @@ void add_replay_command(CLI::App& app) {
                   "trace file: .csv (TIMESTAMP,ContextTokens,GeneratedTokens) or .jsonl "
                   "(timestamp, input_length, output_length, hash_ids)")
       ->required();
-  sub->add_option("--preset", opts->preset, "model preset: " + sim::preset_names())
-      ->capture_default_str();
-  sub->add_option("--layers", opts->layers, "override: transformer layers")
-      ->check(CLI::Range(1, 1 << 16));
-  sub->add_option("--kv-heads", opts->kv_heads, "override: K/V heads")
-      ->check(CLI::Range(1, 1 << 16));
-  sub->add_option("--head-dim", opts->head_dim, "override: head dimension")
-      ->check(CLI::Range(1, 1 << 16));
-  sub->add_option("--dtype", opts->dtype, "override: KV dtype (fp32, fp16, bf16)");
-  sub->add_option("--max-context", opts->max_context,
-                  "override: max positions per request (contiguous-max reserves this many)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 32));
+  add_model_flags(
+      *sub, opts->model,
+      {.formula_symbols = false,
+       .max_context = "override: max positions per request (contiguous-max reserves this many)"});
   sub->add_option("--kv-memory", opts->kv_memory, "KV cache budget, e.g. 40GiB, 80GB, 512MiB")
       ->capture_default_str();
   sub->add_option("--strategies", opts->strategies,

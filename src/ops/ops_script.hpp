@@ -54,7 +54,8 @@ class OpsExecutor {
   [[nodiscard]] const KVCacheManager* manager() const { return manager_.get(); }
 
  private:
-  nlohmann::ordered_json run(const OpsLine& line, bool& print);
+  /// Creates the manager (`manager`) or runs the op's handler on it.
+  std::optional<nlohmann::ordered_json> run(const OpsLine& line);
 
   std::unique_ptr<KVCacheManager> manager_;
   std::map<SeqId, PreemptedSequence> preempted_;

@@ -45,30 +45,13 @@
 #include <cstdint>
 #include <functional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "pagedkv/types.hpp"
+#include "sim/strategy.hpp"
 #include "sim/trace.hpp"
 
 namespace pagedkv::sim {
-
-enum class StrategyKind { kContiguousMax, kContiguousExact, kPaged, kPagedPrefix };
-
-/// One memory strategy of the comparison.
-struct Strategy {
-  StrategyKind kind = StrategyKind::kPaged;
-  int32_t block_size = 16;  ///< tokens per block (paged kinds only)
-  /// "contiguous-max", "contiguous-exact", "paged-16", "prefix-16".
-  [[nodiscard]] std::string name() const;
-};
-
-/// contiguous-max, contiguous-exact, paged-1, paged-8, paged-16, paged-32, paged-128, prefix-16.
-[[nodiscard]] std::vector<Strategy> default_strategies();
-
-/// Parses a name as Strategy::name() prints it ("paged-16", "prefix-32", ...).
-/// Errors: throws pagedkv::Error naming the text and the accepted forms.
-[[nodiscard]] Strategy parse_strategy(std::string_view text);
 
 /// Scheduler and memory parameters shared by every strategy of a run.
 struct ReplayConfig {

@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "core/check.hpp"
+#include "core/enum_names.hpp"
 
 namespace pagedkv::sim {
 
@@ -21,6 +22,11 @@ namespace {
 // Token counts above this are certainly corrupt (no model has a billion-token context), and the
 // bound keeps every later sum of tokens far from int64 overflow.
 constexpr int64_t kMaxTokens = 1'000'000'000;
+
+constexpr detail::EnumName<TraceFormat> kTraceFormatNames[] = {
+    {TraceFormat::kAzureCsv, "azure-csv"},
+    {TraceFormat::kMooncakeJsonl, "mooncake-jsonl"},
+};
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
@@ -109,14 +115,16 @@ class RowSink {
   int64_t last_ns_ = 0;
 };
 
-/// Outcome of parsing a token count; on failure `reason`/`what` describe it.
-struct CountResult {
-  std::optional<int64_t> value;
+/// Outcome of parsing one field; on failure `reason` (the skipped_by_reason key) and `what`
+/// (the message) describe it.
+template <typename T>
+struct Parsed {
+  std::optional<T> value;
   std::string_view reason;
   std::string what;
 };
 
-CountResult parse_count(std::string_view field, std::string_view column, int64_t min_value) {
+Parsed<int64_t> parse_count(std::string_view field, std::string_view column, int64_t min_value) {
   field = unquote(field);
   if (field.empty()) return {std::nullopt, "empty field", fmt::format("{} is empty", column)};
   int64_t v = 0;
@@ -166,10 +174,123 @@ bool expect(std::string_view s, size_t& pos, std::string_view chars) {
   return true;
 }
 
+// ---- Mooncake rows ------------------------------------------------------------------------------
+
+using nlohmann::json;
+
+/// The keys a Mooncake row may hold; any other is warned about once per file.
+bool is_mooncake_key(std::string_view key) {
+  return key == "timestamp" || key == "input_length" || key == "output_length" || key == "hash_ids";
+}
+
+void warn_unknown_keys(RowSink& sink, int64_t line_no, const json& row,
+                       std::vector<std::string>& warned_keys) {
+  for (const auto& [key, value] : row.items()) {
+    if (is_mooncake_key(key) || std::ranges::find(warned_keys, key) != warned_keys.end()) continue;
+    warned_keys.push_back(key);
+    sink.warn(line_no, fmt::format("ignoring unknown key '{}'", shown(key)));
+  }
+}
+
+/// The timestamp, ms (it may be fractional: only its type, sign and range are checked).
+Parsed<double> json_timestamp(const json& row) {
+  const auto it = row.find("timestamp");
+  if (it == row.end() || it->is_null())
+    return {std::nullopt, "empty field", "missing key 'timestamp'"};
+  if (!it->is_number()) {
+    return {std::nullopt, "non-numeric",
+            fmt::format("timestamp {} is not a number", shown(it->dump()))};
+  }
+  const double ms = it->get<double>();
+  if (ms < 0) {
+    return {std::nullopt, "negative", fmt::format("timestamp is negative ({})", it->dump())};
+  }
+  if (ms > 9e12) {
+    return {std::nullopt, "out of range",
+            fmt::format("timestamp {} ms is out of range", it->dump())};
+  }
+  return {ms, {}, {}};
+}
+
+/// A token count: missing, wrong type, negative, too large or below `min_value` -> one reason
+/// each.
+Parsed<int64_t> json_count(const json& row, const char* key, int64_t min_value) {
+  const auto it = row.find(key);
+  if (it == row.end() || it->is_null()) {
+    return {std::nullopt, "empty field", fmt::format("missing key '{}'", key)};
+  }
+  if (!it->is_number_integer()) {
+    return {std::nullopt, "non-numeric",
+            fmt::format("{} {} is not a whole number", key, shown(it->dump()))};
+  }
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(kMaxTokens)) {
+    return {std::nullopt, "out of range",
+            fmt::format("{} {} is out of range (max {})", key, it->dump(), kMaxTokens)};
+  }
+  const int64_t v = it->get<int64_t>();
+  if (v < 0) return {std::nullopt, "negative", fmt::format("{} is negative ({})", key, v)};
+  if (v > kMaxTokens) {
+    return {std::nullopt, "out of range",
+            fmt::format("{} {} is out of range (max {})", key, v, kMaxTokens)};
+  }
+  if (v < min_value) {
+    return {std::nullopt, "zero prompt",
+            fmt::format("{} is {} (must be >= {})", key, v, min_value)};
+  }
+  return {v, {}, {}};
+}
+
+/// Reads the optional hash_ids into `hashes` (cleared first); the message of what is wrong
+/// with them, or empty when they are valid.
+std::string json_hash_ids(const json& row, int64_t prompt, std::vector<int64_t>& hashes) {
+  hashes.clear();
+  const auto it = row.find("hash_ids");
+  if (it == row.end() || it->is_null()) return {};
+  bool ok = it->is_array();
+  if (ok) {
+    for (const json& h : *it) {
+      if (!h.is_number_integer() || h.get<int64_t>() < 0) {
+        ok = false;
+        break;
+      }
+      hashes.push_back(h.get<int64_t>());
+    }
+  }
+  if (!ok) return "hash_ids must be an array of non-negative whole numbers";
+  const int64_t expected = (prompt + kMooncakeHashBlockTokens - 1) / kMooncakeHashBlockTokens;
+  if (static_cast<int64_t>(hashes.size()) != expected) {
+    return fmt::format("hash_ids has {} entries, expected ceil(input_length {} / {}) = {}",
+                       hashes.size(), prompt, kMooncakeHashBlockTokens, expected);
+  }
+  return {};
+}
+
+/// One non-blank Mooncake line: accepted into the sink, or rejected with its first problem.
+void read_mooncake_row(RowSink& sink, int64_t line_no, const std::string& line,
+                       std::vector<std::string>& warned_keys, std::vector<int64_t>& hashes) {
+  const json row = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (row.is_discarded() || !row.is_object()) {
+    sink.reject(line_no, "invalid JSON",
+                row.is_discarded() ? "not valid JSON" : "not a JSON object");
+    return;
+  }
+  warn_unknown_keys(sink, line_no, row, warned_keys);
+  const Parsed<double> ts = json_timestamp(row);
+  if (!ts.value) return sink.reject(line_no, ts.reason, ts.what);
+  const Parsed<int64_t> prompt = json_count(row, "input_length", 1);
+  if (!prompt.value) return sink.reject(line_no, prompt.reason, prompt.what);
+  const Parsed<int64_t> output = json_count(row, "output_length", 0);
+  if (!output.value) return sink.reject(line_no, output.reason, output.what);
+  if (const std::string bad = json_hash_ids(row, *prompt.value, hashes); !bad.empty()) {
+    return sink.reject(line_no, "bad hash_ids", bad);
+  }
+  sink.accept(line_no, static_cast<int64_t>(*ts.value * 1e6), *prompt.value, *output.value, hashes);
+}
+
 }  // namespace
 
 std::string_view trace_format_name(TraceFormat format) {
-  return format == TraceFormat::kAzureCsv ? "azure-csv" : "mooncake-jsonl";
+  return detail::enum_name<TraceFormat>(kTraceFormatNames, format);
 }
 
 bool parse_timestamp_ns(std::string_view text, int64_t& ns) {
@@ -293,12 +414,12 @@ Trace read_azure_csv(std::istream& in, std::string_view source, const TraceReadO
                                           shown(f)));
       continue;
     }
-    const CountResult prompt = parse_count(fields[index[1]], "ContextTokens", 1);
+    const Parsed<int64_t> prompt = parse_count(fields[index[1]], "ContextTokens", 1);
     if (!prompt.value) {
       sink.reject(line_no, prompt.reason, prompt.what);
       continue;
     }
-    const CountResult output = parse_count(fields[index[2]], "GeneratedTokens", 0);
+    const Parsed<int64_t> output = parse_count(fields[index[2]], "GeneratedTokens", 0);
     if (!output.value) {
       sink.reject(line_no, output.reason, output.what);
       continue;
@@ -311,7 +432,6 @@ Trace read_azure_csv(std::istream& in, std::string_view source, const TraceReadO
 
 Trace read_mooncake_jsonl(std::istream& in, std::string_view source,
                           const TraceReadOptions& options) {
-  using nlohmann::json;
   Trace trace;
   trace.source = std::string(source);
   trace.format = TraceFormat::kMooncakeJsonl;
@@ -329,109 +449,7 @@ Trace read_mooncake_jsonl(std::istream& in, std::string_view source,
       sink.reject(line_no, "empty row", "empty row");
       continue;
     }
-    const json row = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (row.is_discarded() || !row.is_object()) {
-      sink.reject(line_no, "invalid JSON",
-                  row.is_discarded() ? "not valid JSON" : "not a JSON object");
-      continue;
-    }
-    for (const auto& [key, value] : row.items()) {
-      if (key == "timestamp" || key == "input_length" || key == "output_length" ||
-          key == "hash_ids" || std::ranges::find(warned_keys, key) != warned_keys.end())
-        continue;
-      warned_keys.push_back(key);
-      sink.warn(line_no, fmt::format("ignoring unknown key '{}'", shown(key)));
-    }
-    // Each field: missing, wrong type, negative -> one reason each.
-    auto integer = [&](const char* key, int64_t min_value,
-                       std::string& what) -> std::pair<std::optional<int64_t>, std::string_view> {
-      const auto it = row.find(key);
-      if (it == row.end() || it->is_null()) {
-        what = fmt::format("missing key '{}'", key);
-        return {std::nullopt, "empty field"};
-      }
-      if (it->is_number_integer()) {
-        if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(kMaxTokens)) {
-          what = fmt::format("{} {} is out of range (max {})", key, it->dump(), kMaxTokens);
-          return {std::nullopt, "out of range"};
-        }
-        const int64_t v = it->get<int64_t>();
-        if (v < 0) {
-          what = fmt::format("{} is negative ({})", key, v);
-          return {std::nullopt, "negative"};
-        }
-        if (v > kMaxTokens) {
-          what = fmt::format("{} {} is out of range (max {})", key, v, kMaxTokens);
-          return {std::nullopt, "out of range"};
-        }
-        if (v < min_value) {
-          what = fmt::format("{} is {} (must be >= {})", key, v, min_value);
-          return {std::nullopt, "zero prompt"};
-        }
-        return {v, {}};
-      }
-      what = fmt::format("{} {} is not a whole number", key, shown(it->dump()));
-      return {std::nullopt, "non-numeric"};
-    };
-    std::string what;
-    // The timestamp may be fractional ms; only its type and sign are checked.
-    const auto ts_it = row.find("timestamp");
-    if (ts_it == row.end() || ts_it->is_null()) {
-      sink.reject(line_no, "empty field", "missing key 'timestamp'");
-      continue;
-    }
-    if (!ts_it->is_number()) {
-      sink.reject(line_no, "non-numeric",
-                  fmt::format("timestamp {} is not a number", shown(ts_it->dump())));
-      continue;
-    }
-    const double ts_ms = ts_it->get<double>();
-    if (ts_ms < 0) {
-      sink.reject(line_no, "negative", fmt::format("timestamp is negative ({})", ts_it->dump()));
-      continue;
-    }
-    if (ts_ms > 9e12) {
-      sink.reject(line_no, "out of range",
-                  fmt::format("timestamp {} ms is out of range", ts_it->dump()));
-      continue;
-    }
-    const auto [prompt, prompt_reason] = integer("input_length", 1, what);
-    if (!prompt) {
-      sink.reject(line_no, prompt_reason, what);
-      continue;
-    }
-    const auto [output, output_reason] = integer("output_length", 0, what);
-    if (!output) {
-      sink.reject(line_no, output_reason, what);
-      continue;
-    }
-    hashes.clear();
-    const auto h_it = row.find("hash_ids");
-    if (h_it != row.end() && !h_it->is_null()) {
-      bool ok = h_it->is_array();
-      if (ok) {
-        for (const json& h : *h_it) {
-          if (!h.is_number_integer() || h.get<int64_t>() < 0) {
-            ok = false;
-            break;
-          }
-          hashes.push_back(h.get<int64_t>());
-        }
-      }
-      if (!ok) {
-        sink.reject(line_no, "bad hash_ids",
-                    "hash_ids must be an array of non-negative whole numbers");
-        continue;
-      }
-      const int64_t expected = (*prompt + kMooncakeHashBlockTokens - 1) / kMooncakeHashBlockTokens;
-      if (static_cast<int64_t>(hashes.size()) != expected) {
-        sink.reject(line_no, "bad hash_ids",
-                    fmt::format("hash_ids has {} entries, expected ceil(input_length {} / {}) = {}",
-                                hashes.size(), *prompt, kMooncakeHashBlockTokens, expected));
-        continue;
-      }
-    }
-    sink.accept(line_no, static_cast<int64_t>(ts_ms * 1e6), *prompt, *output, hashes);
+    read_mooncake_row(sink, line_no, line, warned_keys, hashes);
   }
   if (in.bad()) throw Error(fmt::format("{}:{}: read error", trace.source, line_no + 1));
   return trace;

@@ -8,9 +8,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <string>
 #include <string_view>
+
+#include "common/test_files.hpp"
 
 /// Aborts with a message when `cond` is false: a broken invariant is a finding like a crash.
 #define PAGEDKV_FUZZ_CHECK(cond, ...)                                                        \
@@ -69,9 +70,8 @@ class ScratchFile {
 
   /// Replaces the file's content and returns its path.
   const std::string& write(std::string_view bytes) {
-    std::ofstream out(path_, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    PAGEDKV_FUZZ_CHECK(out.good(), "cannot write scratch file %s", path_.c_str());
+    PAGEDKV_FUZZ_CHECK(testing::write_file(path_, bytes), "cannot write scratch file %s",
+                       path_.c_str());
     return path_;
   }
 

@@ -9,10 +9,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
+
+#include "common/test_files.hpp"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define PAGEDKV_REPLAY_ASAN 1
@@ -34,9 +34,7 @@ extern "C" const char* __asan_default_options() {
 namespace {
 
 void run_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
-                                std::istreambuf_iterator<char>());
+  const std::string bytes = pagedkv::testing::read_file(path);
   // Name the input first, so an abort inside the target is attributed to it in the log.
   std::fprintf(stderr, "replay: %s (%zu bytes)\n", path.c_str(), bytes.size());
   (void)LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());

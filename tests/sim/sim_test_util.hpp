@@ -1,17 +1,18 @@
 #pragma once
-// Helpers for the simulation tests: where ../shared/traces is, and skipping without it.
+// Helpers for the simulation tests: where ../shared/traces is, skipping without it, a replay
+// config in token units, and the file helpers of common/test_files.hpp under the names the
+// tests use.
 //
 // PAGEDKV_REQUIRE_TRACES() skips a test with a printed reason when ../shared/traces is missing,
 // except under CI=true, where it must fail: CI always provides ../shared, so its absence there
 // is a broken checkout, not a reason to skip.
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <string>
+
+#include "common/test_files.hpp"
+#include "sim/replay.hpp"
 
 namespace pagedkv::sim::testing {
 
@@ -19,41 +20,22 @@ inline std::filesystem::path traces_dir() {
   return std::filesystem::path(PAGEDKV_SHARED_DIR) / "traces";
 }
 
-inline bool running_in_ci() {
-  const char* ci = std::getenv("CI");
-  return ci != nullptr && std::string(ci) == "true";
-}
+using ::pagedkv::testing::running_in_ci;
+using ::pagedkv::testing::TempDir;
+using ::pagedkv::testing::write_file;
 
-/// A fresh empty directory under the system temp dir, removed by the destructor.
-class TempDir {
- public:
-  explicit TempDir(const std::string& name) {
-    path_ = std::filesystem::temp_directory_path() /
-            ("pagedkv_sim_" + name + "_" + std::to_string(::getpid()) + "_" +
-             std::to_string(counter()++));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  [[nodiscard]] std::string file(const std::string& name) const { return (path_ / name).string(); }
-  [[nodiscard]] std::string path() const { return path_.string(); }
-
- private:
-  static int& counter() {
-    static int n = 0;
-    return n;
-  }
-  std::filesystem::path path_;
-};
-
-inline void write_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
+/// A replay config whose budget reads as token positions: one byte per position, one step per
+/// ms, max context 100, no watermark, the default batch limits.
+inline ReplayConfig one_byte_per_token(int64_t capacity_tokens) {
+  ReplayConfig c;
+  c.kv_memory_bytes = capacity_tokens;
+  c.kv_bytes_per_token = 1;
+  c.max_context = 100;
+  c.step_ms = 1.0;
+  c.max_batch_tokens = 8192;
+  c.max_seqs = 256;
+  c.watermark = 0.0;
+  return c;
 }
 
 }  // namespace pagedkv::sim::testing

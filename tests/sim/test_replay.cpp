@@ -16,6 +16,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using testing::one_byte_per_token;  // budgets and times in a test read as counts
 
 struct Req {
   double t_ms;
@@ -44,19 +45,6 @@ Trace make_trace(const std::vector<Req>& reqs, int64_t hash_block_tokens = 0) {
   return t;
 }
 
-/// One byte per token position and one step per ms, so budgets and times read as counts.
-ReplayConfig tiny_config(int64_t capacity_tokens) {
-  ReplayConfig c;
-  c.kv_memory_bytes = capacity_tokens;
-  c.kv_bytes_per_token = 1;
-  c.max_context = 100;
-  c.step_ms = 1.0;
-  c.max_batch_tokens = 8192;
-  c.max_seqs = 256;
-  c.watermark = 0.0;
-  return c;
-}
-
 void expect_conservation(const ReplayResult& r) {
   EXPECT_EQ(r.completed + r.rejected_too_long + r.rejected_too_large, r.requests);
   EXPECT_GE(r.util_mean, r.util_p5);
@@ -73,7 +61,7 @@ void expect_conservation(const ReplayResult& r) {
 //   step 5: r1 decodes (6), finishes.                                           live 6 / 6
 TEST(Replay, ContiguousExactHandWorked) {
   const Trace t = make_trace({{0, 4, 2}, {0, 4, 2}, {0, 3, 1}});
-  const ReplayResult r = replay(t, tiny_config(10), {StrategyKind::kContiguousExact, 0});
+  const ReplayResult r = replay(t, one_byte_per_token(10), {StrategyKind::kContiguousExact, 0});
   EXPECT_EQ(r.strategy, "contiguous-exact");
   EXPECT_EQ(r.capacity_tokens, 10);
   EXPECT_EQ(r.completed, 3);
@@ -97,7 +85,7 @@ TEST(Replay, ContiguousExactHandWorked) {
 
 // Contiguous-max reserves max_context (here 6) per request: only one of two fits in 10.
 TEST(Replay, ContiguousMaxReservesTheMaximum) {
-  ReplayConfig c = tiny_config(10);
+  ReplayConfig c = one_byte_per_token(10);
   c.max_context = 6;
   const Trace t = make_trace({{0, 2, 2}, {0, 2, 2}});
   const ReplayResult r = replay(t, c, {StrategyKind::kContiguousMax, 0});
@@ -120,7 +108,7 @@ TEST(Replay, ContiguousMaxReservesTheMaximum) {
 //   steps 5, 6, 7: r1 decodes 4, 5 (3rd block), 6; done.            4/4, 5/6, 6/6
 TEST(Replay, PagedPreemptionHandWorked) {
   const Trace t = make_trace({{0, 4, 3}, {0, 3, 3}});
-  const ReplayResult r = replay(t, tiny_config(8), {StrategyKind::kPaged, 2});
+  const ReplayResult r = replay(t, one_byte_per_token(8), {StrategyKind::kPaged, 2});
   EXPECT_EQ(r.strategy, "paged-2");
   EXPECT_EQ(r.num_blocks, 4);
   EXPECT_EQ(r.capacity_tokens, 8);
@@ -142,7 +130,7 @@ TEST(Replay, PagedPreemptionHandWorked) {
 // The same two requests in a pool of 8 blocks never preempt, and paged-1 wastes nothing.
 TEST(Replay, PagedBlockSizeOneIsAlwaysFullyUtilized) {
   const Trace t = make_trace({{0, 4, 3}, {0, 3, 3}, {2, 5, 1}});
-  const ReplayResult r = replay(t, tiny_config(100), {StrategyKind::kPaged, 1});
+  const ReplayResult r = replay(t, one_byte_per_token(100), {StrategyKind::kPaged, 1});
   EXPECT_EQ(r.preemptions, 0);
   EXPECT_DOUBLE_EQ(r.util_mean, 1.0);
   EXPECT_DOUBLE_EQ(r.util_p5, 1.0);
@@ -153,7 +141,7 @@ TEST(Replay, PagedBlockSizeOneIsAlwaysFullyUtilized) {
 // A request whose P + O exceeds max_context is rejected by every strategy; one that cannot fit
 // the budget even alone is rejected by the strategy that cannot hold it.
 TEST(Replay, RejectsTooLongAndTooLarge) {
-  ReplayConfig c = tiny_config(8);
+  ReplayConfig c = one_byte_per_token(8);
   c.max_context = 20;
   const Trace t = make_trace({{0, 18, 5}, {0, 6, 4}, {0, 2, 2}});
   for (const char* name :
@@ -170,7 +158,7 @@ TEST(Replay, RejectsTooLongAndTooLarge) {
 
 // Idle gaps are skipped but still count as time; arrival steps come from the timestamps.
 TEST(Replay, IdleGapsCountAsTime) {
-  ReplayConfig c = tiny_config(100);
+  ReplayConfig c = one_byte_per_token(100);
   c.step_ms = 10.0;
   const Trace t = make_trace({{0, 2, 1}, {95, 2, 1}});  // arrives at step 9
   const ReplayResult r = replay(t, c, {StrategyKind::kPaged, 4});
@@ -185,7 +173,7 @@ TEST(Replay, IdleGapsCountAsTime) {
 // Chunked prefill: a 10-token prompt with 4 tokens per step takes 3 steps; decodes of running
 // requests go first.
 TEST(Replay, ChunkedPrefillRespectsTheTokenBudget) {
-  ReplayConfig c = tiny_config(100);
+  ReplayConfig c = one_byte_per_token(100);
   c.max_batch_tokens = 4;
   const Trace t = make_trace({{0, 10, 2}});
   const ReplayResult r = replay(t, c, {StrategyKind::kPaged, 4});
@@ -198,7 +186,7 @@ TEST(Replay, ChunkedPrefillRespectsTheTokenBudget) {
 // r0's 32 cached blocks (512 positions) and computes only its last 88.
 TEST(Replay, PrefixCachingSharesEqualHashBlocks) {
   const Trace t = make_trace({{0, 600, 1, {7, 8}}, {5, 600, 1, {7, 9}}}, 512);
-  ReplayConfig c = tiny_config(10000);
+  ReplayConfig c = one_byte_per_token(10000);
   c.max_context = 10000;
   const ReplayResult r = replay(t, c, {StrategyKind::kPagedPrefix, 16});
   EXPECT_EQ(r.strategy, "prefix-16");
@@ -217,7 +205,7 @@ TEST(Replay, PrefixCachingSharesEqualHashBlocks) {
 // shared block once, so utilization stays <= 1.
 TEST(Replay, SharedBlocksCountOnceInUtilization) {
   const Trace t = make_trace({{0, 1024, 4, {3, 4}}, {1, 1024, 4, {3, 4}}}, 512);
-  ReplayConfig c = tiny_config(100000);
+  ReplayConfig c = one_byte_per_token(100000);
   c.max_context = 10000;
   const ReplayResult r = replay(t, c, {StrategyKind::kPagedPrefix, 16});
   EXPECT_EQ(r.completed, 2);
@@ -229,8 +217,8 @@ TEST(Replay, SharedBlocksCountOnceInUtilization) {
 TEST(Replay, Deterministic) {
   const Trace t = make_trace({{0, 40, 9}, {1, 33, 20}, {1, 70, 3}, {4, 12, 30}, {9, 50, 5}});
   for (const Strategy& s : default_strategies()) {
-    const ReplayResult a = replay(t, tiny_config(128), s);
-    const ReplayResult b = replay(t, tiny_config(128), s);
+    const ReplayResult a = replay(t, one_byte_per_token(128), s);
+    const ReplayResult b = replay(t, one_byte_per_token(128), s);
     EXPECT_EQ(a.steps, b.steps) << s.name();
     EXPECT_EQ(a.preemptions, b.preemptions) << s.name();
     EXPECT_EQ(a.util_mean, b.util_mean) << s.name();
@@ -240,11 +228,11 @@ TEST(Replay, Deterministic) {
 
 TEST(Replay, InvalidConfigThrows) {
   const Trace t = make_trace({{0, 4, 2}});
-  ReplayConfig c = tiny_config(10);
+  ReplayConfig c = one_byte_per_token(10);
   c.step_ms = 0;
   EXPECT_THAT([&] { (void)replay(t, c, {}); },
               ::testing::ThrowsMessage<Error>(HasSubstr("step must be > 0 ms")));
-  c = tiny_config(10);
+  c = one_byte_per_token(10);
   EXPECT_THAT(
       [&] {
         (void)replay(t, c, {StrategyKind::kPaged, 16});

@@ -12,6 +12,7 @@
 #include "sim/report.hpp"
 #include "sim/svg.hpp"
 #include "sim/trace.hpp"
+#include "sim_test_util.hpp"
 
 namespace pagedkv::sim {
 namespace {
@@ -26,13 +27,8 @@ Trace small_trace() {
   return read_azure_csv(in, "s.csv");
 }
 
-ReplayConfig config() {
-  ReplayConfig c;
-  c.kv_memory_bytes = 1000;
-  c.kv_bytes_per_token = 1;
-  c.max_context = 100;
-  return c;
-}
+/// A budget of 1000 token positions.
+ReplayConfig config() { return testing::one_byte_per_token(1000); }
 
 TEST(Report, TraceSummaryCountsSkippedRows) {
   EXPECT_EQ(format_trace_summary(small_trace()),

@@ -133,6 +133,26 @@ struct BadRow {
   const char* message;
 };
 
+/// `text` holds one bad row between two good ones, the second of which has a 30-token prompt:
+/// the bad row is skipped and counted under its reason with a message naming its line, and a
+/// strict read throws that message.
+void expect_one_skipped_row(const std::string& text, bool jsonl, const BadRow& c) {
+  const Trace t = jsonl ? mooncake(text) : azure(text);
+  // The Azure header is line 1, so its bad row is line 3; Mooncake has no header.
+  const int64_t line = jsonl ? 2 : 3;
+  const std::string where =
+      std::string(jsonl ? "t.jsonl:" : "t.csv:") + std::to_string(line) + ": ";
+  ASSERT_EQ(t.requests.size(), 2u);
+  EXPECT_EQ(t.requests[1].prompt_tokens, 30);
+  EXPECT_EQ(t.rows_read, 3);
+  EXPECT_EQ(t.rows_skipped, 1);
+  EXPECT_THAT(t.skipped_by_reason, ElementsAre(Pair(c.reason, 1)));
+  ASSERT_EQ(t.problems.size(), 1u);
+  EXPECT_EQ(t.problems[0].line, line);
+  EXPECT_EQ(t.problems[0].message, where + c.message);
+  EXPECT_EQ(strict_error(text, jsonl), where + c.message + " (--strict)");
+}
+
 class AzureBadRow : public ::testing::TestWithParam<BadRow> {};
 
 // Row 2 is good, row 3 is the bad one, row 4 is good again: the bad row is skipped and counted,
@@ -141,16 +161,7 @@ TEST_P(AzureBadRow, SkippedWithLineNumberOrStrictFailure) {
   const BadRow& c = GetParam();
   const std::string text = std::string(kHeader) + "2023-11-16 18:15:46,10,2\n" + c.row + "\n" +
                            "2023-11-16 18:15:48,30,4\n";
-  const Trace t = azure(text);
-  ASSERT_EQ(t.requests.size(), 2u);
-  EXPECT_EQ(t.requests[1].prompt_tokens, 30);
-  EXPECT_EQ(t.rows_read, 3);
-  EXPECT_EQ(t.rows_skipped, 1);
-  EXPECT_THAT(t.skipped_by_reason, ElementsAre(Pair(c.reason, 1)));
-  ASSERT_EQ(t.problems.size(), 1u);
-  EXPECT_EQ(t.problems[0].line, 3);
-  EXPECT_EQ(t.problems[0].message, std::string("t.csv:3: ") + c.message);
-  EXPECT_EQ(strict_error(text, false), std::string("t.csv:3: ") + c.message + " (--strict)");
+  expect_one_skipped_row(text, /*jsonl=*/false, c);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -234,15 +245,8 @@ TEST_P(MooncakeBadRow, SkippedWithLineNumberOrStrictFailure) {
   const std::string text =
       std::string("{\"timestamp\": 100, \"input_length\": 10, \"output_length\": 2}\n") + c.row +
       "\n{\"timestamp\": 300, \"input_length\": 30, \"output_length\": 4}\n";
-  const Trace t = mooncake(text);
-  ASSERT_EQ(t.requests.size(), 2u);
-  EXPECT_EQ(t.requests[1].prompt_tokens, 30);
-  EXPECT_EQ(t.requests[1].arrival_ms, 200.0);
-  EXPECT_EQ(t.rows_skipped, 1);
-  EXPECT_THAT(t.skipped_by_reason, ElementsAre(Pair(c.reason, 1)));
-  ASSERT_EQ(t.problems.size(), 1u);
-  EXPECT_EQ(t.problems[0].message, std::string("t.jsonl:2: ") + c.message);
-  EXPECT_EQ(strict_error(text, true), std::string("t.jsonl:2: ") + c.message + " (--strict)");
+  expect_one_skipped_row(text, /*jsonl=*/true, c);
+  EXPECT_EQ(mooncake(text).requests[1].arrival_ms, 200.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(

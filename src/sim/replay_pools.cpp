@@ -1,0 +1,232 @@
+#include "sim/replay_pools.hpp"
+
+#include <algorithm>
+#include <optional>
+#include <span>
+
+#include "core/check.hpp"
+#include "pagedkv/metadata/kv_cache_manager.hpp"
+
+namespace pagedkv::sim {
+
+namespace {
+
+using replay_detail::Active;
+using replay_detail::Admit;
+using replay_detail::Pool;
+
+// ---- token synthesis ---------------------------------------------------------------------------
+
+// splitmix64 finalizer (Steele et al., "Fast splittable pseudorandom number generators",
+// OOPSLA 2014): a bijective mix, so distinct (key, position) pairs rarely collide.
+uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+TokenId token_for(uint64_t key, int64_t position, int32_t vocab_size) {
+  const uint64_t h = mix64(key ^ mix64(static_cast<uint64_t>(position)));
+  return static_cast<TokenId>(3 + h % static_cast<uint64_t>(vocab_size - 3));
+}
+
+// ---- memory strategies -------------------------------------------------------------------------
+
+class ContiguousPool final : public Pool {
+ public:
+  ContiguousPool(int64_t capacity_tokens, bool reserve_max, int64_t max_context)
+      : capacity_(capacity_tokens), reserve_max_(reserve_max), max_context_(max_context) {}
+
+  Admit admit(Active& r, bool /*alone*/) override {
+    const int64_t need = reserve_max_ ? max_context_ : r.prompt + r.output;
+    if (need > capacity_) return Admit::kNever;
+    if (reserved_ + need > capacity_) return Admit::kLater;
+    r.reserved = need;
+    reserved_ += need;
+    r.cached = r.target;
+    live_ += r.target;
+    return Admit::kOk;
+  }
+  // The reservation covers P + O positions, so a decode never runs out of memory.
+  bool append_one(Active& /*r*/) override {
+    ++live_;
+    return true;
+  }
+  void release(Active& r) override {
+    reserved_ -= r.reserved;
+    live_ -= r.cached;
+    r.reserved = 0;
+  }
+  int64_t live() const override { return live_; }
+  int64_t reserved() const override { return reserved_; }
+
+ private:
+  int64_t capacity_;
+  bool reserve_max_;
+  int64_t max_context_;
+  int64_t reserved_ = 0;
+  int64_t live_ = 0;
+};
+
+/// Paged strategies: everything goes through KVCacheManager's own API (admission with its
+/// watermark, add_sequence with the prompt, append, recompute preemption, prefix caching and
+/// its LRU eviction of cached blocks).
+class PagedPool final : public Pool {
+ public:
+  PagedPool(const Trace& trace, const ReplayConfig& config, int32_t num_blocks, int32_t block_size,
+            bool prefix)
+      : trace_(trace),
+        vocab_size_(config.vocab_size),
+        block_size_(block_size),
+        prefix_(prefix),
+        manager_(KVCacheManagerConfig{.num_blocks = num_blocks,
+                                      .block_size = block_size,
+                                      .enable_prefix_caching = prefix,
+                                      .watermark = config.watermark,
+                                      .max_model_len = config.max_context}) {}
+
+  Admit admit(Active& r, bool /*alone*/) override {
+    // A request that could not finish even alone (above the watermark) would be preempted by
+    // its own growth forever: reject it up front. With this check a lone request always gets
+    // kOk, so the scheduler cannot stall.
+    const int64_t limit = manager_.num_total_blocks() - manager_.watermark_blocks();
+    if (blocks_for_tokens(r.prompt + r.output, block_size_) > limit) return Admit::kNever;
+    std::span<const TokenId> ids;
+    if (prefix_) {
+      if (r.tokens.empty()) r.tokens = synthesize_tokens(trace_, r.index, 0, r.target, vocab_size_);
+      ids = r.tokens;
+    } else {
+      // Without prefix caching only the prompt length matters; share one zero buffer.
+      if (static_cast<int64_t>(zeros_.size()) < r.target) zeros_.resize(r.target, 0);
+      ids = std::span<const TokenId>(zeros_).first(static_cast<size_t>(r.target));
+    }
+    switch (manager_.can_add_sequence(ids)) {
+      case Admission::kNever:
+        return Admit::kNever;
+      case Admission::kLater:
+        return Admit::kLater;
+      case Admission::kOk:
+        break;
+    }
+    const std::optional<AddResult> added = manager_.add_sequence(seq(r), ids);
+    PAGEDKV_CHECK(added.has_value(), "replay: add_sequence failed after can_add_sequence kOk");
+    r.cached = r.target;
+    r.computed = added->num_computed_tokens;
+    r.tokens = {};
+    waste_ += waste(r.cached);
+    return Admit::kOk;
+  }
+
+  bool append_one(Active& r) override {
+    std::optional<AppendResult> appended;
+    if (prefix_) {
+      // Generated tokens are recorded too, so a recomputed request can hit its own blocks.
+      const std::vector<TokenId> id =
+          synthesize_tokens(trace_, r.index, r.cached, r.cached + 1, vocab_size_);
+      appended = manager_.append_tokens(seq(r), id);
+    } else {
+      appended = manager_.append_slots(seq(r), 1);
+    }
+    if (!appended) return false;
+    waste_ += waste(r.cached + 1) - waste(r.cached);
+    return true;
+  }
+
+  void release(Active& r) override {
+    manager_.free_sequence(seq(r));
+    forget(r);
+  }
+  void preempt(Active& r) override {
+    (void)manager_.preempt(seq(r));
+    forget(r);
+  }
+
+  // Physical positions holding a token: a block shared by several requests counts once.
+  int64_t live() const override { return reserved() - waste_; }
+  int64_t reserved() const override {
+    return static_cast<int64_t>(manager_.allocator().num_used()) * block_size_;
+  }
+  void finish(ReplayResult& res) const override {
+    const KVCacheStats st = manager_.stats();
+    res.prefix_query_tokens = st.prefix_query_tokens;
+    res.prefix_hit_tokens = st.prefix_hit_tokens;
+    res.prefix_hit_rate = st.prefix_hit_rate();
+    res.prefix_evictions = st.prefix_evictions;
+    PAGEDKV_CHECK(st.preemptions == res.preemptions,
+                  "replay: manager counted {} preemptions, scheduler {}", st.preemptions,
+                  res.preemptions);
+  }
+
+ private:
+  static SeqId seq(const Active& r) { return static_cast<SeqId>(r.index); }
+  // Empty positions of the last, partially filled block. Only full blocks are ever shared
+  // (prefix caching), so reserved - live == the sum of this over running requests.
+  int64_t waste(int64_t tokens) const {
+    return blocks_for_tokens(tokens, block_size_) * block_size_ - tokens;
+  }
+  void forget(Active& r) { waste_ -= waste(r.cached); }
+
+  const Trace& trace_;
+  int32_t vocab_size_;
+  int32_t block_size_;
+  bool prefix_;
+  KVCacheManager manager_;
+  std::vector<TokenId> zeros_;
+  int64_t waste_ = 0;  // sum over running requests of waste(cached)
+};
+
+}  // namespace
+
+std::unique_ptr<Pool> replay_detail::make_pool(const Trace& trace, const ReplayConfig& config,
+                                               const Strategy& strategy, ReplayResult& res) {
+  const int64_t budget_tokens = config.kv_memory_bytes / config.kv_bytes_per_token;
+  switch (strategy.kind) {
+    case StrategyKind::kContiguousMax:
+    case StrategyKind::kContiguousExact:
+      res.capacity_tokens = budget_tokens;
+      return std::make_unique<ContiguousPool>(
+          budget_tokens, strategy.kind == StrategyKind::kContiguousMax, config.max_context);
+    case StrategyKind::kPaged:
+    case StrategyKind::kPagedPrefix:
+      break;
+  }
+  PAGEDKV_CHECK(strategy.block_size >= 1, "replay: block size must be >= 1, got {}",
+                strategy.block_size);
+  const int64_t blocks = std::min<int64_t>(budget_tokens / strategy.block_size, 1 << 30);
+  PAGEDKV_CHECK(
+      blocks >= 1, "replay: KV memory {} bytes holds no block of {} tokens ({} bytes each)",
+      config.kv_memory_bytes, strategy.block_size, config.kv_bytes_per_token * strategy.block_size);
+  res.block_size = strategy.block_size;
+  res.num_blocks = static_cast<int32_t>(blocks);
+  res.capacity_tokens = blocks * strategy.block_size;
+  return std::make_unique<PagedPool>(trace, config, res.num_blocks, strategy.block_size,
+                                     strategy.kind == StrategyKind::kPagedPrefix);
+}
+
+// Declared in replay.hpp; defined here, beside the prefix pool that feeds its ids to the manager.
+std::vector<TokenId> synthesize_tokens(const Trace& trace, size_t index, int64_t begin, int64_t end,
+                                       int32_t vocab_size) {
+  PAGEDKV_CHECK(index < trace.requests.size(), "synthesize_tokens: request {} out of range ({})",
+                index, trace.requests.size());
+  PAGEDKV_CHECK(0 <= begin && begin <= end, "synthesize_tokens: bad range [{}, {})", begin, end);
+  PAGEDKV_CHECK(vocab_size >= 4, "synthesize_tokens: vocab size must be >= 4, got {}", vocab_size);
+  const TraceRequest& r = trace.requests[index];
+  const std::span<const int64_t> hashes = trace.hashes(r);
+  const int64_t hb = trace.hash_block_tokens;
+  // Keys of unique content have the top bit set; hash-id keys never do (ids are < 2^63).
+  const uint64_t own_key = (uint64_t{1} << 63) | static_cast<uint64_t>(index);
+  std::vector<TokenId> out;
+  out.reserve(static_cast<size_t>(end - begin));
+  for (int64_t pos = begin; pos < end; ++pos) {
+    const int64_t block = hb > 0 ? pos / hb : 0;
+    if (hb > 0 && pos < r.prompt_tokens && block < static_cast<int64_t>(hashes.size())) {
+      out.push_back(token_for(static_cast<uint64_t>(hashes[block]), pos % hb, vocab_size));
+    } else {
+      out.push_back(token_for(own_key, pos, vocab_size));
+    }
+  }
+  return out;
+}
+
+}  // namespace pagedkv::sim

@@ -1,0 +1,63 @@
+#pragma once
+/// @file replay_pools.hpp
+/// Internal to the replay (replay.cpp): the scheduler's view of one request and the memory
+/// strategies it runs on, one Pool per Strategy. See replay.hpp for what each strategy models.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "pagedkv/types.hpp"
+#include "sim/replay.hpp"
+#include "sim/trace.hpp"
+
+namespace pagedkv::sim::replay_detail {
+
+/// Outcome of an admission attempt.
+enum class Admit { kOk, kLater, kNever };
+
+/// Scheduler-side state of one waiting or running request. Only active requests exist.
+/// Positions: `cached` are assigned to the request in the KV cache (the whole prefill target is
+/// assigned at admission, as KVCacheManager::add_sequence does), `computed` of them have K/V
+/// computed (prefill progress; prefix hits count as computed).
+struct Active {
+  size_t index = 0;  // trace index; also the manager's sequence id
+  int64_t arrival_step = 0;
+  int64_t prompt = 0;  // P
+  int64_t output = 0;  // O
+  int64_t target = 0;  // positions to prefill: P, or P + generated after a preemption
+  int64_t cached = 0;
+  int64_t computed = 0;
+  int64_t generated = 0;  // output tokens so far
+  int64_t reserved = 0;   // contiguous: positions reserved at admission
+  bool admitted_once = false;
+  std::vector<TokenId> tokens;  // prefix caching: ids of [0, target) while waiting
+};
+
+/// A memory strategy: admission, decode growth and release of requests' KV positions. Tracks
+/// live positions (assigned to a token) and reserved positions (held for some request).
+class Pool {
+ public:
+  virtual ~Pool() = default;
+  /// Admission of the waiting request `r`; `alone` when nothing runs. On kOk the request holds
+  /// r.target positions (r.cached = r.target) of which r.computed came from the prefix cache.
+  virtual Admit admit(Active& r, bool alone) = 0;
+  /// One decode position for a running request; false (nothing changed) when memory is short.
+  virtual bool append_one(Active& r) = 0;
+  /// Releases a finished request.
+  virtual void release(Active& r) = 0;
+  /// Recompute preemption: releases a running request that will be prefilled again.
+  virtual void preempt(Active& r) { release(r); }
+  [[nodiscard]] virtual int64_t live() const = 0;
+  [[nodiscard]] virtual int64_t reserved() const = 0;
+  virtual void finish(ReplayResult& /*res*/) const {}
+};
+
+/// The pool of `strategy` under the budget of `config`; fills res.capacity_tokens and, for
+/// paged strategies, res.block_size and res.num_blocks.
+/// Errors: throws pagedkv::Error if the budget holds no block of a paged strategy.
+[[nodiscard]] std::unique_ptr<Pool> make_pool(const Trace& trace, const ReplayConfig& config,
+                                              const Strategy& strategy, ReplayResult& res);
+
+}  // namespace pagedkv::sim::replay_detail
