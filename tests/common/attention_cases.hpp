@@ -4,6 +4,8 @@
 // kernel against the plain one): the case type, its self-describing name, the batch it runs,
 // and the grid of dtypes x block sizes x GQA groups x contexts plus extra shapes.
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -125,6 +127,11 @@ inline std::vector<AttentionCase> mask_grid(bool prefill) {
     cases.push_back(c);
   }
   return cases;
+}
+
+/// The gtest parameter name of a case (its name).
+inline std::string param_name(const ::testing::TestParamInfo<AttentionCase>& info) {
+  return info.param.name;
 }
 
 /// x in scientific notation with 4 digits, for RecordProperty.

@@ -28,6 +28,7 @@ using testing::make_scenario;
 using testing::mask_grid;
 using testing::max_abs_diff;
 using testing::PagedScenario;
+using testing::param_name;
 using testing::rel_error;
 using testing::scenario_for;
 using testing::sci;
@@ -88,10 +89,6 @@ std::vector<AttentionCase> grid(bool prefill) {
   std::vector<AttentionCase> cases = attention_grid(prefill);
   for (AttentionCase& c : cases) c.name = case_name(c, /*with_kind=*/false);
   return cases;
-}
-
-std::string param_name(const ::testing::TestParamInfo<AttentionCase>& info) {
-  return info.param.name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Decode, PagedVsReference, ::testing::ValuesIn(grid(false)), param_name);

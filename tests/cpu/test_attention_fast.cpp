@@ -29,6 +29,7 @@ using testing::kLongContext;
 using testing::mask_grid;
 using testing::max_abs_diff;
 using testing::PagedScenario;
+using testing::param_name;
 using testing::rel_error;
 using testing::scenario_for;
 using testing::sci;
@@ -115,10 +116,6 @@ std::vector<AttentionCase> grid(bool prefill) {
   extra(DType::kF32, KVLayout::kHND, 16, 128, 4, 1, 129);
   for (AttentionCase& c : cases) c.name = case_name(c, /*with_kind=*/true);
   return cases;
-}
-
-std::string param_name(const ::testing::TestParamInfo<AttentionCase>& info) {
-  return info.param.name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Decode, FastVsPlain, ::testing::ValuesIn(grid(false)), param_name);
