@@ -5,6 +5,8 @@
 #include <limits>
 #include <vector>
 
+#include "core/dtype_dispatch.hpp"
+
 namespace pagedkv::detail {
 
 namespace {
@@ -87,14 +89,9 @@ void plain_paged_prefill_attention(const AttentionParams& params, const KVLayerV
                                    const BlockTableView& tables,
                                    std::span<const int32_t> query_start, std::span<const float> q,
                                    std::span<float> out) {
-  switch (cache.dtype) {
-    case DType::kF32:
-      return prefill<DType::kF32>(params, cache, tables, query_start, q, out);
-    case DType::kF16:
-      return prefill<DType::kF16>(params, cache, tables, query_start, q, out);
-    case DType::kBF16:
-      return prefill<DType::kBF16>(params, cache, tables, query_start, q, out);
-  }
+  dispatch_dtype(cache.dtype, [&](auto tag) {
+    prefill<decltype(tag)::value>(params, cache, tables, query_start, q, out);
+  });
 }
 
 }  // namespace pagedkv::detail

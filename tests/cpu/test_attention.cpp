@@ -5,13 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdio>
 #include <limits>
 #include <numeric>
-#include <set>
 #include <string>
 #include <vector>
 
+#include "common/attention_cases.hpp"
 #include "common/paged_scenario.hpp"
 #include "cpu/attention_plain.hpp"
 #include "pagedkv/cpu/attention.hpp"
@@ -21,63 +20,29 @@
 namespace pagedkv {
 namespace {
 
+using testing::attention_grid;
+using testing::AttentionCase;
+using testing::case_name;
 using ::testing::HasSubstr;
 using testing::make_scenario;
+using testing::mask_grid;
 using testing::max_abs_diff;
 using testing::PagedScenario;
+using testing::param_name;
 using testing::rel_error;
-using testing::scenario_from_case;
-using testing::SeqSpec;
+using testing::scenario_for;
+using testing::sci;
 
 using testing::kF32MaxAbs;
 using testing::kLowPrecisionRel;
-constexpr int32_t kLongContext = 1031;  // > 1000, prime: ends mid-block for every block size
-
-struct AttnCase {
-  std::string name;
-  DType dtype = DType::kF32;
-  KVLayout layout = KVLayout::kHND;
-  int32_t head_dim = 64;
-  int32_t block_size = 16;
-  int32_t num_kv_heads = 2;
-  int32_t group = 1;  // num_heads / num_kv_heads
-  int32_t context = 1;
-  bool prefill = false;
-  int32_t window_left = -1;
-  int32_t sink_tokens = 0;
-};
-
-std::string case_name(const AttnCase& c) {
-  std::string name = c.layout == KVLayout::kNHD ? "nhd_" : "";
-  name += std::string(dtype_name(c.dtype)) + "_d" + std::to_string(c.head_dim) + "_bs" +
-          std::to_string(c.block_size) + "_gqa" + std::to_string(c.group) + "_kv" +
-          std::to_string(c.num_kv_heads) + "_ctx" + std::to_string(c.context);
-  if (c.window_left >= 0) name += "_win" + std::to_string(c.window_left);
-  if (c.sink_tokens > 0) name += "_sink" + std::to_string(c.sink_tokens);
-  return name;
-}
-
-/// Decode batch: the case's context plus two other lengths, so one batch mixes lengths.
-/// Prefill batch: a chunk after a cached prefix (or the whole prompt when short), a whole
-/// prompt, a decode row and an empty padding row, as a chunked-prefill scheduler mixes them.
-std::vector<SeqSpec> batch_for(const AttnCase& c) {
-  const int32_t bs = c.block_size;
-  if (!c.prefill) return {{c.context, 1}, {c.context / 3 + 1, 1}, {2 * bs + 3, 1}};
-  const int32_t chunk = std::min(c.context, 19);
-  const int32_t whole = std::min(c.context, 40);
-  return {{c.context, chunk}, {whole, whole}, {bs + 5, 1}, {0, 0}};
-}
-
-PagedScenario scenario_for(const AttnCase& c, uint32_t seed) {
-  return scenario_from_case(c, batch_for(c), seed);
-}
 
 /// The public functions (whatever kernel they dispatch to) or the plain kernel directly: the
 /// plain kernel is the oracle faster kernels are compared with, so it must match the
 /// reference on its own.
 enum class Path { kPublic, kPlain };
 
-std::vector<float> run_paged(const AttnCase& c, const PagedScenario& s, Path path = Path::kPublic) {
+std::vector<float> run_paged(const AttentionCase& c, const PagedScenario& s,
+                             Path path = Path::kPublic) {
   // NaN-filled so that a row the kernel forgets to write fails the comparison.
   std::vector<float> out(s.q.size(), std::numeric_limits<float>::quiet_NaN());
   if (path == Path::kPlain) {
@@ -93,16 +58,10 @@ std::vector<float> run_paged(const AttnCase& c, const PagedScenario& s, Path pat
   return out;
 }
 
-std::string sci(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3e", x);
-  return buf;
-}
-
-class PagedVsReference : public ::testing::TestWithParam<AttnCase> {};
+class PagedVsReference : public ::testing::TestWithParam<AttentionCase> {};
 
 TEST_P(PagedVsReference, MatchesReference) {
-  const AttnCase& c = GetParam();
+  const AttentionCase& c = GetParam();
   const PagedScenario s =
       scenario_for(c, /*seed=*/static_cast<uint32_t>(c.context * 131 + c.group));
   // Same rounded K/V as the kernel saw: only fp32 arithmetic differs, for every dtype.
@@ -126,73 +85,21 @@ TEST_P(PagedVsReference, MatchesReference) {
   }
 }
 
-/// The grid of issue 2: dtypes x block sizes {1, 7, 16, 32} x GQA groups {1, 2, 5, 8} x
-/// contexts {1, bs-1, bs, bs+1, 1031}, for decode and chunked prefill, plus a few head dims,
-/// MQA/MHA shapes and the NHD layout.
-std::vector<AttnCase> grid(bool prefill) {
-  std::vector<AttnCase> cases;
-  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (int32_t bs : {1, 7, 16, 32}) {
-      for (int32_t group : {1, 2, 5, 8}) {
-        std::set<int32_t> contexts = {1, bs - 1, bs, bs + 1, kLongContext};
-        contexts.erase(0);
-        for (int32_t ctx : contexts) {
-          AttnCase c;
-          c.dtype = dtype;
-          c.block_size = bs;
-          c.group = group;
-          c.context = ctx;
-          c.prefill = prefill;
-          cases.push_back(c);
-        }
-      }
-    }
-  }
-  auto extra = [&](DType dtype, KVLayout layout, int32_t d, int32_t bs, int32_t kv, int32_t group,
-                   int32_t ctx) {
-    AttnCase c;
-    c.dtype = dtype;
-    c.layout = layout;
-    c.head_dim = d;
-    c.block_size = bs;
-    c.num_kv_heads = kv;
-    c.group = group;
-    c.context = ctx;
-    c.prefill = prefill;
-    cases.push_back(c);
-  };
-  extra(DType::kF32, KVLayout::kHND, 128, 16, 4, 4, 300);  // Llama-style d128
-  extra(DType::kF16, KVLayout::kHND, 128, 16, 8, 1, 77);   // MHA
-  extra(DType::kBF16, KVLayout::kHND, 80, 7, 1, 8, 150);   // MQA, odd head_dim
-  extra(DType::kF32, KVLayout::kHND, 8, 32, 3, 3, 65);     // tiny head_dim, 3 kv heads
-  extra(DType::kF32, KVLayout::kNHD, 64, 16, 2, 2, 33);
-  extra(DType::kF16, KVLayout::kNHD, 64, 7, 4, 5, kLongContext);
-  extra(DType::kBF16, KVLayout::kNHD, 128, 32, 2, 8, 100);
-  for (AttnCase& c : cases) c.name = case_name(c);
+std::vector<AttentionCase> grid(bool prefill) {
+  std::vector<AttentionCase> cases = attention_grid(prefill);
+  for (AttentionCase& c : cases) c.name = case_name(c, /*with_kind=*/false);
   return cases;
 }
-
-std::string param_name(const ::testing::TestParamInfo<AttnCase>& info) { return info.param.name; }
 
 INSTANTIATE_TEST_SUITE_P(Decode, PagedVsReference, ::testing::ValuesIn(grid(false)), param_name);
 INSTANTIATE_TEST_SUITE_P(Prefill, PagedVsReference, ::testing::ValuesIn(grid(true)), param_name);
 
 /// Sliding window and attention sinks, decode and prefill, against the reference mask.
-std::vector<AttnCase> window_cases() {
-  std::vector<AttnCase> cases;
-  const std::pair<int32_t, int32_t> masks[] = {{0, 0}, {0, 3}, {1, 0},  {5, 0},    {7, 0},  {16, 0},
-                                               {5, 2}, {1, 4}, {30, 3}, {2000, 0}, {4, 100}};
+std::vector<AttentionCase> window_cases() {
+  std::vector<AttentionCase> cases;
   for (bool prefill : {false, true}) {
-    for (auto [window, sinks] : masks) {
-      AttnCase c;
-      c.block_size = 7;
-      c.group = 2;
-      c.context = 50;
-      c.prefill = prefill;
-      c.window_left = window;
-      c.sink_tokens = sinks;
-      c.dtype = window % 2 == 0 ? DType::kF32 : DType::kBF16;
-      c.name = std::string(prefill ? "prefill_" : "decode_") + case_name(c);
+    for (AttentionCase& c : mask_grid(prefill)) {
+      c.name = case_name(c, /*with_kind=*/true);
       cases.push_back(c);
     }
   }
@@ -203,7 +110,7 @@ INSTANTIATE_TEST_SUITE_P(Mask, PagedVsReference, ::testing::ValuesIn(window_case
 
 TEST(PagedAttention, WindowZeroWithoutSinksOutputsZeros) {
   // window_left 0 admits no key at all (p - 0 < k <= p is empty): a row that sees nothing.
-  AttnCase c;
+  AttentionCase c;
   c.block_size = 4;
   c.context = 10;
   c.window_left = 0;
@@ -215,7 +122,7 @@ TEST(PagedAttention, WindowZeroWithoutSinksOutputsZeros) {
 
 TEST(PagedAttention, SingleVisibleKeyReturnsItsValueExactly) {
   // window_left 1 = only the query's own position: softmax weight 1, output = V[pos] exactly.
-  AttnCase c;
+  AttentionCase c;
   c.block_size = 7;
   c.context = 20;
   c.window_left = 1;
@@ -248,7 +155,7 @@ TEST(PagedAttention, DecodePaddingRowsAreZeroAndOthersUnaffected) {
       make_scenario(geometry, params, {{37, 1}, {0, 1}, {12, 1}, {0, 1}}, 17);
   std::vector<float> out(padded.q.size(), std::numeric_limits<float>::quiet_NaN());
   paged_decode_attention(params, padded.layer(), padded.view(), padded.q, out);
-  AttnCase decode;  // only .prefill matters to run_paged
+  AttentionCase decode;  // only .prefill matters to run_paged
   EXPECT_LE(max_abs_diff(run_paged(decode, padded, Path::kPlain), padded.reference(true)),
             kF32MaxAbs);
 
@@ -273,7 +180,7 @@ TEST(PagedAttention, DecodePaddingRowsAreZeroAndOthersUnaffected) {
 }
 
 TEST(PagedAttention, DecodeEqualsPrefillWithOneQueryPerSequence) {
-  AttnCase c;
+  AttentionCase c;
   c.dtype = DType::kBF16;
   c.block_size = 7;
   c.group = 5;
@@ -296,7 +203,7 @@ TEST(PagedAttention, EmptyBatchIsANoOp) {
 }
 
 TEST(PagedAttention, ExplicitScaleIsUsed) {
-  AttnCase c;
+  AttentionCase c;
   c.context = 40;
   PagedScenario s = scenario_for(c, 31);
   s.params.scale = 0.7f;
@@ -308,7 +215,7 @@ TEST(PagedAttention, ExplicitScaleIsUsed) {
 
 TEST(PagedAttention, LargeScoresStayFinite) {
   // Scores of order 1e4: a softmax without max subtraction would overflow exp() to inf.
-  AttnCase c;
+  AttentionCase c;
   c.context = 100;
   PagedScenario s = scenario_for(c, 41);
   s.params.scale = 1000.0f;

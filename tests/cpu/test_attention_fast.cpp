@@ -7,12 +7,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <limits>
-#include <set>
 #include <string>
 #include <vector>
 
+#include "common/attention_cases.hpp"
 #include "common/paged_scenario.hpp"
 #include "cpu/attention_fast.hpp"
 #include "cpu/attention_plain.hpp"
@@ -23,54 +22,20 @@ namespace pagedkv {
 namespace {
 
 using detail::FastAttentionConfig;
+using testing::attention_grid;
+using testing::AttentionCase;
+using testing::case_name;
+using testing::kLongContext;
+using testing::mask_grid;
 using testing::max_abs_diff;
 using testing::PagedScenario;
+using testing::param_name;
 using testing::rel_error;
-using testing::scenario_from_case;
-using testing::SeqSpec;
+using testing::scenario_for;
+using testing::sci;
 
 using testing::kF32MaxAbs;
 using testing::kLowPrecisionRel;
-constexpr int32_t kLongContext = 1031;  // > 1000, prime: ends mid-block for every block size
-
-struct FastCase {
-  std::string name;
-  DType dtype = DType::kF32;
-  KVLayout layout = KVLayout::kHND;
-  int32_t head_dim = 64;
-  int32_t block_size = 16;
-  int32_t num_kv_heads = 2;
-  int32_t group = 1;  // num_heads / num_kv_heads
-  int32_t context = 1;
-  bool prefill = false;
-  int32_t window_left = -1;
-  int32_t sink_tokens = 0;
-};
-
-std::string case_name(const FastCase& c) {
-  std::string name = c.prefill ? "prefill_" : "decode_";
-  if (c.layout == KVLayout::kNHD) name += "nhd_";
-  name += std::string(dtype_name(c.dtype)) + "_d" + std::to_string(c.head_dim) + "_bs" +
-          std::to_string(c.block_size) + "_gqa" + std::to_string(c.group) + "_kv" +
-          std::to_string(c.num_kv_heads) + "_ctx" + std::to_string(c.context);
-  if (c.window_left >= 0) name += "_win" + std::to_string(c.window_left);
-  if (c.sink_tokens > 0) name += "_sink" + std::to_string(c.sink_tokens);
-  return name;
-}
-
-/// The batches of test_attention.cpp: decode mixes three lengths; prefill mixes a chunk after a
-/// cached prefix, a whole prompt, a decode row and an empty padding row.
-std::vector<SeqSpec> batch_for(const FastCase& c) {
-  const int32_t bs = c.block_size;
-  if (!c.prefill) return {{c.context, 1}, {c.context / 3 + 1, 1}, {2 * bs + 3, 1}};
-  const int32_t chunk = std::min(c.context, 19);
-  const int32_t whole = std::min(c.context, 40);
-  return {{c.context, chunk}, {whole, whole}, {bs + 5, 1}, {0, 0}};
-}
-
-PagedScenario scenario_for(const FastCase& c, uint32_t seed) {
-  return scenario_from_case(c, batch_for(c), seed);
-}
 
 std::vector<float> run_plain(const PagedScenario& s) {
   std::vector<float> out(s.q.size(), std::numeric_limits<float>::quiet_NaN());
@@ -84,12 +49,6 @@ std::vector<float> run_fast(const PagedScenario& s, const FastAttentionConfig& c
   detail::fast_paged_prefill_attention(s.params, s.layer(), s.view(), s.query_start, s.q, out,
                                        config);
   return out;
-}
-
-std::string sci(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3e", x);
-  return buf;
 }
 
 /// The kernel configurations every case runs under: the default (what the public functions
@@ -108,10 +67,10 @@ const Variant kVariants[] = {
     {"split1_2threads", {.num_threads = 2, .partition_keys = 1, .heads_per_item = 0}},
 };
 
-class FastVsPlain : public ::testing::TestWithParam<FastCase> {};
+class FastVsPlain : public ::testing::TestWithParam<AttentionCase> {};
 
 TEST_P(FastVsPlain, MatchesPlainAndReference) {
-  const FastCase& c = GetParam();
+  const AttentionCase& c = GetParam();
   const PagedScenario s =
       scenario_for(c, /*seed=*/static_cast<uint32_t>(c.context * 131 + c.group + c.head_dim));
   const std::vector<float> plain = run_plain(s);
@@ -132,48 +91,15 @@ TEST_P(FastVsPlain, MatchesPlainAndReference) {
   }
 }
 
-/// The grid of test_attention.cpp: dtypes x block sizes {1, 7, 16, 32} x GQA groups
-/// {1, 2, 5, 8} x contexts {1, bs-1, bs, bs+1, 1031}, decode and chunked prefill, its extra
-/// shapes, plus head dims that take each SIMD width (full vectors, 4 lanes, 1 lane).
-std::vector<FastCase> grid(bool prefill) {
-  std::vector<FastCase> cases;
-  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (int32_t bs : {1, 7, 16, 32}) {
-      for (int32_t group : {1, 2, 5, 8}) {
-        std::set<int32_t> contexts = {1, bs - 1, bs, bs + 1, kLongContext};
-        contexts.erase(0);
-        for (int32_t ctx : contexts) {
-          FastCase c;
-          c.dtype = dtype;
-          c.block_size = bs;
-          c.group = group;
-          c.context = ctx;
-          c.prefill = prefill;
-          cases.push_back(c);
-        }
-      }
-    }
-  }
+/// The grid of test_attention.cpp (attention_cases.hpp: dtypes x block sizes {1, 7, 16, 32} x
+/// GQA groups {1, 2, 5, 8} x contexts {1, bs-1, bs, bs+1, 1031}, decode and chunked prefill, its
+/// extra shapes), plus head dims that take each SIMD width (full vectors, 4 lanes, 1 lane).
+std::vector<AttentionCase> grid(bool prefill) {
+  std::vector<AttentionCase> cases = attention_grid(prefill);
   auto extra = [&](DType dtype, KVLayout layout, int32_t d, int32_t bs, int32_t kv, int32_t group,
                    int32_t ctx) {
-    FastCase c;
-    c.dtype = dtype;
-    c.layout = layout;
-    c.head_dim = d;
-    c.block_size = bs;
-    c.num_kv_heads = kv;
-    c.group = group;
-    c.context = ctx;
-    c.prefill = prefill;
-    cases.push_back(c);
+    testing::add_shape(cases, prefill, dtype, layout, d, bs, kv, group, ctx);
   };
-  extra(DType::kF32, KVLayout::kHND, 128, 16, 4, 4, 300);  // Llama-style d128
-  extra(DType::kF16, KVLayout::kHND, 128, 16, 8, 1, 77);   // MHA
-  extra(DType::kBF16, KVLayout::kHND, 80, 7, 1, 8, 150);   // MQA, odd head_dim
-  extra(DType::kF32, KVLayout::kHND, 8, 32, 3, 3, 65);     // tiny head_dim, 3 kv heads
-  extra(DType::kF32, KVLayout::kNHD, 64, 16, 2, 2, 33);
-  extra(DType::kF16, KVLayout::kNHD, 64, 7, 4, 5, kLongContext);
-  extra(DType::kBF16, KVLayout::kNHD, 128, 32, 2, 8, 100);
   // SIMD widths: 48 (the default model's head size), 40 (4 lanes on AVX-512), 6 and 3 (1 lane),
   // 256 (more vectors than the 4-way unroll), MQA with 32 query heads (one row set of 32 rows).
   extra(DType::kF32, KVLayout::kHND, 48, 16, 6, 1, 200);
@@ -188,35 +114,21 @@ std::vector<FastCase> grid(bool prefill) {
   extra(DType::kF32, KVLayout::kHND, 32, 128, 3, 2, 700);
   extra(DType::kF16, KVLayout::kNHD, 16, 300, 2, 4, kLongContext);
   extra(DType::kF32, KVLayout::kHND, 16, 128, 4, 1, 129);
-  for (FastCase& c : cases) c.name = case_name(c);
+  for (AttentionCase& c : cases) c.name = case_name(c, /*with_kind=*/true);
   return cases;
 }
-
-std::string param_name(const ::testing::TestParamInfo<FastCase>& info) { return info.param.name; }
 
 INSTANTIATE_TEST_SUITE_P(Decode, FastVsPlain, ::testing::ValuesIn(grid(false)), param_name);
 INSTANTIATE_TEST_SUITE_P(Prefill, FastVsPlain, ::testing::ValuesIn(grid(true)), param_name);
 
 /// Sliding window and sinks (test_attention.cpp's masks, and long ones whose sink-to-window jump
 /// falls inside a tile and inside a partition).
-std::vector<FastCase> mask_cases() {
-  std::vector<FastCase> cases;
-  const std::pair<int32_t, int32_t> masks[] = {{0, 0}, {0, 3}, {1, 0},  {5, 0},    {7, 0},  {16, 0},
-                                               {5, 2}, {1, 4}, {30, 3}, {2000, 0}, {4, 100}};
+std::vector<AttentionCase> mask_cases() {
+  std::vector<AttentionCase> cases;
   for (bool prefill : {false, true}) {
-    for (auto [window, sinks] : masks) {
-      FastCase c;
-      c.block_size = 7;
-      c.group = 2;
-      c.context = 50;
-      c.prefill = prefill;
-      c.window_left = window;
-      c.sink_tokens = sinks;
-      c.dtype = window % 2 == 0 ? DType::kF32 : DType::kBF16;
-      cases.push_back(c);
-    }
+    for (const AttentionCase& c : mask_grid(prefill)) cases.push_back(c);
     for (auto [window, sinks] : {std::pair{300, 4}, {100, 45}, {517, 33}, {64, 64}}) {
-      FastCase c;
+      AttentionCase c;
       c.block_size = window == 300 ? 128 : 16;  // 128: the sink-to-window jump inside a span
       c.group = 4;
       c.context = kLongContext;
@@ -227,7 +139,7 @@ std::vector<FastCase> mask_cases() {
       cases.push_back(c);
     }
   }
-  for (FastCase& c : cases) c.name = case_name(c);
+  for (AttentionCase& c : cases) c.name = case_name(c, /*with_kind=*/true);
   return cases;
 }
 
@@ -243,7 +155,7 @@ class FastPerTarget : public ::testing::TestWithParam<std::string> {
 TEST_P(FastPerTarget, MatchesPlain) {
   ASSERT_TRUE(detail::force_fast_attention_target(GetParam()));
   EXPECT_EQ(std::string(detail::fast_attention_target()), GetParam());
-  const FastCase cases[] = {
+  const AttentionCase cases[] = {
       {.dtype = DType::kF32, .head_dim = 64, .block_size = 16, .group = 4, .context = 300},
       {.dtype = DType::kF16, .head_dim = 128, .block_size = 7, .group = 1, .context = 100},
       {.dtype = DType::kBF16, .head_dim = 48, .block_size = 32, .group = 2, .context = 129},
@@ -258,8 +170,8 @@ TEST_P(FastPerTarget, MatchesPlain) {
        .window_left = 50,
        .sink_tokens = 3},
   };
-  for (const FastCase& c : cases) {
-    SCOPED_TRACE(case_name(c));
+  for (const AttentionCase& c : cases) {
+    SCOPED_TRACE(case_name(c, /*with_kind=*/true));
     const PagedScenario s = scenario_for(c, 77);
     const std::vector<float> plain = run_plain(s);
     for (const Variant& v : kVariants) {
@@ -286,7 +198,7 @@ TEST(FastAttention, TargetHookRejectsUnknownNames) {
 
 TEST(FastAttention, ResultDoesNotDependOnThreadCountWithoutPartitions) {
   // Items are independent when no key range is split: any thread count gives the same bits.
-  FastCase c{
+  AttentionCase c{
       .dtype = DType::kBF16, .block_size = 16, .num_kv_heads = 4, .group = 2, .context = 700};
   const PagedScenario s = scenario_for(c, 5);
   const std::vector<float> one =
@@ -301,12 +213,12 @@ TEST(FastAttention, ResultDoesNotDependOnThreadCountWithoutPartitions) {
 TEST(FastAttention, LongContextPartitionsMergeToTheUnsplitResult) {
   // 20k keys in partitions of 1k, 3k (not dividing the context) and automatic ones, against
   // the single pass: the log-sum-exp merge is exact up to fp32 rounding.
-  FastCase c{.dtype = DType::kF16,
-             .head_dim = 128,
-             .block_size = 16,
-             .num_kv_heads = 1,
-             .group = 8,
-             .context = 20000};
+  AttentionCase c{.dtype = DType::kF16,
+                  .head_dim = 128,
+                  .block_size = 16,
+                  .num_kv_heads = 1,
+                  .group = 8,
+                  .context = 20000};
   PagedScenario s = scenario_for(c, 11);
   s.params.scale = 0.5f;  // sharper softmax: partitions have very different maxima
   const std::vector<float> whole =
@@ -322,7 +234,7 @@ TEST(FastAttention, LongContextPartitionsMergeToTheUnsplitResult) {
 }
 
 TEST(FastAttention, LargeScoresStayFiniteAcrossPartitions) {
-  FastCase c{.context = 600};
+  AttentionCase c{.context = 600};
   PagedScenario s = scenario_for(c, 41);
   s.params.scale = 1000.0f;  // scores ~1e4: exp without max subtraction would overflow
   for (const Variant& v : kVariants) {
@@ -335,7 +247,7 @@ TEST(FastAttention, LargeScoresStayFiniteAcrossPartitions) {
 
 TEST(FastAttention, RowsWithoutVisibleKeysAreZeroInEveryVariant) {
   // Padding rows (context 0) and window 0 without sinks: no key at all, output exactly 0.
-  FastCase c{.block_size = 4, .context = 10, .window_left = 0};
+  AttentionCase c{.block_size = 4, .context = 10, .window_left = 0};
   const PagedScenario s = scenario_for(c, 5);
   for (const Variant& v : kVariants) {
     SCOPED_TRACE(v.name);
