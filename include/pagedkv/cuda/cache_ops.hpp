@@ -16,11 +16,17 @@ namespace pagedkv::cuda {
 /// Shapes: k, v [num_tokens, num_kv_heads, head_dim] of `dtype` (fp32 like HostKVCache::write,
 /// or fp16/bf16 as a model running in that precision produces them); slot_mapping
 /// [num_tokens] int64 (negative = padding, skipped).
+/// Non-owning: the caller keeps the arrays alive until the launch that reads them is done.
 struct NewKV {
+  /// Device keys [num_tokens, num_kv_heads, head_dim] of `dtype`, rows contiguous.
   const void* k = nullptr;
+  /// Device values, same shape and dtype as k.
   const void* v = nullptr;
+  /// Element type of k and v: kF32, kF16 or kBF16 (need not be the pool dtype).
   DType dtype = DType::kF32;
+  /// Device [num_tokens] int64: slot = block * block_size + token in block; negative = padding.
   const int64_t* slot_mapping = nullptr;
+  /// Tokens (rows of k, v and slot_mapping), in [0, 2^31 - 1]; 0 launches nothing.
   int64_t num_tokens = 0;
 };
 

@@ -35,14 +35,14 @@
 
 namespace pagedkv::cuda {
 
-/// Query heads served by one CTA (all heads of a GQA group up to this many; a larger group is
-/// served by ceil(group / kHeadsPerCta) CTAs per kv head).
 #ifndef PAGEDKV_DECODE_HEADS_PER_CTA
-// Set only by scripts/gpu_tune.sh's builds, for the whole build (library and includers alike):
-// a program that defines it differently from its library gets launches that disagree with
-// plan_decode.
+/// Build-wide override of kHeadsPerCta (default 4). Set only by scripts/gpu_tune.sh's builds,
+/// for the whole build (library and includers alike): a program that defines it differently
+/// from its library gets launches that disagree with plan_decode.
 #define PAGEDKV_DECODE_HEADS_PER_CTA 4
 #endif
+/// Query heads served by one CTA (all heads of a GQA group up to this many; a larger group is
+/// served by ceil(group / kHeadsPerCta) CTAs per kv head).
 inline constexpr int32_t kHeadsPerCta = PAGEDKV_DECODE_HEADS_PER_CTA;
 /// Upper bound of DecodePlan::num_splits (grid z).
 inline constexpr int32_t kMaxSplits = 256;
@@ -51,10 +51,11 @@ inline constexpr int32_t kMaxSplits = 256;
 inline constexpr int32_t kMinSplitTokens = 256;
 /// Heuristic: chunk_tokens is a multiple of this (the largest tile of any configuration).
 inline constexpr int32_t kSplitGranularity = 64;
-/// Heuristic cost model constants, in "tokens of K/V streamed by one CTA" units: fixed cost of
-/// one CTA (q load, final reduction, output write) and of the merge pass (one more launch plus
-/// the partial outputs' round trip).
+/// Heuristic cost model constant, in "tokens of K/V streamed by one CTA" units: the fixed cost
+/// of one CTA (q load, final reduction, output write).
 inline constexpr int32_t kCtaOverheadTokens = 64;
+/// Heuristic cost model constant, in the same units: the fixed cost of the merge pass of a
+/// split-K launch (one more launch plus the partial outputs' round trip).
 inline constexpr int32_t kMergeOverheadTokens = 128;
 
 /// How a decode launch divides the context. num_splits == 1 is the one-pass kernel (writes out
@@ -65,15 +66,17 @@ struct DecodePlan {
   int32_t num_splits = 1;    ///< in [1, kMaxSplits]
   int32_t chunk_tokens = 0;  ///< tokens per split (> 0 when num_splits > 1)
 
+  /// True when the plan has more than one split: the launch needs a workspace and a merge pass.
   [[nodiscard]] bool split_k() const { return num_splits > 1; }
+  /// Field-wise equality (num_splits and chunk_tokens).
   friend bool operator==(const DecodePlan&, const DecodePlan&) = default;
 };
 
 /// What plan_decode() needs to know. Pure numbers, so the heuristic is testable without a GPU.
 struct DecodePlanInput {
-  int32_t num_seqs = 1;
-  int32_t num_heads = 1;
-  int32_t num_kv_heads = 1;
+  int32_t num_seqs = 1;         ///< sequences (decode rows) of the launch, >= 1
+  int32_t num_heads = 1;        ///< query heads, >= 1 and a multiple of num_kv_heads
+  int32_t num_kv_heads = 1;     ///< K/V heads, >= 1
   int64_t max_context_len = 0;  ///< tokens; the longest context of the batch (or the capacity)
   int32_t sm_count = 1;         ///< multiprocessors of the device
   int32_t ctas_per_sm = 1;      ///< resident decode CTAs per multiprocessor (occupancy)
@@ -109,7 +112,11 @@ struct DecodePlanInput {
 struct DecodeLaunch {
   DecodePlan plan;            ///< one-pass by default
   void* workspace = nullptr;  ///< device; >= decode_workspace_bytes(...) when split_k()
+  /// Size of `workspace` in bytes; checked against decode_workspace_bytes() for this plan
+  /// (ignored, like workspace, for a one-pass plan).
   int64_t workspace_bytes = 0;
+  /// Stream every kernel of the launch is queued on (the attention kernel and, for split-K, the
+  /// merge kernel); nullptr is the legacy default stream.
   Stream stream = nullptr;
 };
 
@@ -122,8 +129,8 @@ struct DecodeLaunch {
                                           int32_t num_seqs, int64_t max_context_len);
 
 /// Paged decode attention on the device: out = softmax(q K^T * scale + mask) V for one query
-/// per sequence over its context (positions 0 .. context_len - 1, window/sinks as in
-/// AttentionParams). Asynchronous on launch.stream.
+/// per sequence over its context, positions [0, context_len) with window and sinks as in
+/// AttentionParams. Asynchronous on launch.stream.
 /// Shapes: q, out [tables.num_seqs, params.num_heads, params.head_dim] fp32, device;
 /// `tables` holds DEVICE pointers (block_tables [num_seqs, max_blocks_per_seq] int32,
 /// context_lens [num_seqs] int32); `cache` views device pools (HND or NHD).

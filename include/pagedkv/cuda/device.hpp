@@ -50,20 +50,32 @@ void synchronize(Stream stream);
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
+  /// Allocates `bytes` bytes of device memory, uninitialized (0 bytes: an empty buffer, no
+  /// allocation). Synchronous.
   /// Errors: throws pagedkv::Error if bytes < 0 or cudaMalloc fails (the message names the
   /// size and the CUDA error).
   explicit DeviceBuffer(int64_t bytes);
   ~DeviceBuffer();
+  /// Takes other's allocation without copying; `other` is left empty (data() == nullptr,
+  /// bytes() == 0), like a default-constructed buffer, and may be reused by assignment. Device
+  /// pointers taken from `other` before the move stay valid: the memory now belongs to this one.
   DeviceBuffer(DeviceBuffer&& other) noexcept;
+  /// Frees this buffer's allocation (cudaFree, errors ignored) and takes other's, leaving
+  /// `other` empty as the move constructor does. Self-move keeps the buffer.
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
+  /// Device address of byte 0; nullptr when empty (default-constructed, 0 bytes, moved from).
+  /// Not dereferenceable on the host.
   [[nodiscard]] void* data() const { return data_; }
+  /// data() as a typed device pointer (no check: T's alignment must divide 256, the
+  /// cudaMalloc alignment, and the caller keeps to bytes() / sizeof(T) elements).
   template <typename T>
   [[nodiscard]] T* as() const {
     return static_cast<T*>(data_);
   }
+  /// Size of the allocation, bytes (0 when empty).
   [[nodiscard]] int64_t bytes() const { return bytes_; }
 
   /// Copies host bytes to offset `offset` (synchronous when stream is nullptr and `host` is
@@ -75,11 +87,15 @@ class DeviceBuffer {
   /// Sets every byte to 0 (cudaMemsetAsync on `stream`).
   void zero(Stream stream = nullptr);
 
-  /// Typed conveniences: whole-span copies starting at offset 0.
+  /// Typed convenience: upload(host.data(), host.size_bytes(), 0, stream), the whole span to
+  /// offset 0, with the same stream semantics and errors.
   template <typename T>
   void upload(std::span<const T> host, Stream stream = nullptr) {
     upload(host.data(), static_cast<int64_t>(host.size_bytes()), 0, stream);
   }
+  /// Typed convenience: download(host.data(), host.size_bytes(), 0, stream), the first
+  /// host.size_bytes() bytes into the span; synchronizes `stream` before returning.
+  /// Errors: throws pagedkv::Error if the span is larger than bytes() or the copy fails.
   template <typename T>
   void download(std::span<T> host, Stream stream = nullptr) const {
     download(host.data(), static_cast<int64_t>(host.size_bytes()), 0, stream);
@@ -95,15 +111,26 @@ class DeviceBuffer {
 class PinnedHostBuffer {
  public:
   PinnedHostBuffer() = default;
-  /// Errors: throws pagedkv::Error if bytes < 0 or cudaMallocHost fails.
+  /// Allocates `bytes` bytes of page-locked host memory, zeroed (0 bytes: an empty buffer, no
+  /// allocation).
+  /// Errors: throws pagedkv::Error if bytes < 0 or cudaMallocHost fails (the message names the
+  /// size and the CUDA error).
   explicit PinnedHostBuffer(int64_t bytes);
   ~PinnedHostBuffer();
+  /// Takes other's allocation without copying; `other` is left empty (data() == nullptr,
+  /// bytes() == 0) and may be reused by assignment. Pointers into the memory stay valid.
   PinnedHostBuffer(PinnedHostBuffer&& other) noexcept;
+  /// Frees this buffer's allocation (cudaFreeHost, errors ignored) and takes other's, leaving
+  /// `other` empty as the move constructor does. Self-move keeps the buffer.
   PinnedHostBuffer& operator=(PinnedHostBuffer&& other) noexcept;
   PinnedHostBuffer(const PinnedHostBuffer&) = delete;
   PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
 
+  /// Host address of byte 0, readable and writable on the host; nullptr when empty
+  /// (default-constructed, 0 bytes, moved from). Wait for the copies that use it (synchronize
+  /// their stream) before touching the bytes.
   [[nodiscard]] std::byte* data() const { return data_; }
+  /// Size of the allocation, bytes (0 when empty).
   [[nodiscard]] int64_t bytes() const { return bytes_; }
 
  private:

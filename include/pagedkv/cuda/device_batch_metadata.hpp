@@ -41,15 +41,25 @@ struct DeviceBatchCapacity {
 ///   csr_last_page_len [max_seqs] int32.
 class DeviceBatchMetadata {
  public:
+  /// Allocates every buffer for `capacity` and fills them as an all-padding batch (context 0,
+  /// table -1, slot -1; num_seqs() == 0); synchronous (on the legacy default stream).
   /// Errors: throws pagedkv::Error if a capacity field is < 1 (or the tables exceed 2^31 - 1
   /// entries), there is no CUDA device, or an allocation fails.
   explicit DeviceBatchMetadata(const DeviceBatchCapacity& capacity);
   ~DeviceBatchMetadata();
+  /// Takes other's device buffers, pinned staging and event without copying or synchronizing.
+  /// Device pointers and views taken from `other` (tables(), slot_mapping(), ...) stay valid and
+  /// now belong to this object, so a graph captured with them keeps working. The moved-from
+  /// object owns no memory (it still reports its capacity() and counts): only destroying it or
+  /// assigning to it is valid.
   DeviceBatchMetadata(DeviceBatchMetadata&&) noexcept;
+  /// Releases this object's buffers and event and takes other's, leaving `other` as the move
+  /// constructor does. Self-move keeps the object.
   DeviceBatchMetadata& operator=(DeviceBatchMetadata&&) noexcept;
   DeviceBatchMetadata(const DeviceBatchMetadata&) = delete;
   DeviceBatchMetadata& operator=(const DeviceBatchMetadata&) = delete;
 
+  /// The capacity the buffers were sized for (fixed for the object's lifetime).
   [[nodiscard]] const DeviceBatchCapacity& capacity() const { return capacity_; }
 
   /// Copies meta.padded (tables, context lengths) and meta.slot_mapping into the fixed
@@ -66,8 +76,10 @@ class DeviceBatchMetadata {
   [[nodiscard]] BlockTableView tables() const;
   /// Device view with num_seqs = the last upload's count (smaller grids; not graph-stable).
   [[nodiscard]] BlockTableView active_tables() const;
-  /// Sequences and slots of the last upload.
+  /// Sequences of the last upload: meta.padded.num_seqs (0 before the first).
   [[nodiscard]] int32_t num_seqs() const { return num_seqs_; }
+  /// Slot-mapping entries (tokens) of the last upload: meta.slot_mapping.size(), before the
+  /// padding to capacity().max_tokens (0 before the first).
   [[nodiscard]] int64_t num_slots() const { return num_slots_; }
 
   [[nodiscard]] const int64_t* slot_mapping() const;       ///< [max_tokens]

@@ -26,6 +26,8 @@ namespace pagedkv::cuda {
 /// there); right for a CLI, tests and examples. Not internally synchronized.
 class DeviceDecodeRunner {
  public:
+  /// A runner that launches on `stream` (not owned: it must outlive the runner). Allocates
+  /// nothing yet; the staging buffers grow on the first calls.
   /// Errors: throws pagedkv::Error if there is no CUDA device.
   explicit DeviceDecodeRunner(Stream stream = nullptr);
 
@@ -66,6 +68,8 @@ class DeviceDecodeRunner {
 
   /// The plan of the last decode call (one-pass before the first).
   [[nodiscard]] const DecodePlan& last_plan() const { return last_plan_; }
+  /// The stream every call stages, launches and synchronizes on: the one given to the
+  /// constructor (not owned; nullptr is the legacy default stream).
   [[nodiscard]] Stream stream() const { return stream_; }
 
  private:

@@ -36,17 +36,26 @@ namespace pagedkv::cuda {
 /// host-mirror functions upload()/download(), which synchronize. Not internally synchronized.
 class DeviceKVCache {
  public:
+  /// Allocates the zeroed device pools of `config` and a zeroed pinned swap pool of
+  /// num_host_blocks blocks (block_bytes() each); synchronous (returns with the pools zeroed).
   /// Errors: throws pagedkv::Error if the config is invalid (validate()), num_host_blocks < 0,
   /// there is no CUDA device (require_device()), or an allocation fails (names the bytes).
   explicit DeviceKVCache(const KVCacheConfig& config, int32_t num_host_blocks = 0);
   ~DeviceKVCache();
+  /// Takes other's device arena, pointer table, staging buffers and pinned swap pool without
+  /// copying or synchronizing. Views and pointers taken from `other` (layer(), pool_pointers(),
+  /// host_block()) stay valid and now belong to this cache. The moved-from cache owns no memory
+  /// (it still reports its config() and sizes): only destroying it or assigning to it is valid.
   DeviceKVCache(DeviceKVCache&&) noexcept;
+  /// Frees this cache's device and pinned memory and takes other's, leaving `other` as the move
+  /// constructor does. Self-move keeps the cache.
   DeviceKVCache& operator=(DeviceKVCache&&) noexcept;
   DeviceKVCache(const DeviceKVCache&) = delete;
   DeviceKVCache& operator=(const DeviceKVCache&) = delete;
 
   /// View of one layer's device pools, for the kernels. Errors: throws if layer is out of range.
   [[nodiscard]] KVLayerView layer(int32_t layer) const;
+  /// The geometry the cache was built with (the same meaning as HostKVCache::config()).
   [[nodiscard]] const KVCacheConfig& config() const { return config_; }
   /// Device bytes of the pools: kv_cache_bytes(config()).
   [[nodiscard]] int64_t bytes() const { return kv_cache_bytes(config_); }
@@ -54,6 +63,8 @@ class DeviceKVCache {
   [[nodiscard]] int64_t pool_block_bytes() const { return pool_block_bytes_; }
   /// Bytes of one block across all layers, K and V: 2 * num_layers * pool_block_bytes().
   [[nodiscard]] int64_t block_bytes() const { return 2 * config_.num_layers * pool_block_bytes_; }
+  /// Blocks of the pinned host swap pool (the constructor's num_host_blocks): valid host ids
+  /// for swap_out() destinations, swap_in() sources and host_block() are [0, num_host_blocks).
   [[nodiscard]] int32_t num_host_blocks() const { return num_host_blocks_; }
   /// Device array [num_copy_pools()] of device pointers, the `pools` argument of
   /// cuda::copy_blocks() with block_bytes = copy_block_bytes(): separate placement, the

@@ -35,7 +35,8 @@ inline constexpr std::array<int32_t, 3> kDecodeBlockSizes = {8, 16, 32};
 /// supported (supported: 64, 128, 256)". Pure host code: runs before any CUDA call, so it works
 /// (and is tested) on machines without a GPU.
 void check_decode_config(DType dtype, int32_t head_dim);
-/// As above, plus block_size, e.g. "CUDA decode attention: block_size 64 is not supported
+/// Throws pagedkv::Error unless (dtype, head_dim, block_size) is supported. As the two-argument
+/// check, plus block_size; for example "CUDA decode attention: block_size 64 is not supported
 /// (supported: 8, 16, 32)".
 void check_decode_config(DType dtype, int32_t head_dim, int32_t block_size);
 
