@@ -201,24 +201,32 @@ json OpsExecutor::run(const OpsLine& l, bool& print) {
     auto param = [&](const char* k) -> int32_t {
       return opt(k) ? static_cast<int32_t>(to_int(l, k, *opt(k), 0, 1 << 24)) : 0;
     };
-    std::set<std::string> used;
-    if (policy == "none") {
-      c.eviction.kind = EvictionKind::kNone;
-    } else if (policy == "window") {
-      c.eviction = {.kind = EvictionKind::kSlidingWindow, .window = param("window")};
-      used = {"window"};
-    } else if (policy == "sinks") {
-      c.eviction = {.kind = EvictionKind::kAttentionSinks,
-                    .window = param("window"),
-                    .sinks = param("sinks")};
-      used = {"window", "sinks"};
-    } else if (policy == "h2o") {
-      c.eviction = {
-          .kind = EvictionKind::kHeavyHitters, .recent = param("recent"), .heavy = param("heavy")};
-      used = {"recent", "heavy"};
-    } else {
+    const std::optional<EvictionKind> kind = parse_eviction_kind(policy);
+    if (!kind) {
       fail_at(l.line,
               fmt::format("manager: policy must be none, window, sinks or h2o, got '{}'", policy));
+    }
+    std::set<std::string> used;
+    switch (*kind) {
+      case EvictionKind::kNone:
+        c.eviction.kind = EvictionKind::kNone;
+        break;
+      case EvictionKind::kSlidingWindow:
+        c.eviction = {.kind = EvictionKind::kSlidingWindow, .window = param("window")};
+        used = {"window"};
+        break;
+      case EvictionKind::kAttentionSinks:
+        c.eviction = {.kind = EvictionKind::kAttentionSinks,
+                      .window = param("window"),
+                      .sinks = param("sinks")};
+        used = {"window", "sinks"};
+        break;
+      case EvictionKind::kHeavyHitters:
+        c.eviction = {.kind = EvictionKind::kHeavyHitters,
+                      .recent = param("recent"),
+                      .heavy = param("heavy")};
+        used = {"recent", "heavy"};
+        break;
     }
     for (const char* k : {"window", "sinks", "recent", "heavy"}) {
       if (opt(k) && !used.contains(k)) {
