@@ -206,27 +206,17 @@ json OpsExecutor::run(const OpsLine& l, bool& print) {
       fail_at(l.line,
               fmt::format("manager: policy must be none, window, sinks or h2o, got '{}'", policy));
     }
+    // kNone: the default config.
     std::set<std::string> used;
-    switch (*kind) {
-      case EvictionKind::kNone:
-        c.eviction.kind = EvictionKind::kNone;
-        break;
-      case EvictionKind::kSlidingWindow:
-        c.eviction = {.kind = EvictionKind::kSlidingWindow, .window = param("window")};
-        used = {"window"};
-        break;
-      case EvictionKind::kAttentionSinks:
-        c.eviction = {.kind = EvictionKind::kAttentionSinks,
-                      .window = param("window"),
-                      .sinks = param("sinks")};
-        used = {"window", "sinks"};
-        break;
-      case EvictionKind::kHeavyHitters:
-        c.eviction = {.kind = EvictionKind::kHeavyHitters,
-                      .recent = param("recent"),
-                      .heavy = param("heavy")};
-        used = {"recent", "heavy"};
-        break;
+    if (*kind == EvictionKind::kSlidingWindow) {
+      c.eviction = {.kind = *kind, .window = param("window")};
+      used = {"window"};
+    } else if (*kind == EvictionKind::kAttentionSinks) {
+      c.eviction = {.kind = *kind, .window = param("window"), .sinks = param("sinks")};
+      used = {"window", "sinks"};
+    } else if (*kind == EvictionKind::kHeavyHitters) {
+      c.eviction = {.kind = *kind, .recent = param("recent"), .heavy = param("heavy")};
+      used = {"recent", "heavy"};
     }
     for (const char* k : {"window", "sinks", "recent", "heavy"}) {
       if (opt(k) && !used.contains(k)) {

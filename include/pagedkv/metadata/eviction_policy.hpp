@@ -141,20 +141,26 @@ class EvictionPolicy {
   [[nodiscard]] bool is_needed(int64_t pos, int64_t first_query) const;
 };
 
-/// Keeps every position.
-class NoEviction final : public EvictionPolicy {
+/// Base of the policies whose kept set is a rule on positions (a mask): they score no token and
+/// name no victims; blocks go by released_positions().
+class PositionalEvictionPolicy : public EvictionPolicy {
  public:
-  NoEviction() = default;
-  EvictionKind kind() const override { return EvictionKind::kNone; }
-  const EvictionPolicyConfig& config() const override { return config_; }
-  AttentionMask attention_mask() const override { return {}; }
-  PositionRange released_positions(int64_t) const override { return {}; }
   bool scores_tokens() const override { return false; }
   int64_t budget() const override { return -1; }
   std::vector<size_t> select_victims(std::span<const KeptTokenScore>, int64_t,
                                      int64_t) const override {
     return {};
   }
+};
+
+/// Keeps every position.
+class NoEviction final : public PositionalEvictionPolicy {
+ public:
+  NoEviction() = default;
+  EvictionKind kind() const override { return EvictionKind::kNone; }
+  const EvictionPolicyConfig& config() const override { return config_; }
+  AttentionMask attention_mask() const override { return {}; }
+  PositionRange released_positions(int64_t) const override { return {}; }
 
  private:
   EvictionPolicyConfig config_{};
@@ -165,7 +171,7 @@ class NoEviction final : public EvictionPolicy {
 /// released. Source: Longformer/Mistral-style local attention; see also StreamingLLM sec. 3.
 /// Worked example (W 4, block_size 2): before appending position 9, positions < 6 are never
 /// needed again (released_positions(9) = [0, 6)), so logical blocks 0, 1, 2 are released.
-class SlidingWindowPolicy final : public EvictionPolicy {
+class SlidingWindowPolicy final : public PositionalEvictionPolicy {
  public:
   /// Errors: throws pagedkv::Error if window < 1.
   explicit SlidingWindowPolicy(int32_t window);
@@ -175,12 +181,6 @@ class SlidingWindowPolicy final : public EvictionPolicy {
   /// [0, first_query - W + 1): the earliest key a query at >= first_query sees is
   /// first_query - W + 1.
   PositionRange released_positions(int64_t first_query) const override;
-  bool scores_tokens() const override { return false; }
-  int64_t budget() const override { return -1; }
-  std::vector<size_t> select_victims(std::span<const KeptTokenScore>, int64_t,
-                                     int64_t) const override {
-    return {};
-  }
 
  private:
   EvictionPolicyConfig config_;
@@ -190,7 +190,7 @@ class SlidingWindowPolicy final : public EvictionPolicy {
 /// (window_left = W, sink_tokens = S). Blocks holding a sink position are never released.
 /// Source: Xiao et al., "Efficient Streaming Language Models with Attention Sinks" (StreamingLLM,
 /// 2023): keeping the initial tokens' K/V restores window attention's quality.
-class AttentionSinksPolicy final : public EvictionPolicy {
+class AttentionSinksPolicy final : public PositionalEvictionPolicy {
  public:
   /// Errors: throws pagedkv::Error if sinks < 1 or window < 1.
   AttentionSinksPolicy(int32_t sinks, int32_t window);
@@ -199,12 +199,6 @@ class AttentionSinksPolicy final : public EvictionPolicy {
   AttentionMask attention_mask() const override { return {config_.window, config_.sinks}; }
   /// [S, first_query - W + 1): between the sinks and the window of the next query.
   PositionRange released_positions(int64_t first_query) const override;
-  bool scores_tokens() const override { return false; }
-  int64_t budget() const override { return -1; }
-  std::vector<size_t> select_victims(std::span<const KeptTokenScore>, int64_t,
-                                     int64_t) const override {
-    return {};
-  }
 
  private:
   EvictionPolicyConfig config_;
