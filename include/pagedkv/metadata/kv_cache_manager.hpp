@@ -318,7 +318,6 @@ class KVCacheManager {
    public:
     KeptSet() = default;
     explicit KeptSet(bool scored) : scored_(scored) {}
-    [[nodiscard]] bool scored() const { return scored_; }
     [[nodiscard]] bool sparse() const { return sparse_; }
     /// Records positions [first, first + n) at their positional slots (scored sets only).
     void add_positional(int64_t first, int64_t n, int32_t block_size) {
@@ -394,7 +393,8 @@ class KVCacheManager {
   Sequence new_sequence() const;
   void emit(KVCacheEvent event);
   // The members declared `inline` are defined in the one source (or private header) that calls
-  // them: the library is built -fPIC, where an out-of-line member call is never inlined.
+  // them: the library is built -fPIC, and GCC does not inline a call to an interposable
+  // (non-inline, default-visibility) function there; these sit on the append hot path.
   // kv_cache_manager_prefix.cpp (allocate_blocks: manager_internal.hpp)
   inline std::optional<std::vector<BlockId>> allocate_blocks(int32_t n);
   std::optional<std::vector<BlockId>> allocate_evicting(int32_t n);
