@@ -66,16 +66,35 @@ BlockId BlockAllocator::pop_free() {
   return id;
 }
 
+// Precondition: lru_.size > 0. The cached block at the LRU head loses its contents.
+inline BlockId BlockAllocator::evict_lru() {
+  const BlockId id = lru_.head;
+  unlink(lru_, id);
+  cached_[id] = 0;
+  return id;
+}
+
 std::optional<BlockId> BlockAllocator::allocate() {
   BlockId id;
   if (free_size_ > 0) {
     id = pop_free();
   } else if (lru_.size > 0) {
-    id = lru_.head;
-    // Tell the owner of the cached contents first: if it throws, nothing has changed here.
-    if (on_evict_) on_evict_(id);
-    unlink(lru_, id);
-    cached_[id] = 0;
+    id = evict_lru();
+  } else {
+    return std::nullopt;
+  }
+  ref_[id] = 1;
+  return id;
+}
+
+std::optional<BlockId> BlockAllocator::allocate(std::vector<BlockId>& evicted) {
+  BlockId id;
+  if (free_size_ > 0) {
+    id = pop_free();
+  } else if (lru_.size > 0) {
+    // Report first: if growing the list throws, nothing has changed here.
+    evicted.push_back(lru_.head);
+    id = evict_lru();
   } else {
     return std::nullopt;
   }
@@ -89,6 +108,26 @@ std::optional<std::vector<BlockId>> BlockAllocator::allocate(int32_t n) {
   std::vector<BlockId> ids;
   ids.reserve(n);
   for (int32_t i = 0; i < n; ++i) ids.push_back(*allocate());
+  return ids;
+}
+
+std::optional<std::vector<BlockId>> BlockAllocator::allocate(int32_t n,
+                                                             std::vector<BlockId>& evicted) {
+  PAGEDKV_CHECK(n >= 0, "BlockAllocator::allocate: block count must be >= 0, got {}", n);
+  if (n > num_available()) return std::nullopt;
+  // Free blocks first, then one eviction per block still missing (as n calls of allocate()
+  // would do). Both lists are reserved up front, so nothing below can throw halfway.
+  const int32_t from_lru = n > free_size_ ? n - free_size_ : 0;
+  std::vector<BlockId> ids;
+  ids.reserve(n);
+  if (from_lru > 0) evicted.reserve(evicted.size() + static_cast<size_t>(from_lru));
+  for (int32_t i = from_lru; i < n; ++i) ids.push_back(*allocate());
+  for (int32_t i = 0; i < from_lru; ++i) {
+    const BlockId id = evict_lru();
+    ref_[id] = 1;
+    evicted.push_back(id);
+    ids.push_back(id);
+  }
   return ids;
 }
 
@@ -126,17 +165,15 @@ void BlockAllocator::set_cached(BlockId id, bool cached) {
   cached_[id] = cached ? 1 : 0;
 }
 
-int32_t BlockAllocator::evict_all_cached() {
-  int32_t n = 0;
+std::vector<BlockId> BlockAllocator::evict_all_cached() {
+  std::vector<BlockId> evicted;
+  evicted.reserve(static_cast<size_t>(lru_.size));
   while (lru_.size > 0) {
-    const BlockId id = lru_.head;
-    if (on_evict_) on_evict_(id);
-    unlink(lru_, id);
-    cached_[id] = 0;
+    const BlockId id = evict_lru();
     push_free(id);
-    ++n;
+    evicted.push_back(id);
   }
-  return n;
+  return evicted;
 }
 
 void BlockAllocator::shuffle_free_list(uint64_t seed) {

@@ -3,21 +3,43 @@
 #include <algorithm>
 
 #include "core/check.hpp"
+#include "core/enum_names.hpp"
 
 namespace pagedkv {
 
+namespace {
+constexpr detail::EnumName<EvictionKind> kEvictionKindNames[] = {
+    {EvictionKind::kNone, "none"},
+    {EvictionKind::kSlidingWindow, "window"},
+    {EvictionKind::kAttentionSinks, "sinks"},
+    {EvictionKind::kHeavyHitters, "h2o"},
+};
+}  // namespace
+
 std::string eviction_kind_name(EvictionKind kind) {
-  switch (kind) {
-    case EvictionKind::kNone:
-      return "none";
-    case EvictionKind::kSlidingWindow:
-      return "window";
-    case EvictionKind::kAttentionSinks:
-      return "sinks";
-    case EvictionKind::kHeavyHitters:
-      return "h2o";
-  }
-  return "unknown";
+  const std::string_view name = detail::enum_name<EvictionKind>(kEvictionKindNames, kind);
+  return std::string(name.empty() ? "unknown" : name);
+}
+
+std::optional<EvictionKind> parse_eviction_kind(std::string_view name) {
+  return detail::parse_enum<EvictionKind>(kEvictionKindNames, name);
+}
+
+void EvictionPolicy::set_attention_mask(AttentionParams& params) const {
+  const AttentionMask mask = attention_mask();
+  if (mask.window_left < 0) return;
+  params.window_left = mask.window_left;
+  params.sink_tokens = mask.sink_tokens;
+}
+
+bool EvictionPolicy::is_visible(int64_t key, int64_t query) const {
+  const AttentionMask mask = attention_mask();
+  return key <= query &&
+         (mask.window_left < 0 || key > query - mask.window_left || key < mask.sink_tokens);
+}
+
+bool EvictionPolicy::is_needed(int64_t pos, int64_t first_query) const {
+  return !released_positions(first_query).contains(pos);
 }
 
 SlidingWindowPolicy::SlidingWindowPolicy(int32_t window)
@@ -25,18 +47,8 @@ SlidingWindowPolicy::SlidingWindowPolicy(int32_t window)
   PAGEDKV_CHECK(window >= 1, "SlidingWindowPolicy: window must be >= 1 token, got {}", window);
 }
 
-void SlidingWindowPolicy::set_attention_mask(AttentionParams& params) const {
-  params.window_left = config_.window;
-  params.sink_tokens = 0;
-}
-
-// The earliest key any query at q >= first_query sees is first_query - W + 1.
-bool SlidingWindowPolicy::is_needed(int64_t pos, int64_t first_query) const {
-  return pos > first_query - config_.window;
-}
-
-bool SlidingWindowPolicy::is_visible(int64_t key, int64_t query) const {
-  return key <= query && key > query - config_.window;
+PositionRange SlidingWindowPolicy::released_positions(int64_t first_query) const {
+  return {0, std::max<int64_t>(0, first_query - config_.window + 1)};
 }
 
 AttentionSinksPolicy::AttentionSinksPolicy(int32_t sinks, int32_t window)
@@ -45,17 +57,9 @@ AttentionSinksPolicy::AttentionSinksPolicy(int32_t sinks, int32_t window)
   PAGEDKV_CHECK(window >= 1, "AttentionSinksPolicy: window must be >= 1 token, got {}", window);
 }
 
-void AttentionSinksPolicy::set_attention_mask(AttentionParams& params) const {
-  params.window_left = config_.window;
-  params.sink_tokens = config_.sinks;
-}
-
-bool AttentionSinksPolicy::is_needed(int64_t pos, int64_t first_query) const {
-  return pos < config_.sinks || pos > first_query - config_.window;
-}
-
-bool AttentionSinksPolicy::is_visible(int64_t key, int64_t query) const {
-  return key <= query && (key < config_.sinks || key > query - config_.window);
+PositionRange AttentionSinksPolicy::released_positions(int64_t first_query) const {
+  const int64_t sinks = config_.sinks;
+  return {sinks, std::max(sinks, first_query - config_.window + 1)};
 }
 
 HeavyHitterPolicy::HeavyHitterPolicy(int32_t recent, int32_t heavy)

@@ -156,9 +156,10 @@ EvictionPolicyConfig eviction_option(const OpsLine& l) {
     return it == l.options.end() ? nullptr : &it->second;
   };
   const std::string policy = opt("policy") ? *opt("policy") : "none";
+  const std::optional<EvictionKind> kind = parse_eviction_kind(policy);
   const PolicyOptions* chosen = nullptr;
   for (const PolicyOptions& p : kPolicies) {
-    if (eviction_kind_name(p.kind) == policy) chosen = &p;
+    if (kind == p.kind) chosen = &p;
   }
   if (chosen == nullptr) {
     fail_at(l.line, fmt::format("manager: policy must be {}, got '{}'", policy_names(), policy));

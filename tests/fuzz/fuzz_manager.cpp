@@ -144,170 +144,178 @@ void guarded(KVCacheManager& m, const char* op, Op&& run) {
   if (got == Outcome::kThrew) expect_unchanged(m, before, op, got);
 }
 
-void step(KVCacheManager& m, ByteReader& in) {
-  const int32_t bs = m.config().block_size;
-  switch (in.below(16)) {
-    case 0: {
-      const SeqId s = seq_id(in);
-      guarded(m, "add_sequence", [&] {
-        m.add_sequence(s);
-        return true;
+// ---- one function per operation; each reads its arguments from the input in a fixed order ----
+
+void op_add_empty(KVCacheManager& m, ByteReader& in) {
+  const SeqId s = seq_id(in);
+  guarded(m, "add_sequence", [&] {
+    m.add_sequence(s);
+    return true;
+  });
+}
+
+void op_add_prompt(KVCacheManager& m, ByteReader& in) {
+  const SeqId s = seq_id(in);
+  const std::vector<TokenId> prompt = tokens(in, 3 * m.config().block_size);
+  const uint64_t extra = in.below(2);
+  // can_add_sequence does not know `s`; an existing or padding id throws instead.
+  const bool bad_id = s == kPaddingSeq || m.has_sequence(s);
+  predicted(
+      m, "add_sequence(prompt)",
+      [&] {
+        if (bad_id) throw Error("bad id");
+        return m.can_add_sequence(prompt, extra) == Admission::kOk;
+      },
+      [&] { return m.add_sequence(s, prompt, extra).has_value(); });
+}
+
+void op_append_slots(KVCacheManager& m, ByteReader& in) {
+  const SeqId s = seq_id(in);
+  const uint8_t b = in.byte();  // 255: a negative count, which must throw
+  const int64_t n = b == 255 ? -1 : static_cast<int64_t>(b % (3 * m.config().block_size + 1));
+  predicted(
+      m, "append_slots", [&] { return m.can_append(s, n); },
+      [&] {
+        const auto r = m.append_slots(s, n);
+        if (r) PAGEDKV_FUZZ_CHECK(static_cast<int64_t>(r->slots.size()) == n, "slots");
+        return r.has_value();
       });
-      break;
-    }
-    case 1: {
-      const SeqId s = seq_id(in);
-      const std::vector<TokenId> prompt = tokens(in, 3 * bs);
-      const uint64_t extra = in.below(2);
-      // can_add_sequence does not know `s`; an existing or padding id throws instead.
-      const bool bad_id = s == kPaddingSeq || m.has_sequence(s);
-      predicted(
-          m, "add_sequence(prompt)",
-          [&] {
-            if (bad_id) throw Error("bad id");
-            return m.can_add_sequence(prompt, extra) == Admission::kOk;
-          },
-          [&] { return m.add_sequence(s, prompt, extra).has_value(); });
-      break;
-    }
-    case 2: {
-      const SeqId s = seq_id(in);
-      const uint8_t b = in.byte();  // 255: a negative count, which must throw
-      const int64_t n = b == 255 ? -1 : static_cast<int64_t>(b % (3 * bs + 1));
-      predicted(
-          m, "append_slots", [&] { return m.can_append(s, n); },
-          [&] {
-            const auto r = m.append_slots(s, n);
-            if (r) PAGEDKV_FUZZ_CHECK(static_cast<int64_t>(r->slots.size()) == n, "slots");
-            return r.has_value();
-          });
-      break;
-    }
-    case 3: {
-      const SeqId s = seq_id(in);
-      const std::vector<TokenId> t = tokens(in, 2 * bs);
-      predicted(
-          m, "append_tokens", [&] { return m.can_append(s, static_cast<int64_t>(t.size())); },
-          [&] { return m.append_tokens(s, t).has_value(); });
-      break;
-    }
-    case 4: {
-      const SeqId parent = seq_id(in);
-      const SeqId child = seq_id(in);
-      guarded(m, "fork", [&] {
-        m.fork(parent, child);
-        return true;
-      });
-      break;
-    }
-    case 5: {
-      const SeqId s = seq_id(in);
-      guarded(m, "free_sequence", [&] {
-        m.free_sequence(s);
-        return true;
-      });
-      break;
-    }
-    case 6: {
-      const SeqId s = seq_id(in);
-      predicted(
-          m, "swap_out", [&] { return m.can_swap_out(s); },
-          [&] { return m.swap_out(s).has_value(); });
-      break;
-    }
-    case 7: {
-      const SeqId s = seq_id(in);
-      predicted(
-          m, "swap_in", [&] { return m.can_swap_in(s); }, [&] { return m.swap_in(s).has_value(); });
-      break;
-    }
-    case 8: {
-      const SeqId s = seq_id(in);
-      guarded(m, "preempt", [&] {
-        const int64_t n = m.has_sequence(s) ? m.num_tokens(s) : -1;
-        const PreemptedSequence p = m.preempt(s);
-        PAGEDKV_FUZZ_CHECK(p.seq == s && p.num_tokens == n && !m.has_sequence(s), "preempt");
-        return true;
-      });
-      break;
-    }
-    case 9: {
-      // Read-only: batch metadata over a few ids (padding rows included) must be consistent.
-      std::vector<SeqId> seqs(in.below(4));
-      std::vector<int64_t> num_new(seqs.size());
-      for (size_t i = 0; i < seqs.size(); ++i) {
-        seqs[i] = seq_id(in);
-        num_new[i] = static_cast<int64_t>(in.below(3));
-      }
-      guarded(m, "batch_metadata", [&] {
-        const BatchMetadata b = m.batch_metadata(seqs, num_new);
-        (void)b;
-        return true;
-      });
-      break;
-    }
-    case 10: {
-      std::vector<SeqId> seqs(in.below(3));
-      for (SeqId& s : seqs) s = seq_id(in);
-      guarded(m, "kept_tokens", [&] {
-        const KeptTokens k = m.kept_tokens(seqs);
-        PAGEDKV_FUZZ_CHECK(k.indptr.size() == seqs.size() + 1, "indptr size");
-        PAGEDKV_FUZZ_CHECK(k.slots.size() == static_cast<size_t>(k.indptr.back()) &&
-                               k.positions.size() == k.slots.size(),
-                           "kept sizes");
-        return true;
-      });
-      break;
-    }
-    case 11: {
-      const SeqId s = seq_id(in);
-      const bool wrong_size = in.below(8) == 0;
-      guarded(m, "accumulate_attention", [&] {
-        const SeqId one[] = {s};
-        const KeptTokens k = m.kept_tokens(one);
-        std::vector<float> w(k.slots.size() + (wrong_size ? 1 : 0));
-        for (float& x : w) x = static_cast<float>(in.below(16)) / 8.0f;
-        m.accumulate_attention(s, w);
-        return true;
-      });
-      break;
-    }
-    case 12:
-      m.reset_prefix_cache();
-      break;
-    case 13: {
-      const std::vector<KVCacheEvent> events = m.take_events();
-      PAGEDKV_FUZZ_CHECK(m.config().enable_events || events.empty(), "events while disabled");
-      break;
-    }
-    case 14: {
-      // Copies and moves are deep and faithful.
-      const Observed before = observe(m);
-      KVCacheManager copy(m);
-      PAGEDKV_FUZZ_CHECK(observe(copy) == before, "copy differs");
-      m = std::move(copy);
-      PAGEDKV_FUZZ_CHECK(observe(m) == before, "move-assign differs");
-      break;
-    }
-    default: {
-      // blocks_needed_to_append and can_append agree on errors, and a pool with at least that
-      // many available blocks (watermark aside) means the append fits.
-      const SeqId s = seq_id(in);
-      const int64_t n = static_cast<int64_t>(in.below(3 * bs + 1));
-      int32_t needed = -1;
-      const Outcome a = outcome_of([&] {
-        needed = m.blocks_needed_to_append(s, n);
-        return true;
-      });
-      const Outcome b = outcome_of([&] { return m.can_append(s, n) || true; });
-      // can_append also throws past max_model_len, which blocks_needed_to_append does not check.
-      if (b == Outcome::kOk) {
-        PAGEDKV_FUZZ_CHECK(a == Outcome::kOk, "blocks_needed_to_append threw, can_append did not");
-        PAGEDKV_FUZZ_CHECK(needed >= 0, "negative blocks needed %d", needed);
-      }
-      break;
-    }
+}
+
+void op_append_tokens(KVCacheManager& m, ByteReader& in) {
+  const SeqId s = seq_id(in);
+  const std::vector<TokenId> t = tokens(in, 2 * m.config().block_size);
+  predicted(
+      m, "append_tokens", [&] { return m.can_append(s, static_cast<int64_t>(t.size())); },
+      [&] { return m.append_tokens(s, t).has_value(); });
+}
+
+void op_fork(KVCacheManager& m, ByteReader& in) {
+  const SeqId parent = seq_id(in);
+  const SeqId child = seq_id(in);
+  guarded(m, "fork", [&] {
+    m.fork(parent, child);
+    return true;
+  });
+}
+
+void op_free(KVCacheManager& m, ByteReader& in) {
+  const SeqId s = seq_id(in);
+  guarded(m, "free_sequence", [&] {
+    m.free_sequence(s);
+    return true;
+  });
+}
+
+void op_swap_out(KVCacheManager& m, ByteReader& in) {
+  const SeqId s = seq_id(in);
+  predicted(
+      m, "swap_out", [&] { return m.can_swap_out(s); }, [&] { return m.swap_out(s).has_value(); });
+}
+
+void op_swap_in(KVCacheManager& m, ByteReader& in) {
+  const SeqId s = seq_id(in);
+  predicted(
+      m, "swap_in", [&] { return m.can_swap_in(s); }, [&] { return m.swap_in(s).has_value(); });
+}
+
+void op_preempt(KVCacheManager& m, ByteReader& in) {
+  const SeqId s = seq_id(in);
+  guarded(m, "preempt", [&] {
+    const int64_t n = m.has_sequence(s) ? m.num_tokens(s) : -1;
+    const PreemptedSequence p = m.preempt(s);
+    PAGEDKV_FUZZ_CHECK(p.seq == s && p.num_tokens == n && !m.has_sequence(s), "preempt");
+    return true;
+  });
+}
+
+// Read-only: batch metadata over a few ids (padding rows included) must be consistent.
+void op_batch_metadata(KVCacheManager& m, ByteReader& in) {
+  std::vector<SeqId> seqs(in.below(4));
+  std::vector<int64_t> num_new(seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    seqs[i] = seq_id(in);
+    num_new[i] = static_cast<int64_t>(in.below(3));
   }
+  guarded(m, "batch_metadata", [&] {
+    const BatchMetadata b = m.batch_metadata(seqs, num_new);
+    (void)b;
+    return true;
+  });
+}
+
+void op_kept_tokens(KVCacheManager& m, ByteReader& in) {
+  std::vector<SeqId> seqs(in.below(3));
+  for (SeqId& s : seqs) s = seq_id(in);
+  guarded(m, "kept_tokens", [&] {
+    const KeptTokens k = m.kept_tokens(seqs);
+    PAGEDKV_FUZZ_CHECK(k.indptr.size() == seqs.size() + 1, "indptr size");
+    PAGEDKV_FUZZ_CHECK(k.slots.size() == static_cast<size_t>(k.indptr.back()) &&
+                           k.positions.size() == k.slots.size(),
+                       "kept sizes");
+    return true;
+  });
+}
+
+void op_accumulate(KVCacheManager& m, ByteReader& in) {
+  const SeqId s = seq_id(in);
+  const bool wrong_size = in.below(8) == 0;
+  guarded(m, "accumulate_attention", [&] {
+    const SeqId one[] = {s};
+    const KeptTokens k = m.kept_tokens(one);
+    std::vector<float> w(k.slots.size() + (wrong_size ? 1 : 0));
+    for (float& x : w) x = static_cast<float>(in.below(16)) / 8.0f;
+    m.accumulate_attention(s, w);
+    return true;
+  });
+}
+
+void op_reset_prefix_cache(KVCacheManager& m, ByteReader&) { m.reset_prefix_cache(); }
+
+void op_take_events(KVCacheManager& m, ByteReader&) {
+  const std::vector<KVCacheEvent> events = m.take_events();
+  PAGEDKV_FUZZ_CHECK(m.config().enable_events || events.empty(), "events while disabled");
+}
+
+// Copies and moves are deep and faithful.
+void op_copy_and_move(KVCacheManager& m, ByteReader&) {
+  const Observed before = observe(m);
+  KVCacheManager copy(m);
+  PAGEDKV_FUZZ_CHECK(observe(copy) == before, "copy differs");
+  m = std::move(copy);
+  PAGEDKV_FUZZ_CHECK(observe(m) == before, "move-assign differs");
+}
+
+// blocks_needed_to_append and can_append agree on errors, and a pool with at least that many
+// available blocks (watermark aside) means the append fits.
+void op_blocks_needed(KVCacheManager& m, ByteReader& in) {
+  const SeqId s = seq_id(in);
+  const int64_t n = static_cast<int64_t>(in.below(3 * m.config().block_size + 1));
+  int32_t needed = -1;
+  const Outcome a = outcome_of([&] {
+    needed = m.blocks_needed_to_append(s, n);
+    return true;
+  });
+  const Outcome b = outcome_of([&] { return m.can_append(s, n) || true; });
+  // can_append also throws past max_model_len, which blocks_needed_to_append does not check.
+  if (b == Outcome::kOk) {
+    PAGEDKV_FUZZ_CHECK(a == Outcome::kOk, "blocks_needed_to_append threw, can_append did not");
+    PAGEDKV_FUZZ_CHECK(needed >= 0, "negative blocks needed %d", needed);
+  }
+}
+
+/// One operation, chosen by the next input byte (the order is the corpus' encoding: keep it).
+void step(KVCacheManager& m, ByteReader& in) {
+  using Op = void (*)(KVCacheManager&, ByteReader&);
+  static constexpr Op kOps[16] = {
+      op_add_empty,          op_add_prompt,  op_append_slots,
+      op_append_tokens,      op_fork,        op_free,
+      op_swap_out,           op_swap_in,     op_preempt,
+      op_batch_metadata,     op_kept_tokens, op_accumulate,
+      op_reset_prefix_cache, op_take_events, op_copy_and_move,
+      op_blocks_needed,
+  };
+  kOps[in.below(16)](m, in);
 }
 
 }  // namespace

@@ -75,7 +75,6 @@ TEST(BlockAllocator, ReferenceCountsShareAndFreeOnLastRelease) {
 TEST(BlockAllocator, CachedBlocksAreEvictedLruOnlyWhenNoFreeBlockIsLeft) {
   BlockAllocator a(3);
   std::vector<BlockId> evicted;
-  a.set_eviction_listener([&](BlockId id) { evicted.push_back(id); });
   auto ids = *a.allocate(2);  // {0, 1}
   a.set_cached(ids[0], true);
   a.set_cached(ids[1], true);
@@ -84,28 +83,56 @@ TEST(BlockAllocator, CachedBlocksAreEvictedLruOnlyWhenNoFreeBlockIsLeft) {
   EXPECT_EQ(a.num_cached(), 2);
   EXPECT_THAT(a.cached_lru(), ElementsAre(1, 0));
   expect_conserved(a);
-  EXPECT_EQ(a.allocate(), 2);  // the free block goes first
+  EXPECT_EQ(a.allocate(evicted), 2);  // the free block goes first
   EXPECT_TRUE(evicted.empty());
-  EXPECT_EQ(a.allocate(), 1);  // then the LRU cached block
+  EXPECT_EQ(a.allocate(evicted), 1);  // then the LRU cached block, reported to the caller
   EXPECT_THAT(evicted, ElementsAre(1));
   EXPECT_FALSE(a.is_cached(1));
   // A prefix hit revives the remaining cached block instead of evicting it.
   a.retain(0);
   EXPECT_EQ(a.ref_count(0), 1);
   EXPECT_EQ(a.num_cached(), 0);
-  EXPECT_EQ(a.allocate(), std::nullopt);
+  EXPECT_EQ(a.allocate(evicted), std::nullopt);
+  EXPECT_THAT(evicted, ElementsAre(1));
   expect_conserved(a);
 }
 
-TEST(BlockAllocator, ThrowingEvictionListenerLeavesStateUnchanged) {
-  BlockAllocator a(1);
-  ASSERT_EQ(a.allocate(), 0);
-  a.set_cached(0, true);
-  a.release(0);
-  a.set_eviction_listener([](BlockId) { throw Error("listener refused"); });
-  EXPECT_THROW((void)a.allocate(), Error);
-  EXPECT_EQ(a.num_cached(), 1);
-  EXPECT_TRUE(a.is_cached(0));
+TEST(BlockAllocator, DocWorkedExample) {
+  BlockAllocator a(3);
+  EXPECT_EQ(a.allocate(), 0);
+  EXPECT_EQ(a.allocate(), 1);
+  EXPECT_TRUE(a.release(0));
+  EXPECT_EQ(a.allocate(), 2);
+  EXPECT_EQ(a.allocate(), 0);
+  EXPECT_EQ(a.allocate(), std::nullopt);
+  a.set_cached(2, true);
+  EXPECT_TRUE(a.release(2));
+  std::vector<BlockId> ev;
+  EXPECT_EQ(a.allocate(ev), 2);
+  EXPECT_THAT(ev, ElementsAre(2));
+  expect_conserved(a);
+}
+
+TEST(BlockAllocator, AllocateManyReportsEveryEvictionInLruOrder) {
+  BlockAllocator a(4);
+  auto ids = *a.allocate(4);
+  for (BlockId id : {2, 0, 3}) {
+    a.set_cached(id, true);
+    a.release(id);
+  }
+  std::vector<BlockId> evicted{7};  // earlier contents stay
+  // Only 3 available: all or nothing, and the list is untouched on failure.
+  EXPECT_EQ(a.allocate(4, evicted), std::nullopt);
+  EXPECT_THAT(evicted, ElementsAre(7));
+  EXPECT_EQ(a.num_cached(), 3);
+  a.release(ids[1]);  // block 1 becomes free: it goes before any cached block
+  const auto got = a.allocate(3, evicted);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_THAT(*got, ElementsAre(1, 2, 0));
+  EXPECT_THAT(evicted, ElementsAre(7, 2, 0));
+  // Without a list the eviction happens all the same, unreported.
+  EXPECT_EQ(a.allocate(), 3);
+  EXPECT_EQ(a.num_cached(), 0);
   expect_conserved(a);
 }
 
@@ -117,7 +144,7 @@ TEST(BlockAllocator, EvictAllCachedAndUncache) {
   a.release(1);
   a.set_cached(1, false);  // uncaching a ref-0 block frees it
   EXPECT_TRUE(a.is_free(1));
-  EXPECT_EQ(a.evict_all_cached(), 1);
+  EXPECT_THAT(a.evict_all_cached(), ElementsAre(0));
   EXPECT_EQ(a.num_free(), 2);
   EXPECT_EQ(a.num_used(), 1);
   expect_conserved(a);
@@ -219,7 +246,7 @@ TEST(BlockAllocator, EveryOperationMatchesAQueueModel) {
   // retain takes one out of the middle), ref counts and cached marks, under every public
   // mutator: allocate(), allocate(n) (all or nothing), retain, release, set_cached both ways
   // on used and cached blocks, evict_all_cached, and shuffle_free_list; checked after every
-  // step, with the eviction listener's reports.
+  // step, with the evictions each call reports.
   constexpr int32_t kBlocks = 13;
   BlockAllocator a(kBlocks);
   std::deque<BlockId> free_model;
@@ -228,7 +255,6 @@ TEST(BlockAllocator, EveryOperationMatchesAQueueModel) {
   std::vector<int32_t> refs(kBlocks, 0);
   std::vector<bool> cached(kBlocks, false);
   std::vector<BlockId> evicted;
-  a.set_eviction_listener([&](BlockId b) { evicted.push_back(b); });
   std::mt19937 rng(23);
   auto pick = [&](auto pred) -> std::optional<BlockId> {
     std::vector<BlockId> ids;
@@ -256,26 +282,28 @@ TEST(BlockAllocator, EveryOperationMatchesAQueueModel) {
     SCOPED_TRACE(step);
     const int op = static_cast<int>(rng() % 8);
     if (op == 0) {
-      const std::vector<BlockId> lru_before(lru_model.begin(), lru_model.end());
       const bool evicts = free_model.empty() && !lru_model.empty();
       evicted.clear();
       const std::optional<BlockId> expect = model_allocate();
-      ASSERT_EQ(a.allocate(), expect);
-      if (evicts) {
-        ASSERT_EQ(evicted, std::vector<BlockId>{lru_before.front()});
-      } else {
-        ASSERT_TRUE(evicted.empty());
-      }
+      ASSERT_EQ(a.allocate(evicted), expect);
+      // An eviction hands out the LRU head, and reports it.
+      ASSERT_EQ(evicted, evicts ? std::vector<BlockId>{*expect} : std::vector<BlockId>{});
     } else if (op == 1) {
       const auto n = static_cast<int32_t>(rng() % 5);
       const auto available = static_cast<int32_t>(free_model.size() + lru_model.size());
-      const std::optional<std::vector<BlockId>> got = a.allocate(n);
+      const size_t free_before = free_model.size();
+      evicted.clear();
+      const std::optional<std::vector<BlockId>> got = a.allocate(n, evicted);
       if (n > available) {
         ASSERT_EQ(got, std::nullopt);
+        ASSERT_TRUE(evicted.empty());
       } else {
         std::vector<BlockId> expect;
         for (int32_t i = 0; i < n; ++i) expect.push_back(*model_allocate());
         ASSERT_EQ(got, expect);
+        // Free blocks come first; every block after them was evicted, in that order.
+        const size_t first_evicted = std::min(free_before, expect.size());
+        ASSERT_EQ(evicted, std::vector<BlockId>(expect.begin() + first_evicted, expect.end()));
       }
     } else if (op == 2) {  // retain a used block, or a cached ref-0 one (a prefix hit)
       const std::optional<BlockId> b = pick([&](BlockId x) { return refs[x] > 0 || cached[x]; });
@@ -301,10 +329,8 @@ TEST(BlockAllocator, EveryOperationMatchesAQueueModel) {
       a.set_cached(*b, mark);
     } else if (op == 6) {
       if (rng() % 8 != 0) continue;  // rare: it empties the LRU
-      evicted.clear();
       const std::vector<BlockId> lru_before(lru_model.begin(), lru_model.end());
-      ASSERT_EQ(a.evict_all_cached(), static_cast<int32_t>(lru_before.size()));
-      ASSERT_EQ(evicted, lru_before);  // reported oldest first
+      ASSERT_EQ(a.evict_all_cached(), lru_before);  // reported oldest first
       for (BlockId b : lru_before) {
         cached[b] = false;
         free_model.push_back(b);

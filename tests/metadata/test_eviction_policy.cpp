@@ -70,6 +70,46 @@ TEST(EvictionPolicy, HeavyHitterVictimsHandWorked) {
   EXPECT_EQ(eviction_kind_name(EvictionKind::kHeavyHitters), "h2o");
 }
 
+TEST(EvictionPolicy, EveryPolicyAnswersTheSameQuestions) {
+  // The uniform interface the manager calls, on the header's worked example.
+  const SlidingWindowPolicy window(4);
+  EXPECT_EQ(window.attention_mask().window_left, 4);
+  EXPECT_EQ(window.attention_mask().sink_tokens, 0);
+  EXPECT_EQ(window.released_positions(9).begin, 0);
+  EXPECT_EQ(window.released_positions(9).end, 6);
+  EXPECT_EQ(window.released_positions(2).end, 0);  // nothing yet
+  EXPECT_FALSE(window.scores_tokens());
+  const AttentionSinksPolicy sinks(3, 2);
+  EXPECT_EQ(sinks.attention_mask().window_left, 2);
+  EXPECT_EQ(sinks.attention_mask().sink_tokens, 3);
+  EXPECT_EQ(sinks.released_positions(12).begin, 3);
+  EXPECT_EQ(sinks.released_positions(12).end, 11);
+  EXPECT_FALSE(sinks.released_positions(4).contains(3));  // empty: [3, 3)
+  const HeavyHitterPolicy h2o(2, 2);
+  EXPECT_LT(h2o.attention_mask().window_left, 0);
+  EXPECT_FALSE(h2o.released_positions(100).contains(0));
+  EXPECT_TRUE(h2o.scores_tokens());
+  const NoEviction none;
+  EXPECT_LT(none.attention_mask().window_left, 0);
+  EXPECT_TRUE(none.is_visible(0, 1000));
+  EXPECT_TRUE(none.is_needed(0, 1000));
+  EXPECT_THAT(none.select_victims({}, 0, 5), IsEmpty());
+  // An unbounded mask leaves the caller's params as they were.
+  AttentionParams params;
+  params.window_left = 7;
+  h2o.set_attention_mask(params);
+  EXPECT_EQ(params.window_left, 7);
+}
+
+TEST(EvictionPolicy, KindNamesRoundTrip) {
+  for (EvictionKind k : {EvictionKind::kNone, EvictionKind::kSlidingWindow,
+                         EvictionKind::kAttentionSinks, EvictionKind::kHeavyHitters}) {
+    EXPECT_EQ(parse_eviction_kind(eviction_kind_name(k)), k);
+  }
+  EXPECT_EQ(parse_eviction_kind("lru"), std::nullopt);
+  EXPECT_EQ(eviction_kind_name(static_cast<EvictionKind>(99)), "unknown");
+}
+
 TEST(EvictionPolicy, ManagerReleasesWholeBlocksOutsideTheWindow) {
   // Worked example of SlidingWindowPolicy: W 4, block_size 2.
   KVCacheManager m({.num_blocks = 8,

@@ -115,106 +115,154 @@ struct Live {
   bool swapped;
 };
 
-// Several worker threads run random scheduler traffic on one shared manager; a checker thread
-// validates invariants and stats concurrently. Each worker owns an id range, so it knows its
-// own sequences' states; cross-thread forks (whose parent may be gone or swapped at any moment)
-// are expected to throw sometimes. Prefix caching is on so threads share cached blocks.
-TEST(SynchronizedKVCacheManager, ConcurrentTrafficReturnsEveryBlock) {
-  constexpr int kWorkers = 4;
-  constexpr int kOpsPerWorker = 10000;
-  SynchronizedKVCacheManager m({.num_blocks = 192,
+/// What the stress test's threads share: the manager, counters, and the ids each worker
+/// publishes for the others' cross-thread forks (possibly stale by the time they are used).
+struct Traffic {
+  static constexpr int kWorkers = 4;
+  static constexpr int kOpsPerWorker = 10000;
+  SynchronizedKVCacheManager m{{.num_blocks = 192,
                                 .block_size = 4,
                                 .enable_prefix_caching = true,
                                 .num_host_blocks = 96,
-                                .watermark = 0.05});
-  std::atomic<bool> done{false};
+                                .watermark = 0.05}};
   std::atomic<int64_t> errors_expected{0};
   std::atomic<int64_t> successes{0};
   std::atomic<int64_t> cross_forks{0};
-  // Ids visible to other threads for cross-thread forks (may be stale by the time they are used).
-  std::vector<std::atomic<SeqId>> published(kWorkers);
-  for (auto& p : published) p.store(-2);
+  std::vector<std::atomic<SeqId>> published = std::vector<std::atomic<SeqId>>(kWorkers);
+};
 
-  auto worker = [&](int t) {
-    std::mt19937_64 rng(1234 + t);
-    std::vector<Live> live;
-    SeqId next = static_cast<SeqId>(t) * 1'000'000;
-    auto pick = [&]() -> size_t {
-      return std::uniform_int_distribution<size_t>(0, live.size() - 1)(rng);
-    };
-    for (int op = 0; op < kOpsPerWorker; ++op) {
-      const int kind = std::uniform_int_distribution<int>(0, 9)(rng);
-      if (live.empty() || kind == 0) {
-        // Prompts drawn from a few shared prefixes, so threads hit each other's cached blocks.
-        const int len = std::uniform_int_distribution<int>(0, 13)(rng);
-        std::vector<TokenId> prompt(len);
-        const TokenId base = static_cast<TokenId>(rng() % 3) * 100;
-        for (int i = 0; i < len; ++i) prompt[i] = base + i;
-        const SeqId id = next++;
-        if (m.add_sequence(id, prompt).has_value()) {
-          live.push_back({id, false});
-          ++successes;
-        }
+/// One worker thread's random scheduler traffic. It owns an id range, so it knows its own
+/// sequences' states; cross-thread forks are expected to throw sometimes.
+class TrafficWorker {
+ public:
+  TrafficWorker(Traffic& traffic, int t)
+      : tr_(traffic), m_(traffic.m), t_(t), rng_(1234 + t), next_(SeqId{t} * 1'000'000) {}
+
+  void run() {
+    for (int op = 0; op < Traffic::kOpsPerWorker; ++op) {
+      const int kind = std::uniform_int_distribution<int>(0, 9)(rng_);
+      if (live_.empty() || kind == 0) {
+        add_prompt();
       } else if (kind <= 3) {
-        Live& s = live[pick()];
-        if (s.swapped) continue;
-        const int64_t n = std::uniform_int_distribution<int64_t>(1, 6)(rng);
-        if (rng() % 2) {
-          if (m.append_slots(s.id, n).has_value()) ++successes;
-        } else {
-          std::vector<TokenId> toks(n, static_cast<TokenId>(t));
-          if (m.append_tokens(s.id, toks).has_value()) ++successes;
-        }
+        append();
       } else if (kind == 4) {
-        const Live& s = live[pick()];
-        if (s.swapped) continue;
-        const SeqId child = next++;
-        m.fork(s.id, child);
-        live.push_back({child, false});
-        published[t].store(child);
+        fork_own();
       } else if (kind == 5) {
-        // Cross-thread fork: the parent may have been freed, preempted or swapped meanwhile.
-        const SeqId parent = published[(t + 1) % kWorkers].load();
-        const SeqId child = next++;
-        try {
-          m.fork(parent, child);
-          live.push_back({child, false});
-          ++cross_forks;
-        } catch (const Error&) {
-          ++errors_expected;
-        }
+        fork_other();
       } else if (kind == 6) {
         const size_t i = pick();
-        m.free_sequence(live[i].id);
-        live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+        m_.free_sequence(live_[i].id);
+        live_.erase(live_.begin() + static_cast<std::ptrdiff_t>(i));
       } else if (kind == 7) {
-        Live& s = live[pick()];
-        if (s.swapped) {
-          if (m.swap_in(s.id).has_value()) s.swapped = false;
-        } else if (m.swap_out(s.id).has_value()) {
-          s.swapped = true;
-        }
+        swap();
       } else if (kind == 8) {
-        const size_t i = pick();
-        if (live[i].swapped) continue;
-        const PreemptedSequence p = m.preempt(live[i].id);
-        EXPECT_EQ(p.seq, live[i].id);
-        live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+        preempt();
       } else {
-        // Compound operation: admission query and add must see the same state.
-        const SeqId id = next++;
-        const std::vector<TokenId> prompt{1, 2, 3, 4, 5};
-        const bool added = m.with_lock([&](KVCacheManager& k) {
-          if (k.can_add_sequence(prompt) != Admission::kOk) return false;
-          const bool ok = k.add_sequence(id, prompt).has_value();
-          EXPECT_TRUE(ok) << "can_add_sequence said kOk";
-          return ok;
-        });
-        if (added) live.push_back({id, false});
+        add_checked();
       }
     }
-    for (const Live& s : live) m.free_sequence(s.id);
-  };
+    for (const Live& s : live_) m_.free_sequence(s.id);
+  }
+
+ private:
+  size_t pick() { return std::uniform_int_distribution<size_t>(0, live_.size() - 1)(rng_); }
+
+  // Prompts drawn from a few shared prefixes, so threads hit each other's cached blocks.
+  void add_prompt() {
+    const int len = std::uniform_int_distribution<int>(0, 13)(rng_);
+    std::vector<TokenId> prompt(len);
+    const TokenId base = static_cast<TokenId>(rng_() % 3) * 100;
+    for (int i = 0; i < len; ++i) prompt[i] = base + i;
+    const SeqId id = next_++;
+    if (m_.add_sequence(id, prompt).has_value()) {
+      live_.push_back({id, false});
+      ++tr_.successes;
+    }
+  }
+
+  void append() {
+    Live& s = live_[pick()];
+    if (s.swapped) return;
+    const int64_t n = std::uniform_int_distribution<int64_t>(1, 6)(rng_);
+    if (rng_() % 2) {
+      if (m_.append_slots(s.id, n).has_value()) ++tr_.successes;
+    } else {
+      std::vector<TokenId> toks(n, static_cast<TokenId>(t_));
+      if (m_.append_tokens(s.id, toks).has_value()) ++tr_.successes;
+    }
+  }
+
+  void fork_own() {
+    const Live& s = live_[pick()];
+    if (s.swapped) return;
+    const SeqId child = next_++;
+    m_.fork(s.id, child);
+    live_.push_back({child, false});
+    tr_.published[t_].store(child);
+  }
+
+  // The parent may have been freed, preempted or swapped meanwhile.
+  void fork_other() {
+    const SeqId parent = tr_.published[(t_ + 1) % Traffic::kWorkers].load();
+    const SeqId child = next_++;
+    try {
+      m_.fork(parent, child);
+      live_.push_back({child, false});
+      ++tr_.cross_forks;
+    } catch (const Error&) {
+      ++tr_.errors_expected;
+    }
+  }
+
+  void swap() {
+    Live& s = live_[pick()];
+    if (s.swapped) {
+      if (m_.swap_in(s.id).has_value()) s.swapped = false;
+    } else if (m_.swap_out(s.id).has_value()) {
+      s.swapped = true;
+    }
+  }
+
+  void preempt() {
+    const size_t i = pick();
+    if (live_[i].swapped) return;
+    const PreemptedSequence p = m_.preempt(live_[i].id);
+    EXPECT_EQ(p.seq, live_[i].id);
+    live_.erase(live_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+
+  // Compound operation: admission query and add must see the same state.
+  void add_checked() {
+    const SeqId id = next_++;
+    const std::vector<TokenId> prompt{1, 2, 3, 4, 5};
+    const bool added = m_.with_lock([&](KVCacheManager& k) {
+      if (k.can_add_sequence(prompt) != Admission::kOk) return false;
+      const bool ok = k.add_sequence(id, prompt).has_value();
+      EXPECT_TRUE(ok) << "can_add_sequence said kOk";
+      return ok;
+    });
+    if (added) live_.push_back({id, false});
+  }
+
+  Traffic& tr_;
+  SynchronizedKVCacheManager& m_;
+  int t_;
+  std::mt19937_64 rng_;
+  SeqId next_;
+  std::vector<Live> live_;
+};
+
+// Several worker threads run random scheduler traffic on one shared manager; a checker thread
+// validates invariants and stats concurrently. Prefix caching is on so threads share cached
+// blocks.
+TEST(SynchronizedKVCacheManager, ConcurrentTrafficReturnsEveryBlock) {
+  constexpr int kWorkers = Traffic::kWorkers;
+  constexpr int kOpsPerWorker = Traffic::kOpsPerWorker;
+  Traffic traffic;
+  SynchronizedKVCacheManager& m = traffic.m;
+  for (auto& p : traffic.published) p.store(-2);
+  std::atomic<bool> done{false};
+  auto worker = [&](int t) { TrafficWorker(traffic, t).run(); };
 
   std::thread checker([&] {
     while (!done.load()) {
@@ -237,7 +285,7 @@ TEST(SynchronizedKVCacheManager, ConcurrentTrafficReturnsEveryBlock) {
   EXPECT_EQ(s.used_blocks, 0);
   EXPECT_EQ(s.host_used_blocks, 0);
   // The traffic really exercised the contended paths, not just the trivial ones.
-  EXPECT_GT(successes.load(), kWorkers * kOpsPerWorker / 20);
+  EXPECT_GT(traffic.successes.load(), kWorkers * kOpsPerWorker / 20);
   EXPECT_GT(s.preemptions, 0);
   EXPECT_GT(s.swapped_in_blocks, 0);
   EXPECT_GT(s.prefix_hits, 0);
@@ -247,8 +295,9 @@ TEST(SynchronizedKVCacheManager, ConcurrentTrafficReturnsEveryBlock) {
   std::printf(
       "successes %lld, cross-thread forks %lld, expected errors %lld, preemptions %lld, "
       "swapped in %lld blocks, prefix hits %lld\n",
-      static_cast<long long>(successes.load()), static_cast<long long>(cross_forks.load()),
-      static_cast<long long>(errors_expected.load()), static_cast<long long>(s.preemptions),
+      static_cast<long long>(traffic.successes.load()),
+      static_cast<long long>(traffic.cross_forks.load()),
+      static_cast<long long>(traffic.errors_expected.load()), static_cast<long long>(s.preemptions),
       static_cast<long long>(s.swapped_in_blocks), static_cast<long long>(s.prefix_hits));
   // Releasing the prefix cache turns every cached block back into a plain free one.
   m.reset_prefix_cache();

@@ -4,7 +4,6 @@
 /// Host-only; holds no K/V data (see HostKVCache for storage).
 
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <vector>
 
@@ -28,20 +27,38 @@ namespace pagedkv {
 ///
 /// Worked example: BlockAllocator a(3); a.allocate() -> 0, a.allocate() -> 1; a.release(0)
 /// -> true (0 is free again, at the tail); a.allocate() -> 2; a.allocate() -> 0;
-/// a.allocate() -> nullopt (exhausted, nothing changed).
+/// a.allocate() -> nullopt (exhausted, nothing changed). With a cached block: a.set_cached(2,
+/// true); a.release(2) -> true (2 is cached, ref count 0); std::vector<BlockId> ev;
+/// a.allocate(ev) -> 2 and ev == {2} (no free block was left, so cached 2 was evicted).
+///
+/// Evictions are reported to the caller (the `evicted` lists, evict_all_cached's result), never
+/// by a callback into it, so an owner of cached contents holds no hook into the allocator and
+/// both copy like plain values.
 class BlockAllocator {
  public:
   /// Errors: throws pagedkv::Error if num_blocks < 1 or num_blocks > 2^30.
   explicit BlockAllocator(int32_t num_blocks);
 
   /// Takes one block (ref count 1). Uses a free block first; if none, evicts the least recently
-  /// released cached block (the eviction listener is told its id). Empty when neither exists;
-  /// nothing changes then.
+  /// released cached block (its contents are lost: use the overload with `evicted` when
+  /// something is keyed on them). Empty when neither exists; nothing changes then.
   [[nodiscard]] std::optional<BlockId> allocate();
+
+  /// allocate() that reports an eviction: when the block is a cached one taken for reuse, its id
+  /// is appended to `evicted` (which keeps its earlier contents), so the caller drops what it
+  /// keyed on that content (KVCacheManager: the prefix-cache entry and a kEvicted event).
+  /// Errors: std::bad_alloc from growing `evicted` leaves the allocator unchanged.
+  [[nodiscard]] std::optional<BlockId> allocate(std::vector<BlockId>& evicted);
 
   /// Takes `n` blocks, all or nothing (empty and nothing changed when fewer than n are
   /// available). Errors: throws pagedkv::Error if n < 0.
   [[nodiscard]] std::optional<std::vector<BlockId>> allocate(int32_t n);
+
+  /// allocate(n) that appends the ids of the cached blocks it evicts to `evicted`, in eviction
+  /// (least recently released first) order; `evicted` is unchanged when the allocation fails.
+  /// Errors: as allocate(n).
+  [[nodiscard]] std::optional<std::vector<BlockId>> allocate(int32_t n,
+                                                             std::vector<BlockId>& evicted);
 
   /// Adds one reference. A cached block with ref count 0 is taken back into use (prefix hit).
   /// Errors: throws pagedkv::Error if id is out of range or the block is free.
@@ -57,14 +74,9 @@ class BlockAllocator {
   /// count 0 frees it. Errors: throws pagedkv::Error if id is out of range or the block is free.
   void set_cached(BlockId id, bool cached);
 
-  /// Frees every cached block with ref count 0 (each reported to the eviction listener);
-  /// returns how many were freed.
-  int32_t evict_all_cached();
-
-  /// Called with the id of a cached block when allocate() evicts it for reuse, before reuse.
-  void set_eviction_listener(std::function<void(BlockId)> listener) {
-    on_evict_ = std::move(listener);
-  }
+  /// Frees every cached block with ref count 0; returns their ids, least recently released
+  /// first (the caller drops what it keyed on their contents).
+  std::vector<BlockId> evict_all_cached();
 
   /// Reorders the free list by a seeded shuffle, so tests get scattered (non-monotonic) ids.
   void shuffle_free_list(uint64_t seed);
@@ -103,6 +115,7 @@ class BlockAllocator {
   void unlink(List& list, BlockId id);
   void push_free(BlockId id);
   BlockId pop_free();
+  inline BlockId evict_lru();  // defined in block_allocator.cpp, its only user (-fPIC: inlinable)
 
   std::vector<int32_t> ref_;
   std::vector<BlockId> prev_;  // LRU links
@@ -114,7 +127,6 @@ class BlockAllocator {
   int32_t free_head_ = 0;
   int32_t free_size_ = 0;
   List lru_;
-  std::function<void(BlockId)> on_evict_;
 };
 
 }  // namespace pagedkv

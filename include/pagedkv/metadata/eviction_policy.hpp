@@ -2,23 +2,44 @@
 /// @file eviction_policy.hpp
 /// Token eviction policies: which cached positions of a sequence stay visible to attention as
 /// decoding proceeds, so that a long (streaming) sequence runs in bounded KV memory.
-/// Strategy objects; KVCacheManager applies the one its config names to every sequence.
 /// Host-only.
 ///
-/// Two families:
-///  - positional (sliding window, attention sinks): the kept set is a rule on positions, which
-///    the attention kernels apply as a mask (AttentionParams::window_left / sink_tokens); the
-///    manager releases whole blocks that no future query can see;
-///  - score based (heavy hitters): the kept set is arbitrary, so the manager keeps an explicit
-///    list of kept (position, slot) pairs, attention runs over that list
-///    (paged_attention_over_slots), and a slot freed by an evicted token is refilled by a later
+/// A policy is a strategy object with a narrow interface, shared (immutable) by every sequence
+/// of a KVCacheManager. The manager calls the same methods under every policy and never asks
+/// which kind it holds (the model is vLLM v1's SingleTypeKVCacheManager, whose
+/// remove_skipped_blocks() drops the blocks a sliding window no longer sees):
+///  - attention_mask(): the mask {window_left, sink_tokens} kernels apply over a positional
+///    block table (AttentionParams::window_left / sink_tokens); unbounded for full causal;
+///  - released_positions(first_query): the positions no query at or after `first_query` sees;
+///    before an append at first_query the manager releases the full blocks that lie wholly
+///    inside (empty for policies that keep every position or choose by score);
+///  - scores_tokens() / select_victims(): a score-based policy (heavy hitters) keeps an explicit
+///    kept list per sequence, fed with attention weights (KVCacheManager::accumulate_attention);
+///    before an append it names the kept tokens to evict. Once one is evicted, the sequence's
+///    table is no longer positional: attention runs over the kept list
+///    (paged_attention_over_slots) and a slot freed by an evicted token is refilled by a later
 ///    token. K/V are stored with RoPE already applied at their original positions, so keys
-///    never move.
+///    never move. Positional policies score nothing and name no victims.
+///
+/// Worked example (block_size 2):
+///  - SlidingWindowPolicy(4): attention_mask() = {4, 0}; before appending position 9,
+///    released_positions(9) = [0, 6), so logical blocks 0, 1, 2 (positions 0..5) are released;
+///  - AttentionSinksPolicy(3, 2): mask {2, 3}; released_positions(12) = [3, 11): blocks 2..4
+///    (positions 4..9) are released, block 1 (positions 2, 3) stays for sink 2;
+///  - HeavyHitterPolicy(2, 2) (budget 4), kept positions 0..4 with scores {5, 0.5, 3, 0.5, 1}:
+///    before appending position 5, select_victims -> {1, 3} (the two lowest-scored tokens
+///    outside the recent window {4, 5}; ties: the older first).
+///
+/// Sources: Xiao et al., "Efficient Streaming Language Models with Attention Sinks"
+/// (StreamingLLM, 2023); Zhang et al., "H2O: Heavy-Hitter Oracle for Efficient Generative
+/// Inference of Large Language Models" (NeurIPS 2023).
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "pagedkv/attention_params.hpp"
@@ -33,8 +54,11 @@ enum class EvictionKind : uint8_t {
   kHeavyHitters,    ///< keep the last `recent` plus `heavy` top-scored positions (H2O)
 };
 
-/// "none", "window", "sinks", "h2o".
+/// "none", "window", "sinks", "h2o" ("unknown" for a value outside the enum).
 [[nodiscard]] std::string eviction_kind_name(EvictionKind kind);
+
+/// The kind named `name` ("none", "window", "sinks", "h2o"); empty for any other name.
+[[nodiscard]] std::optional<EvictionKind> parse_eviction_kind(std::string_view name);
 
 /// Parameters of an eviction policy. Units: tokens.
 struct EvictionPolicyConfig {
@@ -45,6 +69,22 @@ struct EvictionPolicyConfig {
   int32_t heavy = 0;   ///< H >= 0 (kHeavyHitters)
 };
 
+/// The mask kernels apply for a policy, with AttentionParams' meaning: the query at position q
+/// sees key k <= q when window_left < 0 (unbounded), or k > q - window_left, or k < sink_tokens.
+/// Units: tokens.
+struct AttentionMask {
+  int32_t window_left = -1;  ///< last positions visible, the query's own included; -1 = all
+  int32_t sink_tokens = 0;   ///< leading positions always visible (with window_left >= 0)
+};
+
+/// Half-open interval [begin, end) of token positions; empty when end <= begin.
+struct PositionRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  /// True when begin <= pos < end.
+  [[nodiscard]] bool contains(int64_t pos) const { return pos >= begin && pos < end; }
+};
+
 /// One kept token of a score-based policy, as the policy sees it when choosing victims.
 struct KeptTokenScore {
   int64_t position;  ///< token position in the sequence
@@ -52,29 +92,27 @@ struct KeptTokenScore {
 };
 
 /// Strategy interface. Implementations are immutable and stateless: per-sequence state (kept
-/// positions, scores) lives in the manager.
+/// tokens, scores) lives in the manager. See the file comment for how the manager uses it.
 class EvictionPolicy {
  public:
   virtual ~EvictionPolicy() = default;
 
+  /// The kind, for names and reports; the manager never branches on it.
   [[nodiscard]] virtual EvictionKind kind() const = 0;
   [[nodiscard]] virtual const EvictionPolicyConfig& config() const = 0;
 
-  /// Sets the attention mask kernels must use for sequences under this policy: window_left /
-  /// sink_tokens for positional policies; untouched (full causal) otherwise.
-  virtual void set_attention_mask(AttentionParams& params) const = 0;
+  /// The mask kernels must apply over a positional block table of a sequence under this
+  /// policy (unbounded {-1, 0} when every position, or an explicit kept list, is attended).
+  [[nodiscard]] virtual AttentionMask attention_mask() const = 0;
 
-  /// True for policies whose kept set is a rule on positions (masks + block release).
-  [[nodiscard]] virtual bool is_positional() const = 0;
+  /// Positions that no query at a position >= first_query sees, i.e. need not stay cached: one
+  /// interval, empty when the policy releases nothing by position.
+  /// Precondition: first_query >= 0.
+  [[nodiscard]] virtual PositionRange released_positions(int64_t first_query) const = 0;
 
-  /// Positional policies: true when position `pos` is visible to some query at a position
-  /// >= `first_query`, i.e. must stay cached. Always true for non-positional policies.
-  /// Precondition: 0 <= pos.
-  [[nodiscard]] virtual bool is_needed(int64_t pos, int64_t first_query) const = 0;
-
-  /// Positional policies: true when the query at position `query` sees key position `key`
-  /// (key <= query). Mirrors the kernels' mask exactly.
-  [[nodiscard]] virtual bool is_visible(int64_t key, int64_t query) const = 0;
+  /// True when the policy chooses victims by accumulated attention score: each sequence then
+  /// keeps an explicit kept list with a score per token (fed by accumulate_attention).
+  [[nodiscard]] virtual bool scores_tokens() const = 0;
 
   /// Score-based policies: at most this many tokens stay kept once decoding (recent + heavy);
   /// -1 when unbounded.
@@ -89,23 +127,40 @@ class EvictionPolicy {
   [[nodiscard]] virtual std::vector<size_t> select_victims(std::span<const KeptTokenScore> kept,
                                                            int64_t next_position,
                                                            int64_t num_new) const = 0;
+
+  /// Writes attention_mask() into params.window_left / sink_tokens; leaves params untouched
+  /// (full causal) when the mask is unbounded.
+  void set_attention_mask(AttentionParams& params) const;
+
+  /// True when the query at position `query` sees key position `key` under attention_mask()
+  /// (key <= query and inside the window or a sink). Mirrors the kernels' mask exactly.
+  [[nodiscard]] bool is_visible(int64_t key, int64_t query) const;
+
+  /// True when position `pos` is visible to some query at a position >= `first_query`, i.e.
+  /// must stay cached: pos is outside released_positions(first_query). Precondition: 0 <= pos.
+  [[nodiscard]] bool is_needed(int64_t pos, int64_t first_query) const;
 };
 
-/// Keeps every position.
-class NoEviction final : public EvictionPolicy {
+/// Base of the policies whose kept set is a rule on positions (a mask): they score no token and
+/// name no victims; blocks go by released_positions().
+class PositionalEvictionPolicy : public EvictionPolicy {
  public:
-  NoEviction() = default;
-  EvictionKind kind() const override { return EvictionKind::kNone; }
-  const EvictionPolicyConfig& config() const override { return config_; }
-  void set_attention_mask(AttentionParams&) const override {}
-  bool is_positional() const override { return true; }
-  bool is_needed(int64_t, int64_t) const override { return true; }
-  bool is_visible(int64_t key, int64_t query) const override { return key <= query; }
+  bool scores_tokens() const override { return false; }
   int64_t budget() const override { return -1; }
   std::vector<size_t> select_victims(std::span<const KeptTokenScore>, int64_t,
                                      int64_t) const override {
     return {};
   }
+};
+
+/// Keeps every position.
+class NoEviction final : public PositionalEvictionPolicy {
+ public:
+  NoEviction() = default;
+  EvictionKind kind() const override { return EvictionKind::kNone; }
+  const EvictionPolicyConfig& config() const override { return config_; }
+  AttentionMask attention_mask() const override { return {}; }
+  PositionRange released_positions(int64_t) const override { return {}; }
 
  private:
   EvictionPolicyConfig config_{};
@@ -115,22 +170,17 @@ class NoEviction final : public EvictionPolicy {
 /// (AttentionParams::window_left = W). Blocks wholly before the window of the next query are
 /// released. Source: Longformer/Mistral-style local attention; see also StreamingLLM sec. 3.
 /// Worked example (W 4, block_size 2): before appending position 9, positions < 6 are never
-/// needed again, so logical blocks 0, 1, 2 (positions 0..5) are released.
-class SlidingWindowPolicy final : public EvictionPolicy {
+/// needed again (released_positions(9) = [0, 6)), so logical blocks 0, 1, 2 are released.
+class SlidingWindowPolicy final : public PositionalEvictionPolicy {
  public:
   /// Errors: throws pagedkv::Error if window < 1.
   explicit SlidingWindowPolicy(int32_t window);
   EvictionKind kind() const override { return EvictionKind::kSlidingWindow; }
   const EvictionPolicyConfig& config() const override { return config_; }
-  void set_attention_mask(AttentionParams& params) const override;
-  bool is_positional() const override { return true; }
-  bool is_needed(int64_t pos, int64_t first_query) const override;
-  bool is_visible(int64_t key, int64_t query) const override;
-  int64_t budget() const override { return -1; }
-  std::vector<size_t> select_victims(std::span<const KeptTokenScore>, int64_t,
-                                     int64_t) const override {
-    return {};
-  }
+  AttentionMask attention_mask() const override { return {config_.window, 0}; }
+  /// [0, first_query - W + 1): the earliest key a query at >= first_query sees is
+  /// first_query - W + 1.
+  PositionRange released_positions(int64_t first_query) const override;
 
  private:
   EvictionPolicyConfig config_;
@@ -140,21 +190,15 @@ class SlidingWindowPolicy final : public EvictionPolicy {
 /// (window_left = W, sink_tokens = S). Blocks holding a sink position are never released.
 /// Source: Xiao et al., "Efficient Streaming Language Models with Attention Sinks" (StreamingLLM,
 /// 2023): keeping the initial tokens' K/V restores window attention's quality.
-class AttentionSinksPolicy final : public EvictionPolicy {
+class AttentionSinksPolicy final : public PositionalEvictionPolicy {
  public:
   /// Errors: throws pagedkv::Error if sinks < 1 or window < 1.
   AttentionSinksPolicy(int32_t sinks, int32_t window);
   EvictionKind kind() const override { return EvictionKind::kAttentionSinks; }
   const EvictionPolicyConfig& config() const override { return config_; }
-  void set_attention_mask(AttentionParams& params) const override;
-  bool is_positional() const override { return true; }
-  bool is_needed(int64_t pos, int64_t first_query) const override;
-  bool is_visible(int64_t key, int64_t query) const override;
-  int64_t budget() const override { return -1; }
-  std::vector<size_t> select_victims(std::span<const KeptTokenScore>, int64_t,
-                                     int64_t) const override {
-    return {};
-  }
+  AttentionMask attention_mask() const override { return {config_.window, config_.sinks}; }
+  /// [S, first_query - W + 1): between the sinks and the window of the next query.
+  PositionRange released_positions(int64_t first_query) const override;
 
  private:
   EvictionPolicyConfig config_;
@@ -174,10 +218,11 @@ class HeavyHitterPolicy final : public EvictionPolicy {
   HeavyHitterPolicy(int32_t recent, int32_t heavy);
   EvictionKind kind() const override { return EvictionKind::kHeavyHitters; }
   const EvictionPolicyConfig& config() const override { return config_; }
-  void set_attention_mask(AttentionParams&) const override {}
-  bool is_positional() const override { return false; }
-  bool is_needed(int64_t, int64_t) const override { return true; }
-  bool is_visible(int64_t key, int64_t query) const override { return key <= query; }
+  /// Unbounded: once tokens are evicted, attention runs over the kept list instead of a mask.
+  AttentionMask attention_mask() const override { return {}; }
+  /// Empty: blocks are released when their last kept token is evicted, not by position.
+  PositionRange released_positions(int64_t) const override { return {}; }
+  bool scores_tokens() const override { return true; }
   int64_t budget() const override { return int64_t{config_.recent} + config_.heavy; }
   std::vector<size_t> select_victims(std::span<const KeptTokenScore> kept, int64_t next_position,
                                      int64_t num_new) const override;

@@ -117,14 +117,17 @@ inline constexpr SeqId kPaddingSeq = -1;
 /// Sequence states: running (blocks in the device pool) or swapped (blocks in the host pool;
 /// only free_sequence, swap_in and read-only queries are allowed).
 ///
-/// Token eviction (config.eviction), see eviction_policy.hpp and docs/memory-policies.md:
-///  - positional policies: before an append, blocks whose positions no query at or after the
-///    first new position can see are released; the table keeps their logical place (block_table
-///    shows kNoBlock there) and batch_metadata() fills that place with the id the block had, a
-///    placeholder that the kernels' window/sink mask guarantees is never read;
-///  - heavy hitters: the manager keeps an explicit kept list; attention for a sequence that has
-///    evicted anything runs over kept_tokens() with paged_attention_over_slots, and scores come
-///    back through accumulate_attention().
+/// Token eviction (config.eviction), see eviction_policy.hpp and docs/memory-policies.md. The
+/// manager asks its EvictionPolicy the same questions under every policy, before every append:
+///  - the positions no query at or after the first new position sees
+///    (released_positions()): the full blocks inside are released; the table keeps their
+///    logical place (block_table shows kNoBlock there) and batch_metadata() fills that place
+///    with the id the block had, a placeholder that the kernels' mask (attention_mask())
+///    guarantees is never read;
+///  - the kept tokens to evict (select_victims(), heavy hitters): the manager keeps an explicit
+///    kept list for a policy that scores tokens; attention for a sequence that has evicted
+///    anything runs over kept_tokens() with paged_attention_over_slots, scores come back
+///    through accumulate_attention(), and blocks left with no kept token are released.
 ///
 /// Worked example (block_size 4, 8 blocks, fresh pool): add_sequence(7); append_slots(7, 6)
 /// -> slots {0,1,2,3,4,5} in blocks {0,1}; append_slots(7, 1) -> {6}; fork(7, 8) shares {0,1};
@@ -138,11 +141,12 @@ class KVCacheManager {
   /// num_host_blocks < 0, watermark outside [0, 1), max_model_len < 0, or the eviction config
   /// is invalid.
   explicit KVCacheManager(const KVCacheManagerConfig& config);
-  /// Deep copies (tests snapshot a manager to check that a failed operation changed nothing).
-  KVCacheManager(const KVCacheManager& other);
-  KVCacheManager& operator=(const KVCacheManager& other);
-  KVCacheManager(KVCacheManager&& other) noexcept;
-  KVCacheManager& operator=(KVCacheManager&& other) noexcept;
+  /// Deep copies (tests snapshot a manager to check that a failed operation changed nothing):
+  /// plain values throughout (the shared policy is immutable), so every member is defaulted.
+  KVCacheManager(const KVCacheManager& other) = default;
+  KVCacheManager& operator=(const KVCacheManager& other) = default;
+  KVCacheManager(KVCacheManager&& other) noexcept = default;
+  KVCacheManager& operator=(KVCacheManager&& other) noexcept = default;
   ~KVCacheManager() = default;
 
   /// Registers an empty sequence (0 tokens, no blocks: an empty prompt takes no block).
@@ -289,7 +293,7 @@ class KVCacheManager {
 
   [[nodiscard]] const BlockAllocator& allocator() const { return allocator_; }
   /// Host swap pool (num_host_blocks blocks); null when num_host_blocks == 0.
-  [[nodiscard]] const BlockAllocator* host_allocator() const { return host_.get(); }
+  [[nodiscard]] const BlockAllocator* host_allocator() const { return host_ ? &*host_ : nullptr; }
   [[nodiscard]] const PrefixCache& prefix_cache() const { return prefix_; }
   [[nodiscard]] const EvictionPolicy& eviction_policy() const { return *policy_; }
   [[nodiscard]] const KVCacheManagerConfig& config() const { return config_; }
@@ -302,12 +306,71 @@ class KVCacheManager {
   void check_invariants() const;
 
  private:
-  struct Kept {
-    int64_t position;
-    int32_t entry;   // index into Sequence::blocks
-    int32_t offset;  // token offset in that block
-    double score;
+  struct Sequence;
+  struct AppendPlan;  // src/metadata/manager_internal.hpp
+
+  /// The kept set of one sequence, what token eviction leaves of it (src/metadata/kept_set.cpp).
+  /// Under a positional policy it is implicit: the policy's mask decides and nothing is stored.
+  /// Under a policy that scores tokens (heavy hitters) it is an explicit list of the kept tokens
+  /// with their slots and scores; once a token is evicted the table is sparse: entries no longer
+  /// follow positions and new tokens refill freed slots.
+  class KeptSet {
+   public:
+    KeptSet() = default;
+    explicit KeptSet(bool scored) : scored_(scored) {}
+    [[nodiscard]] bool sparse() const { return sparse_; }
+    /// Records positions [first, first + n) at their positional slots (scored sets only).
+    void add_positional(int64_t first, int64_t n, int32_t block_size) {
+      if (scored_) add_tokens(first, n, block_size);
+    }
+    /// Plans what token eviction does to a listed set before n tokens are appended at `next`:
+    /// plan.victims, the tokens `policy` evicts, and when the table is sparse or the victims
+    /// make it so, the refill (entries emptied by the victims, holes to fill, fresh blocks and
+    /// where they go). Returns false, leaving `plan` as it was, when the table stays positional
+    /// (an unlisted set, i.e. a positional policy's, or no victim yet).
+    bool plan_refill(const EvictionPolicy& policy, std::span<const BlockId> blocks,
+                     const BlockAllocator& pool, int32_t block_size, int64_t next, int64_t n,
+                     AppendPlan& plan) const {
+      if (tokens_.empty() && !sparse_) return false;
+      return plan_listed(policy, blocks, pool, block_size, next, n, plan);
+    }
+    /// Commits a refill plan: drops the victims, puts the `fresh` blocks at their entries,
+    /// records the n tokens appended at `first` and writes their slots.
+    void place_refill(std::vector<BlockId>& blocks, std::vector<BlockId>& placeholders,
+                      const AppendPlan& plan, std::span<const BlockId> fresh, int32_t block_size,
+                      int64_t first, int64_t n, std::vector<Slot>& slots);
+    /// Appends the kept tokens' slots and positions: the list, or the positions the query at
+    /// num_tokens - 1 sees under `mask`.
+    void append_kept(std::span<const BlockId> blocks, int64_t num_tokens, AttentionMask mask,
+                     int32_t block_size, KeptTokens& out) const;
+    /// Adds attention weights to the scores. Errors: throws naming the policy `kind` if the set
+    /// is not scored, naming the sizes if weights.size() differs, the weight if one is negative
+    /// or not finite.
+    void accumulate(SeqId seq, std::span<const float> weights, EvictionKind kind);
+    /// Checks the list against the table (scored sets). Errors: throws on the first violation.
+    void check(SeqId seq, std::span<const BlockId> blocks, int64_t num_tokens,
+               int32_t block_size) const;
+
+   private:
+    void add_tokens(int64_t first, int64_t n, int32_t block_size);
+    bool plan_listed(const EvictionPolicy& policy, std::span<const BlockId> blocks,
+                     const BlockAllocator& pool, int32_t block_size, int64_t next, int64_t n,
+                     AppendPlan& plan) const;
+    void plan_sparse(std::span<const BlockId> blocks, const BlockAllocator& pool,
+                     int32_t block_size, int64_t n, AppendPlan& plan) const;
+    void erase(std::span<const size_t> victims);
+
+    struct Token {
+      int64_t position;
+      int32_t entry;   // index into Sequence::blocks
+      int32_t offset;  // token offset in that block
+      double score;
+    };
+    std::vector<Token> tokens_;  // ascending position
+    bool scored_ = false;
+    bool sparse_ = false;
   };
+
   struct Sequence {
     std::vector<BlockId> blocks;        // kNoBlock for released entries
     std::vector<BlockId> placeholders;  // [blocks.size()]: id a released entry had, else -1
@@ -320,32 +383,50 @@ class KVCacheManager {
     std::vector<BlockHash> hashes;
     std::vector<uint64_t> serials;
     uint64_t extra_key = 0;
-    // Heavy hitters: the kept tokens (ascending position) and whether any was evicted.
-    bool sparse = false;
-    std::vector<Kept> kept;
+    KeptSet kept;
   };
-  struct AppendPlan;
 
+  // kv_cache_manager.cpp
   const Sequence& get(SeqId seq, const char* op) const;
   Sequence& get(SeqId seq, const char* op);
   const Sequence& get_running(SeqId seq, const char* op) const;
+  Sequence new_sequence() const;
+  void emit(KVCacheEvent event);
+  // The members declared `inline` are defined in the one source (or private header) that calls
+  // them: the library is built -fPIC, and GCC does not inline a call to an interposable
+  // (non-inline, default-visibility) function there; these sit on the append hot path.
+  // kv_cache_manager_prefix.cpp (allocate_blocks: manager_internal.hpp)
+  inline std::optional<std::vector<BlockId>> allocate_blocks(int32_t n);
+  std::optional<std::vector<BlockId>> allocate_evicting(int32_t n);
+  void drop_evicted(BlockId b);
+  void register_full_blocks(Sequence& s);
+  // kv_cache_manager_append.cpp
   AppendPlan plan_append(const Sequence& s, int64_t n, const char* op) const;
+  inline void plan_positional(const Sequence& s, int64_t n, AppendPlan& plan) const;
   std::optional<AppendResult> do_append(SeqId seq, int64_t n, std::span<const TokenId> ids,
                                         const char* op);
-  void register_full_blocks(Sequence& s);
-  void release_block(BlockId b);
-  void on_evict(BlockId b);
-  void emit(KVCacheEvent event);
+  inline void release_entries(Sequence& s, const std::vector<int32_t>& entries);
+  inline void place_positional(Sequence& s, const AppendPlan& plan,
+                               const std::vector<BlockId>& fresh, int64_t n, AppendResult& result);
+  // kv_cache_manager_batch.cpp
+  int64_t check_batch(std::span<const SeqId> seqs, std::span<const int64_t> num_new_tokens,
+                      std::vector<const Sequence*>& rows) const;
+  // kv_cache_manager_invariants.cpp
+  void check_sequence(SeqId id, const Sequence& s, std::vector<int32_t>& holders,
+                      std::vector<int32_t>& host_holders, int32_t& host_live) const;
+  void check_blocks(std::span<const int32_t> holders) const;
+  void check_host_pool(std::span<const int32_t> host_holders, int32_t host_live) const;
 
   KVCacheManagerConfig config_;
   BlockAllocator allocator_;
-  std::unique_ptr<BlockAllocator> host_;
+  std::optional<BlockAllocator> host_;  // the swap pool; empty when num_host_blocks == 0
   PrefixCache prefix_;
   std::shared_ptr<const EvictionPolicy> policy_;
   int32_t watermark_blocks_ = 0;
   std::unordered_map<SeqId, Sequence> seqs_;
   KVCacheStats counters_;
   std::vector<KVCacheEvent> events_;
+  std::vector<BlockId> evicted_;  // scratch of allocate_evicting, empty between calls
 };
 
 }  // namespace pagedkv

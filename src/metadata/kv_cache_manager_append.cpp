@@ -1,0 +1,144 @@
+// KVCacheManager, appends: a plan computed without changing anything (what token eviction
+// releases, copy-on-write, fresh blocks, where new tokens go), then a commit that cannot fail.
+// The eviction policy is asked the same questions under every kind (eviction_policy.hpp).
+
+#include <algorithm>
+
+#include "core/check.hpp"
+#include "metadata/manager_internal.hpp"
+
+namespace pagedkv {
+
+KVCacheManager::AppendPlan KVCacheManager::plan_append(const Sequence& s, int64_t n,
+                                                       const char* op) const {
+  PAGEDKV_CHECK(n >= 0, "KVCacheManager::{}: token count must be >= 0, got {}", op, n);
+  PAGEDKV_CHECK(config_.max_model_len == 0 || s.num_tokens + n <= config_.max_model_len,
+                "KVCacheManager::{}: {} + {} tokens exceed max_model_len {}", op, s.num_tokens, n,
+                config_.max_model_len);
+  AppendPlan plan;
+  if (n == 0) return plan;
+  if (!s.kept.plan_refill(*policy_, s.blocks, allocator_, config_.block_size, s.num_tokens, n,
+                          plan)) {
+    plan_positional(s, n, plan);
+  }
+  return plan;
+}
+
+// A positional table: logical entry j holds positions [j * bs, (j + 1) * bs).
+inline void KVCacheManager::plan_positional(const Sequence& s, int64_t n, AppendPlan& plan) const {
+  const int64_t bs = config_.block_size;
+  const int64_t t = s.num_tokens;
+  // Release the full blocks that lie wholly in the positions no query at >= t sees (vLLM's
+  // remove_skipped_blocks): j * bs >= begin and (j + 1) * bs <= end.
+  const PositionRange dead = policy_->released_positions(t);
+  if (dead.end > dead.begin) {
+    const int64_t first = (std::max<int64_t>(dead.begin, 0) + bs - 1) / bs;
+    const int64_t last = std::min(t / bs, dead.end / bs);
+    for (int64_t j = first; j < last; ++j) {
+      if (s.blocks[j] == kNoBlock) continue;
+      plan.release.push_back(static_cast<int32_t>(j));
+      if (allocator_.ref_count(s.blocks[j]) == 1) ++plan.freed;
+    }
+  }
+  // Copy-on-write: writing into a shared, partially filled last block needs a private copy.
+  plan.cow = t % bs != 0 && allocator_.ref_count(s.blocks.back()) > 1;
+  plan.fresh = static_cast<int32_t>(std::min<int64_t>(
+      blocks_for_tokens(t + n, bs) - static_cast<int64_t>(s.blocks.size()) + (plan.cow ? 1 : 0),
+      INT32_MAX));
+}
+
+int32_t KVCacheManager::blocks_needed_to_append(SeqId seq, int64_t n) const {
+  return plan_append(get_running(seq, "blocks_needed_to_append"), n, "blocks_needed_to_append")
+      .fresh;
+}
+
+bool KVCacheManager::can_append(SeqId seq, int64_t n) const {
+  const AppendPlan plan = plan_append(get_running(seq, "can_append"), n, "can_append");
+  return int64_t{plan.fresh} <= int64_t{allocator_.num_available()} + plan.freed;
+}
+
+std::optional<AppendResult> KVCacheManager::append_slots(SeqId seq, int64_t n) {
+  return do_append(seq, n, {}, "append_slots");
+}
+
+std::optional<AppendResult> KVCacheManager::append_tokens(SeqId seq,
+                                                          std::span<const TokenId> tokens) {
+  return do_append(seq, static_cast<int64_t>(tokens.size()), tokens, "append_tokens");
+}
+
+std::optional<AppendResult> KVCacheManager::do_append(SeqId seq, int64_t n,
+                                                      std::span<const TokenId> ids,
+                                                      const char* op) {
+  get_running(seq, op);
+  Sequence& s = get(seq, op);
+  const AppendPlan plan = plan_append(s, n, op);
+  if (int64_t{plan.fresh} > int64_t{allocator_.num_available()} + plan.freed) return std::nullopt;
+
+  // Commit. Nothing below can fail for lack of blocks: the plan was checked against the pool.
+  const int64_t t = s.num_tokens;
+  release_entries(s, plan.release);
+  std::optional<std::vector<BlockId>> fresh = allocate_blocks(plan.fresh);
+  PAGEDKV_CHECK(fresh.has_value(), "KVCacheManager::{}: internal: {} blocks not available", op,
+                plan.fresh);
+
+  AppendResult result;
+  result.slots.reserve(static_cast<size_t>(n));
+  if (plan.refill) {
+    counters_.evicted_tokens += static_cast<int64_t>(plan.victims.size());
+    s.kept.place_refill(s.blocks, s.placeholders, plan, *fresh, config_.block_size, t, n,
+                        result.slots);
+  } else {
+    place_positional(s, plan, *fresh, n, result);
+  }
+  s.num_tokens += n;
+  if (n > 0) {
+    if (ids.empty()) {
+      // Unknown token ids: the sequence can no longer key its blocks.
+      s.ids_known = false;
+      s.token_ids.clear();
+      s.token_ids.shrink_to_fit();
+    } else if (s.ids_known) {
+      s.token_ids.insert(s.token_ids.end(), ids.begin(), ids.end());
+    }
+  }
+  register_full_blocks(s);
+  return result;
+}
+
+inline void KVCacheManager::release_entries(Sequence& s, const std::vector<int32_t>& entries) {
+  for (int32_t j : entries) {
+    s.placeholders[j] = s.blocks[j];
+    s.blocks[j] = kNoBlock;
+  }
+  // Release after the table update, last entry first (the LRU then evicts later positions
+  // before earlier ones, as free_sequence does).
+  for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
+    allocator_.release(s.placeholders[*it]);
+  }
+  counters_.released_blocks += static_cast<int64_t>(entries.size());
+}
+
+inline void KVCacheManager::place_positional(Sequence& s, const AppendPlan& plan,
+                                             const std::vector<BlockId>& fresh, int64_t n,
+                                             AppendResult& result) {
+  const int64_t bs = config_.block_size;
+  const int64_t t = s.num_tokens;
+  auto next_fresh = fresh.begin();
+  if (plan.cow) {
+    const BlockId shared = s.blocks.back();
+    const BlockId copy = *next_fresh++;
+    result.copies.push_back({shared, copy});
+    allocator_.release(shared);  // ref > 1, so this only drops our reference
+    s.blocks.back() = copy;
+  }
+  for (; next_fresh != fresh.end(); ++next_fresh) {
+    s.blocks.push_back(*next_fresh);
+    s.placeholders.push_back(-1);
+  }
+  for (int64_t pos = t; pos < t + n; ++pos) {
+    result.slots.push_back(static_cast<Slot>(s.blocks[pos / bs]) * bs + pos % bs);
+  }
+  s.kept.add_positional(t, n, config_.block_size);
+}
+
+}  // namespace pagedkv
