@@ -17,10 +17,11 @@ namespace pagedkv {
 /// Logical block j of sequence i is physical block block_tables[i * max_blocks_per_seq + j];
 /// position p lives at slot block_tables[i * max_blocks_per_seq + p / bs] * bs + p % bs.
 struct BlockTableView {
-  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
-  const int32_t* context_lens = nullptr;  // [num_seqs]
-  int32_t num_seqs = 0;
-  int32_t max_blocks_per_seq = 0;
+  /// [num_seqs, max_blocks_per_seq] row-major physical block ids, -1 past a sequence's blocks.
+  const int32_t* block_tables = nullptr;
+  const int32_t* context_lens = nullptr;  ///< [num_seqs] tokens per sequence, 0 = padding row
+  int32_t num_seqs = 0;                   ///< rows of the batch
+  int32_t max_blocks_per_seq = 0;         ///< row width of block_tables, in blocks
 };
 
 /// vLLM-style padded block table.
@@ -28,10 +29,11 @@ struct BlockTableView {
 /// max_blocks_per_seq = max over sequences of ceil(context_len / block_size) (at least 1 when
 /// num_seqs > 0, so the array is never zero-width).
 struct PaddedBlockTables {
-  int32_t num_seqs = 0;
-  int32_t max_blocks_per_seq = 0;
-  std::vector<int32_t> block_tables;  // [num_seqs * max_blocks_per_seq]
-  std::vector<int32_t> context_lens;  // [num_seqs], tokens
+  int32_t num_seqs = 0;            ///< rows (sequences of the batch, padding rows included)
+  int32_t max_blocks_per_seq = 0;  ///< row width in blocks; >= 1 when num_seqs > 0
+  /// [num_seqs, max_blocks_per_seq] row-major physical block ids; -1 past a row's last block.
+  std::vector<int32_t> block_tables;
+  std::vector<int32_t> context_lens;  ///< [num_seqs] tokens per sequence, 0 = padding row
 
   /// View for kernels; valid while this object lives and is not modified.
   [[nodiscard]] BlockTableView view() const {
@@ -44,29 +46,38 @@ struct PaddedBlockTables {
 /// blocks of sequence i in logical order at indices[indptr[i] .. indptr[i+1]), last_page_len
 /// [num_seqs] = tokens in the last block, in [1, block_size], or 0 for an empty sequence.
 struct CsrBlockTables {
+  /// [num_seqs + 1] offsets into indices: sequence i's blocks are [indptr[i], indptr[i+1]).
   std::vector<int32_t> indptr;
+  /// [indptr[num_seqs]] physical block ids, each sequence's in logical order.
   std::vector<int32_t> indices;
+  /// [num_seqs] tokens in each sequence's last block, in [1, block_size]; 0 for an empty one.
   std::vector<int32_t> last_page_len;
 };
 
-/// Everything a kernel needs for one batch step.
-/// slot_mapping [num_new_tokens_total] int64: the slot of each token being written, sequences
-/// in batch order, tokens in position order; -1 for padding.
-/// query_start [num_seqs + 1]: query token offsets per sequence (prefix sum of new tokens),
-/// the `q_indptr` of prefill kernels.
+/// Everything a kernel needs for one batch step, built by KVCacheManager::batch_metadata: the
+/// same tables in both formats, the slot mapping of the tokens this step writes, and the query
+/// offsets. Row i of every array is sequence i of the batch (a padding row: context 0, no
+/// blocks, no new tokens).
+/// Shapes: padded and csr as PaddedBlockTables and CsrBlockTables; slot_mapping
+/// [num_new_tokens_total]; query_start [num_seqs + 1].
 struct BatchMetadata {
-  int32_t block_size = 0;
-  PaddedBlockTables padded;
-  CsrBlockTables csr;
+  int32_t block_size = 0;    ///< tokens per block (KVCacheManagerConfig::block_size)
+  PaddedBlockTables padded;  ///< vLLM-style tables; padded.view() is what the kernels take
+  CsrBlockTables csr;        ///< the same tables in FlashInfer's CSR format
+  /// [num_new_tokens_total] int64 slot of each token being written: sequences in batch order,
+  /// tokens in position order; -1 for padding. What HostKVCache::write takes.
   std::vector<int64_t> slot_mapping;
+  /// [num_seqs + 1] query token offsets per sequence (prefix sum of new tokens, query_start[0]
+  /// = 0): the `q_indptr` of prefill kernels.
   std::vector<int32_t> query_start;
 };
 
 /// Builds the padded format from per-sequence tables.
-/// Shapes: tables[i] = physical blocks of sequence i in logical order; context_lens[i] tokens.
-/// Errors: throws pagedkv::Error if sizes differ, a context length is negative, a table has
-/// fewer than ceil(context_len / block_size) blocks (the message names the sequence index), or
-/// there are more than 2^31 - 1 sequences (int32 num_seqs).
+/// Shapes: tables[i] = physical blocks of sequence i in logical order (extra blocks past
+/// ceil(context_lens[i] / block_size) are ignored); context_lens [num_seqs] in tokens.
+/// Errors: throws pagedkv::Error if block_size < 1, sizes differ, a context length is negative,
+/// a table has fewer than ceil(context_len / block_size) blocks (the message names the sequence
+/// index), or there are more than 2^31 - 1 sequences (int32 num_seqs).
 [[nodiscard]] PaddedBlockTables build_padded_block_tables(
     std::span<const std::span<const BlockId>> tables, std::span<const int32_t> context_lens,
     int32_t block_size);
@@ -78,24 +89,29 @@ struct BatchMetadata {
     std::span<const std::span<const BlockId>> tables, std::span<const int32_t> context_lens,
     int32_t block_size);
 
-/// The two builders above, writing into caller-owned storage: `out` is overwritten and its
+/// build_padded_block_tables() writing into caller-owned storage: `out` is overwritten and its
 /// vectors keep their capacity, so a serving loop that passes the same object every step
 /// allocates only when a batch outgrows all earlier ones (the returning forms allocate every
-/// array on every call). Shapes, units and contents: exactly those of the returning forms.
+/// array on every call). Shapes, units and contents: exactly those of the returning form.
 /// `tables` and `context_lens` must not point into `out`.
-/// Errors: as build_padded_block_tables; every check runs before `out` is written, so a throw
-/// leaves `out` unchanged.
-/// Worked example: `CsrBlockTables csr;` once, then each step
-/// `build_csr_block_tables(tables, lens, bs, csr);` reuses csr.indices' storage.
+/// Errors: as the returning form; every check runs before `out` is written, so a throw leaves
+/// `out` unchanged.
 void build_padded_block_tables(std::span<const std::span<const BlockId>> tables,
                                std::span<const int32_t> context_lens, int32_t block_size,
                                PaddedBlockTables& out);
+/// build_csr_block_tables() writing into caller-owned storage, with the contract of the padded
+/// form above: `out` is overwritten, its vectors keep their capacity, and the inputs must not
+/// point into it. Errors: as the returning form (the block count included); every check runs
+/// before `out` is written, so a throw leaves `out` unchanged.
+/// Worked example: `CsrBlockTables csr;` once, then each step
+/// `build_csr_block_tables(tables, lens, bs, csr);` reuses csr.indices' storage.
 void build_csr_block_tables(std::span<const std::span<const BlockId>> tables,
                             std::span<const int32_t> context_lens, int32_t block_size,
                             CsrBlockTables& out);
 
 /// Slot of position `pos` (tokens) given a sequence's block table: table[pos / bs] * bs + pos % bs,
-/// computed in int64. Errors: throws pagedkv::Error if pos is negative or past the table.
+/// computed in int64. Errors: throws pagedkv::Error if block_size < 1, or pos is negative or past
+/// the table.
 [[nodiscard]] Slot slot_for_position(std::span<const BlockId> table, int64_t pos,
                                      int32_t block_size);
 

@@ -18,7 +18,7 @@ namespace pagedkv {
 ///  - used:      ref count >= 1 (held by that many block tables);
 ///  - cached:    ref count 0 but marked cached (its contents are reusable by the prefix cache);
 ///               kept in least-recently-released order and evicted only when no free block is
-///               left (vLLM v1's block pool: one queue is both free list and LRU order).
+///               left (as in vLLM v1's block pool, where one queue is both free list and LRU).
 /// Invariant: num_free() + num_used() + num_cached() == num_blocks().
 ///
 /// All operations are O(1), except allocate(n) which is O(n): free blocks wait in a FIFO ring
@@ -36,6 +36,7 @@ namespace pagedkv {
 /// both copy like plain values.
 class BlockAllocator {
  public:
+  /// A pool of ids [0, num_blocks), all free, in ascending order on the free list.
   /// Errors: throws pagedkv::Error if num_blocks < 1 or num_blocks > 2^30.
   explicit BlockAllocator(int32_t num_blocks);
 
@@ -78,7 +79,8 @@ class BlockAllocator {
   /// first (the caller drops what it keyed on their contents).
   std::vector<BlockId> evict_all_cached();
 
-  /// Reorders the free list by a seeded shuffle, so tests get scattered (non-monotonic) ids.
+  /// Reorders the free list by a seeded shuffle (std::mt19937_64), so tests get scattered
+  /// (non-monotonic) ids, reproducibly for a given seed and free list.
   void shuffle_free_list(uint64_t seed);
 
   /// Ref count of a block (0 for free and cached blocks).
@@ -89,6 +91,7 @@ class BlockAllocator {
   /// True when the block is marked cached (any ref count). Errors: id out of range throws.
   [[nodiscard]] bool is_cached(BlockId id) const;
 
+  /// Pool size: valid ids are [0, num_blocks()).
   [[nodiscard]] int32_t num_blocks() const { return static_cast<int32_t>(ref_.size()); }
   /// Blocks on the free list.
   [[nodiscard]] int32_t num_free() const { return free_size_; }

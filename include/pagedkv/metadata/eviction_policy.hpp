@@ -46,7 +46,7 @@
 
 namespace pagedkv {
 
-/// Which policy a EvictionPolicyConfig describes.
+/// Which policy an EvictionPolicyConfig describes.
 enum class EvictionKind : uint8_t {
   kNone,            ///< keep every position (plain causal attention)
   kSlidingWindow,   ///< keep the last `window` positions
@@ -60,9 +60,10 @@ enum class EvictionKind : uint8_t {
 /// The kind named `name` ("none", "window", "sinks", "h2o"); empty for any other name.
 [[nodiscard]] std::optional<EvictionKind> parse_eviction_kind(std::string_view name);
 
-/// Parameters of an eviction policy. Units: tokens.
+/// Parameters of an eviction policy, what make_eviction_policy() builds one from.
+/// Units: tokens. The fields a kind does not use are ignored (left at 0 by convention).
 struct EvictionPolicyConfig {
-  EvictionKind kind = EvictionKind::kNone;
+  EvictionKind kind = EvictionKind::kNone;  ///< the policy; kNone keeps every position
   int32_t window = 0;  ///< W >= 1 (kSlidingWindow, kAttentionSinks): includes the current token
   int32_t sinks = 0;   ///< S >= 1 (kAttentionSinks)
   int32_t recent = 0;  ///< R >= 1 (kHeavyHitters)
@@ -79,8 +80,8 @@ struct AttentionMask {
 
 /// Half-open interval [begin, end) of token positions; empty when end <= begin.
 struct PositionRange {
-  int64_t begin = 0;
-  int64_t end = 0;
+  int64_t begin = 0;  ///< first position of the range, tokens
+  int64_t end = 0;    ///< one past the last position of the range, tokens
   /// True when begin <= pos < end.
   [[nodiscard]] bool contains(int64_t pos) const { return pos >= begin && pos < end; }
 };
@@ -99,15 +100,17 @@ class EvictionPolicy {
 
   /// The kind, for names and reports; the manager never branches on it.
   [[nodiscard]] virtual EvictionKind kind() const = 0;
+  /// The parameters this policy was built from, kind included; the fields its kind does not
+  /// use are 0. Valid as long as the policy lives.
   [[nodiscard]] virtual const EvictionPolicyConfig& config() const = 0;
 
   /// The mask kernels must apply over a positional block table of a sequence under this
   /// policy (unbounded {-1, 0} when every position, or an explicit kept list, is attended).
   [[nodiscard]] virtual AttentionMask attention_mask() const = 0;
 
-  /// Positions that no query at a position >= first_query sees, i.e. need not stay cached: one
-  /// interval, empty when the policy releases nothing by position.
-  /// Precondition: first_query >= 0.
+  /// Positions that no query at a position >= first_query sees, so that they need not stay
+  /// cached: one interval, empty when the policy releases nothing by position.
+  /// Precondition: first_query >= 0. Units: token positions.
   [[nodiscard]] virtual PositionRange released_positions(int64_t first_query) const = 0;
 
   /// True when the policy chooses victims by accumulated attention score: each sequence then
@@ -119,7 +122,7 @@ class EvictionPolicy {
   [[nodiscard]] virtual int64_t budget() const = 0;
 
   /// Score-based policies: which of the `kept` tokens (ascending position) to evict before
-  /// `num_new` tokens are appended at positions next_position .. next_position + num_new - 1.
+  /// `num_new` tokens are appended at positions [next_position, next_position + num_new).
   /// Returns indices into `kept`, ascending. Candidates are the tokens that will not be among
   /// the last `recent` positions after the append; the lowest-scored candidates are evicted
   /// (ties: the older position first) until kept + num_new <= budget or no candidate is left.
@@ -136,8 +139,8 @@ class EvictionPolicy {
   /// (key <= query and inside the window or a sink). Mirrors the kernels' mask exactly.
   [[nodiscard]] bool is_visible(int64_t key, int64_t query) const;
 
-  /// True when position `pos` is visible to some query at a position >= `first_query`, i.e.
-  /// must stay cached: pos is outside released_positions(first_query). Precondition: 0 <= pos.
+  /// True when position `pos` is visible to some query at a position >= `first_query`, so that
+  /// it must stay cached: pos is outside released_positions(first_query). Precondition: 0 <= pos.
   [[nodiscard]] bool is_needed(int64_t pos, int64_t first_query) const;
 };
 
@@ -153,9 +156,10 @@ class PositionalEvictionPolicy : public EvictionPolicy {
   }
 };
 
-/// Keeps every position.
+/// Keeps every position: mask unbounded, nothing released (plain causal attention).
 class NoEviction final : public PositionalEvictionPolicy {
  public:
+  /// The policy of EvictionKind::kNone; its config() is all defaults.
   NoEviction() = default;
   EvictionKind kind() const override { return EvictionKind::kNone; }
   const EvictionPolicyConfig& config() const override { return config_; }
@@ -173,7 +177,8 @@ class NoEviction final : public PositionalEvictionPolicy {
 /// needed again (released_positions(9) = [0, 6)), so logical blocks 0, 1, 2 are released.
 class SlidingWindowPolicy final : public PositionalEvictionPolicy {
  public:
-  /// Errors: throws pagedkv::Error if window < 1.
+  /// A window of `window` tokens (the query's own included).
+  /// Errors: throws pagedkv::Error naming the value if window < 1.
   explicit SlidingWindowPolicy(int32_t window);
   EvictionKind kind() const override { return EvictionKind::kSlidingWindow; }
   const EvictionPolicyConfig& config() const override { return config_; }
@@ -192,7 +197,8 @@ class SlidingWindowPolicy final : public PositionalEvictionPolicy {
 /// 2023): keeping the initial tokens' K/V restores window attention's quality.
 class AttentionSinksPolicy final : public PositionalEvictionPolicy {
  public:
-  /// Errors: throws pagedkv::Error if sinks < 1 or window < 1.
+  /// `sinks` leading positions plus a window of `window` tokens (the query's own included).
+  /// Errors: throws pagedkv::Error naming the value if sinks < 1 or window < 1.
   AttentionSinksPolicy(int32_t sinks, int32_t window);
   EvictionKind kind() const override { return EvictionKind::kAttentionSinks; }
   const EvictionPolicyConfig& config() const override { return config_; }
@@ -214,7 +220,8 @@ class AttentionSinksPolicy final : public PositionalEvictionPolicy {
 /// over them, because one block table serves every layer.
 class HeavyHitterPolicy final : public EvictionPolicy {
  public:
-  /// Errors: throws pagedkv::Error if recent < 1 or heavy < 0.
+  /// The last `recent` positions plus `heavy` top-scored ones (budget recent + heavy tokens).
+  /// Errors: throws pagedkv::Error naming the value if recent < 1 or heavy < 0.
   HeavyHitterPolicy(int32_t recent, int32_t heavy);
   EvictionKind kind() const override { return EvictionKind::kHeavyHitters; }
   const EvictionPolicyConfig& config() const override { return config_; }
@@ -231,8 +238,9 @@ class HeavyHitterPolicy final : public EvictionPolicy {
   EvictionPolicyConfig config_;
 };
 
-/// Builds the policy a config describes.
-/// Errors: throws pagedkv::Error if a parameter the kind needs is out of range (names it).
+/// Builds the policy a config describes (shared and immutable: one serves every sequence).
+/// Errors: throws pagedkv::Error if a parameter the kind needs is out of range (names it), or if
+/// config.kind is not an EvictionKind value.
 [[nodiscard]] std::shared_ptr<const EvictionPolicy> make_eviction_policy(
     const EvictionPolicyConfig& config);
 

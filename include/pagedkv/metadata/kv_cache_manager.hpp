@@ -54,12 +54,15 @@ enum class Admission : uint8_t {
 /// "ok", "later", "never".
 [[nodiscard]] std::string_view admission_name(Admission admission);
 
-/// What an append produced.
-/// slots [n] int64: the slot of each new token, in position order.
-/// copies: (src, dst) block pairs the storage must copy (all layers) BEFORE writing the slots:
-/// copy-on-write of a shared, partially filled last block. Empty when nothing is shared.
+/// What an append produced (append_slots, append_tokens): where the new tokens go and which
+/// blocks the storage must copy first.
+/// Shapes: slots [n] for an append of n tokens; copies [0 or 1] (only the last block, the one
+/// written into, can need a private copy).
 struct AppendResult {
+  /// [n] int64 slot of each new token, in position order: block_id * block_size + offset.
   std::vector<Slot> slots;
+  /// (src, dst) block pairs the storage must copy (all layers) BEFORE writing the slots:
+  /// copy-on-write of a shared, partially filled last block. Empty when nothing is shared.
   std::vector<BlockCopy> copies;
 };
 
@@ -70,7 +73,11 @@ struct AppendResult {
 /// num_computed_tokens .. prompt length - 1, which the prefill must write. append.copies is
 /// always empty (hit blocks are full, never written).
 struct AddResult {
+  /// Leading prompt tokens already cached (prefix hits, a multiple of block_size, at most
+  /// prompt length - 1): the prefill skips positions [0, num_computed_tokens).
   int64_t num_computed_tokens = 0;
+  /// append.slots [prompt length - num_computed_tokens]: the slots of the positions the prefill
+  /// writes; append.copies is empty.
   AppendResult append;
 };
 
@@ -79,16 +86,18 @@ struct AddResult {
 /// storage copies every layer's K and V of each pair (e.g. dst_cache.set_block_bytes(dst,
 /// src_cache.block_bytes(src))) before the sequence runs again.
 struct SwapResult {
+  /// [live blocks of the sequence] (src, dst) pairs in table order: device -> host for
+  /// swap_out, host -> device for swap_in.
   std::vector<BlockCopy> copies;
 };
 
 /// What a recompute preemption leaves for the caller: the sequence is gone from the manager;
 /// prefill `tokens` again later (add_sequence with them; prefix caching may hit its own blocks).
 struct PreemptedSequence {
-  SeqId seq = 0;
+  SeqId seq = 0;                ///< the id it had (free again: it may be added anew)
   int64_t num_tokens = 0;       ///< tokens the sequence held
   std::vector<TokenId> tokens;  ///< its token ids when all were known, else empty
-  uint64_t extra_key = 0;
+  uint64_t extra_key = 0;       ///< its prefix-cache salt: pass it back to add_sequence to hit
 };
 
 /// Explicit kept sets of a batch of sequences, CSR: sequence i keeps the tokens at
@@ -97,9 +106,9 @@ struct PreemptedSequence {
 /// Shapes: indptr [num_seqs + 1] int32; slots, positions [indptr[num_seqs]] int64, ascending
 /// position within each sequence.
 struct KeptTokens {
-  std::vector<int32_t> indptr;
-  std::vector<Slot> slots;
-  std::vector<int64_t> positions;
+  std::vector<int32_t> indptr;     ///< [num_seqs + 1] offsets into slots and positions
+  std::vector<Slot> slots;         ///< [indptr[num_seqs]] slot of each kept token
+  std::vector<int64_t> positions;  ///< [indptr[num_seqs]] token position of each kept token
 };
 
 /// Sequence id that marks a padding row in batch_metadata(): context length 0, no blocks.
@@ -137,6 +146,8 @@ class KVCacheManager {
   /// Table entry of a block released by token eviction (block_table() only).
   static constexpr BlockId kNoBlock = -1;
 
+  /// A manager with an empty pool of config.num_blocks blocks, no sequences, and the eviction
+  /// policy config.eviction describes.
   /// Errors: throws pagedkv::Error naming the value if num_blocks < 1, block_size < 1,
   /// num_host_blocks < 0, watermark outside [0, 1), max_model_len < 0, or the eviction config
   /// is invalid.
@@ -144,9 +155,14 @@ class KVCacheManager {
   /// Deep copies (tests snapshot a manager to check that a failed operation changed nothing):
   /// plain values throughout (the shared policy is immutable), so every member is defaulted.
   KVCacheManager(const KVCacheManager& other) = default;
+  /// Deep copy assignment, as the copy constructor.
   KVCacheManager& operator=(const KVCacheManager& other) = default;
+  /// Takes over `other`'s pool and sequences; `other` is left valid but unspecified (assign to
+  /// it or destroy it).
   KVCacheManager(KVCacheManager&& other) noexcept = default;
+  /// Move assignment, as the move constructor.
   KVCacheManager& operator=(KVCacheManager&& other) noexcept = default;
+  /// Drops the bookkeeping; no storage is touched (the manager owns no K/V data).
   ~KVCacheManager() = default;
 
   /// Registers an empty sequence (0 tokens, no blocks: an empty prompt takes no block).
@@ -156,9 +172,10 @@ class KVCacheManager {
 
   /// Admission query for a prompt: kOk exactly when add_sequence(seq, prompt, extra_key) would
   /// succeed now. Blocks needed = ceil(len / block_size) - prefix hits; hit blocks that are
-  /// cached with ref count 0 also leave the available pool. kOk when available - those >=
-  /// watermark_blocks(); kNever when len > max_model_len (if set) or ceil(len / block_size) >
-  /// num_blocks - watermark_blocks(); else kLater.
+  /// cached with ref count 0 also leave the available pool. kOk when num_free_blocks() minus
+  /// those minus the blocks needed >= watermark_blocks(); kNever when len > max_model_len (if
+  /// set) or ceil(len / block_size) > num_blocks - watermark_blocks(); else kLater.
+  /// Units: len = prompt.size() tokens; blocks.
   [[nodiscard]] Admission can_add_sequence(std::span<const TokenId> prompt,
                                            uint64_t extra_key = 0) const;
 
@@ -178,12 +195,14 @@ class KVCacheManager {
   void free_sequence(SeqId seq);
 
   /// Copy-on-write fork: `child` gets the parent's tokens and shares every block (ref counts +1).
-  /// No block is allocated. Errors: throws if `parent` is unknown or swapped, or `child` exists.
+  /// No block is allocated. Errors: throws if `parent` is unknown or swapped, or `child` exists
+  /// or equals kPaddingSeq.
   void fork(SeqId parent, SeqId child);
 
   /// Blocks that append_slots(seq, n) would take from the pool (copy-on-write included), before
-  /// counting blocks that token eviction releases in the same call.
-  /// Errors: throws if `seq` is unknown or swapped, or n < 0.
+  /// counting blocks that token eviction releases in the same call. Units: n tokens; blocks.
+  /// Errors: throws if `seq` is unknown or swapped, n < 0, or the append would pass
+  /// max_model_len.
   [[nodiscard]] int32_t blocks_needed_to_append(SeqId seq, int64_t n) const;
 
   /// True exactly when append_slots(seq, n) would succeed now.
@@ -211,8 +230,9 @@ class KVCacheManager {
   /// hold a placeholder (the id the block had): the kernels must run with that policy's mask
   /// (eviction_policy().set_attention_mask), which never reads them.
   /// Errors: throws if sizes differ, a seq is unknown or swapped, num_new_tokens[i] is negative
-  /// or greater than the sequence's token count, a new token's block was released, or a
-  /// heavy-hitter sequence has evicted tokens (use kept_tokens()).
+  /// or greater than the sequence's token count, a new token's block was released, a
+  /// heavy-hitter sequence has evicted tokens (use kept_tokens()), or the batch overflows the
+  /// int32 offsets (query_start, CSR indptr).
   [[nodiscard]] BatchMetadata batch_metadata(std::span<const SeqId> seqs,
                                              std::span<const int64_t> num_new_tokens) const;
 
@@ -226,7 +246,8 @@ class KVCacheManager {
 
   /// The kept sets of `seqs` (see KeptTokens): for a heavy-hitter sequence its kept list; for a
   /// positional policy the positions the query at num_tokens - 1 sees (all of them without a
-  /// policy). Errors: throws if a seq is unknown or swapped.
+  /// policy); kPaddingSeq gives an empty row. Errors: throws if a seq is unknown or swapped, or
+  /// the batch keeps more than 2^31 - 1 tokens (int32 indptr).
   [[nodiscard]] KeptTokens kept_tokens(std::span<const SeqId> seqs) const;
 
   /// Heavy hitters: adds attention weights to the kept tokens' scores.
@@ -237,7 +258,7 @@ class KVCacheManager {
   void accumulate_attention(SeqId seq, std::span<const float> weights);
 
   /// True exactly when swap_out(seq) would succeed: the live (non-released) blocks of its table
-  /// fit in the free host blocks.
+  /// fit in the free host blocks (always false without a host pool, num_host_blocks 0).
   /// Errors: throws if `seq` is unknown or swapped.
   [[nodiscard]] bool can_swap_out(SeqId seq) const;
   /// Preempts `seq` by swapping: each live block gets a host block (copies device -> host),
@@ -273,13 +294,16 @@ class KVCacheManager {
   /// order is allocation order, not positions. Valid until the next mutation.
   /// Errors: throws if unknown.
   [[nodiscard]] std::span<const BlockId> block_table(SeqId seq) const;
+  /// True when `seq` is registered (running or swapped).
   [[nodiscard]] bool has_sequence(SeqId seq) const { return seqs_.contains(seq); }
   /// Sequence ids in ascending order.
   [[nodiscard]] std::vector<SeqId> sequences() const;
+  /// Registered sequences, swapped ones included.
   [[nodiscard]] int32_t num_sequences() const { return static_cast<int32_t>(seqs_.size()); }
 
   /// Blocks an allocation can still get (free + evictable cached).
   [[nodiscard]] int32_t num_free_blocks() const { return allocator_.num_available(); }
+  /// Device pool size (config.num_blocks), in blocks.
   [[nodiscard]] int32_t num_total_blocks() const { return allocator_.num_blocks(); }
   /// floor(watermark * num_blocks).
   [[nodiscard]] int32_t watermark_blocks() const { return watermark_blocks_; }
@@ -291,11 +315,16 @@ class KVCacheManager {
   /// Returns and clears the event log (always empty unless config.enable_events).
   std::vector<KVCacheEvent> take_events();
 
+  /// The device pool (ref counts, free list, LRU of cached blocks), read-only: tests, dumps.
   [[nodiscard]] const BlockAllocator& allocator() const { return allocator_; }
   /// Host swap pool (num_host_blocks blocks); null when num_host_blocks == 0.
   [[nodiscard]] const BlockAllocator* host_allocator() const { return host_ ? &*host_ : nullptr; }
+  /// The prefix-cache index, read-only; empty unless config.enable_prefix_caching.
   [[nodiscard]] const PrefixCache& prefix_cache() const { return prefix_; }
+  /// The token eviction policy built from config.eviction (NoEviction by default); kernels
+  /// over batch_metadata() take its mask through set_attention_mask().
   [[nodiscard]] const EvictionPolicy& eviction_policy() const { return *policy_; }
+  /// The configuration the manager was built with.
   [[nodiscard]] const KVCacheManagerConfig& config() const { return config_; }
 
   /// Checks every invariant (ref count of each block == number of tables holding it; free +

@@ -58,14 +58,15 @@ struct KVCacheStats {
 /// One entry of the event log (KVCacheManagerConfig::enable_events), for cache-aware routers
 /// that mirror which prefixes a worker holds (vLLM's KV events: BlockStored / BlockRemoved).
 struct KVCacheEvent {
+  /// What happened to the block's prefix-cache registration.
   enum class Kind : uint8_t {
     kStored,   ///< a full block was registered in the prefix cache (hash, parent, tokens set)
     kRemoved,  ///< a block left the prefix cache without being reused (reset_prefix_cache)
     kEvicted,  ///< a cached ref-0 block was evicted (LRU) to be reused for other content
   };
-  Kind kind = Kind::kStored;
-  BlockId block = -1;
-  BlockHash hash = 0;
+  Kind kind = Kind::kStored;    ///< what happened
+  BlockId block = -1;           ///< the device-pool block concerned
+  BlockHash hash = 0;           ///< content key of the registration stored, removed or evicted
   BlockHash parent_hash = 0;    ///< kStored only
   uint64_t extra_key = 0;       ///< kStored only
   std::vector<TokenId> tokens;  ///< kStored only: [block_size]

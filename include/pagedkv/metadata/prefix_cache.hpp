@@ -29,7 +29,8 @@ inline constexpr BlockHash kRootBlockHash = 0x9E3779B97F4A7C15ull;
 /// different prefixes get different keys. `extra_key` separates caches that must not share
 /// (adapter id, multimodal hash, per-tenant cache salt); 0 = none.
 /// Worked example: block_hash(kRootBlockHash, {1, 2, 3, 4}, 0) is the key of a first block
-/// holding tokens 1..4; the second block's key is block_hash(<that key>, {5, 6, 7, 8}, 0).
+/// holding tokens 1..4; the second block's key is block_hash(k1, {5, 6, 7, 8}, 0), where k1 is
+/// the first block's key.
 [[nodiscard]] BlockHash block_hash(BlockHash parent, std::span<const TokenId> tokens,
                                    uint64_t extra_key);
 
@@ -51,15 +52,16 @@ class PrefixCache {
  public:
   /// One registered block.
   struct Entry {
-    BlockHash hash = 0;
-    BlockHash parent_hash = 0;
-    uint64_t serial = 0;         ///< unique id of this entry, >= 1
-    uint64_t parent_serial = 0;  ///< serial of the parent entry, 0 for a first block
-    uint64_t extra_key = 0;
-    std::vector<TokenId> tokens;  ///< [block_size]
+    BlockHash hash = 0;           ///< block_hash(parent_hash, tokens, extra_key): the content key
+    BlockHash parent_hash = 0;    ///< key of the previous block, kRootBlockHash for a first block
+    uint64_t serial = 0;          ///< unique id of this entry, >= 1
+    uint64_t parent_serial = 0;   ///< serial of the parent entry, 0 for a first block
+    uint64_t extra_key = 0;       ///< the salt the key was computed with (0 = none)
+    std::vector<TokenId> tokens;  ///< [block_size] token ids the block holds
   };
 
-  /// Errors: throws pagedkv::Error if num_blocks < 1 or block_size < 1.
+  /// An empty index for a pool of `num_blocks` blocks of `block_size` tokens; allocates nothing
+  /// until the first insert(). Errors: throws pagedkv::Error if num_blocks < 1 or block_size < 1.
   PrefixCache(int32_t num_blocks, int32_t block_size);
 
   /// The block registered for (hash) whose content equals (parent_serial, extra_key, tokens);
@@ -86,6 +88,7 @@ class PrefixCache {
 
   /// Registered blocks.
   [[nodiscard]] int32_t size() const { return static_cast<int32_t>(by_hash_.size()); }
+  /// Tokens per block: the length of every entry's tokens.
   [[nodiscard]] int32_t block_size() const { return block_size_; }
 
  private:

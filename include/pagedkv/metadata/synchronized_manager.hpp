@@ -1,7 +1,7 @@
 #pragma once
 /// @file synchronized_manager.hpp
-/// A KVCacheManager behind one mutex, for callers that drive the cache from several threads
-/// (e.g. an API thread admitting and aborting requests while the scheduler thread appends).
+/// A KVCacheManager behind one mutex, for callers that drive the cache from several threads: an
+/// API thread admitting and aborting requests while the scheduler thread appends, for example.
 ///
 /// KVCacheManager itself is deliberately NOT internally synchronized: the common deployment is
 /// one scheduler thread, which should not pay for a lock on every append. This wrapper makes the
@@ -40,11 +40,13 @@ namespace pagedkv {
 /// Not copyable or movable (it owns the mutex); share it by reference or pointer.
 class SynchronizedKVCacheManager {
  public:
-  /// Errors: as KVCacheManager(config).
+  /// Wraps a fresh KVCacheManager(config). Errors: as KVCacheManager(config).
   explicit SynchronizedKVCacheManager(const KVCacheManagerConfig& config) : manager_(config) {}
-  /// Takes over an existing manager (e.g. one restored from a snapshot).
+  /// Takes over an existing manager, such as one restored from a snapshot().
   explicit SynchronizedKVCacheManager(KVCacheManager&& manager) : manager_(std::move(manager)) {}
+  /// Not copyable: it owns the mutex (snapshot() copies the manager).
   SynchronizedKVCacheManager(const SynchronizedKVCacheManager&) = delete;
+  /// Not copy-assignable: it owns the mutex.
   SynchronizedKVCacheManager& operator=(const SynchronizedKVCacheManager&) = delete;
 
   /// Runs fn(KVCacheManager&) under the lock and returns what it returns: the escape hatch for
@@ -70,52 +72,64 @@ class SynchronizedKVCacheManager {
   }
 
   // ---- mutators: see KVCacheManager for contracts, units and errors --------------------------
+  /// @copydoc KVCacheManager::add_sequence(SeqId)
   void add_sequence(SeqId seq) {
     std::lock_guard lock(mutex_);
     manager_.add_sequence(seq);
   }
+  /// @copydoc KVCacheManager::add_sequence(SeqId, std::span<const TokenId>, uint64_t)
   [[nodiscard]] std::optional<AddResult> add_sequence(SeqId seq, std::span<const TokenId> prompt,
                                                       uint64_t extra_key = 0) {
     std::lock_guard lock(mutex_);
     return manager_.add_sequence(seq, prompt, extra_key);
   }
+  /// @copydoc KVCacheManager::free_sequence
   void free_sequence(SeqId seq) {
     std::lock_guard lock(mutex_);
     manager_.free_sequence(seq);
   }
+  /// @copydoc KVCacheManager::fork
   void fork(SeqId parent, SeqId child) {
     std::lock_guard lock(mutex_);
     manager_.fork(parent, child);
   }
+  /// @copydoc KVCacheManager::append_slots
   [[nodiscard]] std::optional<AppendResult> append_slots(SeqId seq, int64_t n) {
     std::lock_guard lock(mutex_);
     return manager_.append_slots(seq, n);
   }
+  /// @copydoc KVCacheManager::append_tokens
   [[nodiscard]] std::optional<AppendResult> append_tokens(SeqId seq,
                                                           std::span<const TokenId> tokens) {
     std::lock_guard lock(mutex_);
     return manager_.append_tokens(seq, tokens);
   }
+  /// @copydoc KVCacheManager::accumulate_attention
   void accumulate_attention(SeqId seq, std::span<const float> weights) {
     std::lock_guard lock(mutex_);
     manager_.accumulate_attention(seq, weights);
   }
+  /// @copydoc KVCacheManager::swap_out
   [[nodiscard]] std::optional<SwapResult> swap_out(SeqId seq) {
     std::lock_guard lock(mutex_);
     return manager_.swap_out(seq);
   }
+  /// @copydoc KVCacheManager::swap_in
   [[nodiscard]] std::optional<SwapResult> swap_in(SeqId seq) {
     std::lock_guard lock(mutex_);
     return manager_.swap_in(seq);
   }
+  /// @copydoc KVCacheManager::preempt
   PreemptedSequence preempt(SeqId seq) {
     std::lock_guard lock(mutex_);
     return manager_.preempt(seq);
   }
+  /// @copydoc KVCacheManager::reset_prefix_cache
   int32_t reset_prefix_cache() {
     std::lock_guard lock(mutex_);
     return manager_.reset_prefix_cache();
   }
+  /// @copydoc KVCacheManager::take_events
   std::vector<KVCacheEvent> take_events() {
     std::lock_guard lock(mutex_);
     return manager_.take_events();
@@ -123,45 +137,59 @@ class SynchronizedKVCacheManager {
 
   // ---- queries: each answer is exact at the moment of the call; another thread may change the
   // state right after, so "query then act" belongs in with_lock() --------------------------------
+  /// @copydoc KVCacheManager::can_add_sequence
   [[nodiscard]] Admission can_add_sequence(std::span<const TokenId> prompt,
                                            uint64_t extra_key = 0) const {
     std::lock_guard lock(mutex_);
     return manager_.can_add_sequence(prompt, extra_key);
   }
+  /// @copydoc KVCacheManager::blocks_needed_to_append
   [[nodiscard]] int32_t blocks_needed_to_append(SeqId seq, int64_t n) const {
     std::lock_guard lock(mutex_);
     return manager_.blocks_needed_to_append(seq, n);
   }
+  /// @copydoc KVCacheManager::can_append
   [[nodiscard]] bool can_append(SeqId seq, int64_t n) const {
     std::lock_guard lock(mutex_);
     return manager_.can_append(seq, n);
   }
+  /// @copydoc KVCacheManager::can_swap_out
   [[nodiscard]] bool can_swap_out(SeqId seq) const {
     std::lock_guard lock(mutex_);
     return manager_.can_swap_out(seq);
   }
+  /// @copydoc KVCacheManager::can_swap_in
   [[nodiscard]] bool can_swap_in(SeqId seq) const {
     std::lock_guard lock(mutex_);
     return manager_.can_swap_in(seq);
   }
+  /// @copydoc KVCacheManager::is_swapped
   [[nodiscard]] bool is_swapped(SeqId seq) const {
     std::lock_guard lock(mutex_);
     return manager_.is_swapped(seq);
   }
+  /// KVCacheManager::batch_metadata(seqs, num_new_tokens) under the lock: the step's block
+  /// tables (padded and CSR), slot mapping and query_start, by value. Shapes, units and errors:
+  /// those of KVCacheManager::batch_metadata.
   [[nodiscard]] BatchMetadata batch_metadata(std::span<const SeqId> seqs,
                                              std::span<const int64_t> num_new_tokens) const {
     std::lock_guard lock(mutex_);
     return manager_.batch_metadata(seqs, num_new_tokens);
   }
+  /// KVCacheManager::batch_metadata(seqs, num_new_tokens, out) under the lock: fills the
+  /// caller-owned `out`, whose vectors keep their capacity; a throw leaves `out` unchanged.
+  /// Shapes, units and errors: those of KVCacheManager::batch_metadata.
   void batch_metadata(std::span<const SeqId> seqs, std::span<const int64_t> num_new_tokens,
                       BatchMetadata& out) const {
     std::lock_guard lock(mutex_);
     manager_.batch_metadata(seqs, num_new_tokens, out);
   }
+  /// @copydoc KVCacheManager::kept_tokens
   [[nodiscard]] KeptTokens kept_tokens(std::span<const SeqId> seqs) const {
     std::lock_guard lock(mutex_);
     return manager_.kept_tokens(seqs);
   }
+  /// @copydoc KVCacheManager::num_tokens
   [[nodiscard]] int64_t num_tokens(SeqId seq) const {
     std::lock_guard lock(mutex_);
     return manager_.num_tokens(seq);
@@ -173,34 +201,42 @@ class SynchronizedKVCacheManager {
     const std::span<const BlockId> table = manager_.block_table(seq);
     return {table.begin(), table.end()};
   }
+  /// @copydoc KVCacheManager::has_sequence
   [[nodiscard]] bool has_sequence(SeqId seq) const {
     std::lock_guard lock(mutex_);
     return manager_.has_sequence(seq);
   }
+  /// @copydoc KVCacheManager::sequences
   [[nodiscard]] std::vector<SeqId> sequences() const {
     std::lock_guard lock(mutex_);
     return manager_.sequences();
   }
+  /// @copydoc KVCacheManager::num_sequences
   [[nodiscard]] int32_t num_sequences() const {
     std::lock_guard lock(mutex_);
     return manager_.num_sequences();
   }
+  /// @copydoc KVCacheManager::num_free_blocks
   [[nodiscard]] int32_t num_free_blocks() const {
     std::lock_guard lock(mutex_);
     return manager_.num_free_blocks();
   }
+  /// @copydoc KVCacheManager::num_total_blocks
   [[nodiscard]] int32_t num_total_blocks() const {
     std::lock_guard lock(mutex_);
     return manager_.num_total_blocks();
   }
+  /// @copydoc KVCacheManager::watermark_blocks
   [[nodiscard]] int32_t watermark_blocks() const {
     std::lock_guard lock(mutex_);
     return manager_.watermark_blocks();
   }
+  /// @copydoc KVCacheManager::usage
   [[nodiscard]] double usage() const {
     std::lock_guard lock(mutex_);
     return manager_.usage();
   }
+  /// @copydoc KVCacheManager::stats
   [[nodiscard]] KVCacheStats stats() const {
     std::lock_guard lock(mutex_);
     return manager_.stats();
