@@ -339,7 +339,7 @@ def main():
     pre_lines = prefill_section(runs)
     if pre_lines:
         out += ["", "## Chunked prefill (compute-bound; 4 flops per query head, visible key and dim)", ""] + pre_lines
-    out += ["", "## End-to-end decode step (built-in model, one sequence)", ""] + e2e_lines
+    out += ["", "## End-to-end decode step (the random model, `--model random`, one sequence)", ""] + e2e_lines
     out += ["", "## Metadata (allocator, manager)", ""] + alloc_lines
     out += ["", END]
     generated = "\n".join(out) + "\n"

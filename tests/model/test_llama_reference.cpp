@@ -78,7 +78,7 @@ TEST_P(Reference, ReproducesTheRuntime) {
     if (whole) {
       EXPECT_EQ(s.positions_run, ref.at("positions_run").get<int64_t>());
       EXPECT_EQ(s.stopped_on_bos, ref.at("stopped_on_bos").get<bool>());
-      EXPECT_EQ(m.tok->render(s.ids) + "\n", t::read_text(dir / (std::string(c.name) + ".stdout")));
+      EXPECT_EQ(m.tok->render(s.ids) + "\n", t::read_file(dir / (std::string(c.name) + ".stdout")));
     }
   } else {
     // Position p's near-tie decides ids[p + 1]: ids up to and including ids[p] must match.

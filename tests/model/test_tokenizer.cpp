@@ -51,7 +51,7 @@ TEST(Tokenizer, RendersReferenceIdsToTheRuntimesStdout) {
     const auto ref = t::read_json(dir / (std::string(name) + ".json"));
     const auto ids = ref.at("sequence_ids").get<std::vector<TokenId>>();
     // The runtime prints a final newline after the generation.
-    EXPECT_EQ(tok.render(ids) + "\n", t::read_text(dir / (std::string(name) + ".stdout"))) << name;
+    EXPECT_EQ(tok.render(ids) + "\n", t::read_file(dir / (std::string(name) + ".stdout"))) << name;
   }
 }
 
@@ -122,7 +122,7 @@ TEST_P(BadTokenizer, OneLineErrorNamingTheFileAndProblem) {
   const BadTokCase& c = GetParam();
   t::TempDir dir("bad_tok");
   const std::string path = dir.file(std::string(c.name) + ".bin");
-  if (c.bytes != "<missing>") t::write_bytes(path, c.bytes);
+  if (c.bytes != "<missing>") (void)t::write_file(path, c.bytes);
   try {
     (void)Tokenizer::load(path, 3);
     FAIL() << "no error for " << c.name;
@@ -156,7 +156,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(Tokenizer, LoadsAValidSmallFile) {
   t::TempDir dir("tok_ok");
   const std::string path = dir.file("ok.bin");
-  t::write_bytes(path, three_tokens());
+  (void)t::write_file(path, three_tokens());
   const Tokenizer tok = Tokenizer::load(path, 3);
   EXPECT_EQ(tok.piece(2), "def");
   EXPECT_EQ(tok.score(1), -1.0f);
