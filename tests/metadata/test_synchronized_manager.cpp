@@ -183,6 +183,9 @@ class TrafficWorker {
   void append() {
     Live& s = live_[pick()];
     if (s.swapped) return;
+    // The previous step's forward pass wrote what the sequence holds: publish it. Only this
+    // thread changes its own sequences, so the two calls need no common lock.
+    m_.commit(s.id, m_.num_tokens(s.id));
     const int64_t n = std::uniform_int_distribution<int64_t>(1, 6)(rng_);
     if (rng_() % 2) {
       if (m_.append_slots(s.id, n).has_value()) ++tr_.successes;
