@@ -54,9 +54,11 @@ class TableGeometry : public ::testing::Test {
   }
 
   std::string decode_refusal(const HostKVCache& cache, const BlockTableView& tables) {
-    return refusal([&](std::span<float> out) {
-      paged_decode_attention(kParams, cache.layer(0), tables, q_, out);
-    }, 2);
+    return refusal(
+        [&](std::span<float> out) {
+          paged_decode_attention(kParams, cache.layer(0), tables, q_, out);
+        },
+        2);
   }
 
   KVCacheManager m_{{.num_blocks = 8, .block_size = 4}};
@@ -101,9 +103,11 @@ TEST_F(TableGeometry, AViewWithoutABlockSizeIsRefused) {
                         "block_size is unset)"));
   // Even an empty batch: geometry is configuration, not data.
   v.num_seqs = 0;
-  EXPECT_THAT(refusal([&](std::span<float> out) {
-    paged_decode_attention(kParams, cache.layer(0), v, {}, out);
-  }, 0),
+  EXPECT_THAT(refusal(
+                  [&](std::span<float> out) {
+                    paged_decode_attention(kParams, cache.layer(0), v, {}, out);
+                  },
+                  0),
               HasSubstr("built for block_size 0"));
 }
 
