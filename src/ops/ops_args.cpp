@@ -90,7 +90,8 @@ int64_t to_int(const OpsLine& l, std::string_view what, std::string_view text, i
   const char* end = text.data() + text.size();
   auto [ptr, ec] = std::from_chars(text.data(), end, v);
   if (ec != std::errc() || ptr != end || text.empty()) {
-    fail_at(l.line, fmt::format("{}: {} must be an integer, got '{}'", l.op, what, printable(text)));
+    fail_at(l.line,
+            fmt::format("{}: {} must be an integer, got '{}'", l.op, what, printable(text)));
   }
   if (v < lo || v > hi) {
     fail_at(l.line, fmt::format("{}: {} must be in [{}, {}], got {}", l.op, what, lo, hi, v));

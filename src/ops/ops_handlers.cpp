@@ -14,8 +14,8 @@ std::string_view failure_name(Admission a, std::string_view later) {
 }
 
 /// Admits `seq` with `prompt` into `j` (shared by add and resume).
-void add_result(const OpsLine& l, State& st, json& j, SeqId seq,
-                const std::vector<TokenId>& prompt, const AddOptions& options) {
+void add_result(const OpsLine& l, State& st, json& j, SeqId seq, const std::vector<TokenId>& prompt,
+                const AddOptions& options) {
   KVCacheManager& m = *st.manager;
   j["seq"] = seq;
   if (m.has_sequence(seq))
@@ -123,8 +123,8 @@ std::optional<json> op_append(const OpsLine& l, State& st) {
       by_count ? count_value(l, "n", l.options.at("n")) : static_cast<int64_t>(ids.size());
   check_growth(l, st, n);
   // What the append changes in the table: entries past its old end, a copy-on-write of the last
-  // one (in `copies`), and, under a token eviction policy, entries released (KVCacheManager::kNoBlock). Only
-  // the last needs the old table, and only a policy can release.
+  // one (in `copies`), and, under a token eviction policy, entries released
+  // (KVCacheManager::kNoBlock). Only the last needs the old table, and only a policy can release.
   const std::span<const BlockId> before = m.block_table(seq);
   const size_t old_size = before.size();
   const bool can_release = m.eviction_policy().kind() != EvictionKind::kNone;
@@ -146,7 +146,8 @@ std::optional<json> op_append(const OpsLine& l, State& st) {
   if (can_release) {
     json released = json::array();
     for (size_t i = 0; i < old_table.size() && i < after.size(); ++i) {
-      if (old_table[i] != KVCacheManager::kNoBlock && after[i] == KVCacheManager::kNoBlock) released.push_back(i);
+      if (old_table[i] != KVCacheManager::kNoBlock && after[i] == KVCacheManager::kNoBlock)
+        released.push_back(i);
     }
     j["released"] = std::move(released);
   }
@@ -183,7 +184,8 @@ std::optional<json> op_truncate(const OpsLine& l, State& st) {
   // length but one: copy the entries from there (the table span does not survive the call).
   const std::span<const BlockId> before = m.block_table(seq);
   const int64_t kept_blocks = blocks_for_tokens(std::min(n, old_tokens), m.config().block_size);
-  const size_t from = std::min(before.size(), static_cast<size_t>(std::max<int64_t>(kept_blocks - 1, 0)));
+  const size_t from =
+      std::min(before.size(), static_cast<size_t>(std::max<int64_t>(kept_blocks - 1, 0)));
   const std::vector<BlockId> tail(before.begin() + static_cast<std::ptrdiff_t>(from), before.end());
   m.truncate(seq, n);
   st.held_tokens -= old_tokens - m.num_tokens(seq);

@@ -63,8 +63,8 @@ std::string read_ops_script(std::FILE* in, std::string_view name) {
     text.append(buf.data(), got);
     if (got < buf.size()) {
       if (std::ferror(in) != 0)
-        throw Error(fmt::format("cannot read script '{}': {}", printable(name, 256),
-                                std::strerror(errno)));
+        throw Error(
+            fmt::format("cannot read script '{}': {}", printable(name, 256), std::strerror(errno)));
       if (std::feof(in) != 0) break;
     }
   }

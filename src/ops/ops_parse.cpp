@@ -23,8 +23,8 @@ bool is_op(std::string_view name) {
 }
 
 [[noreturn]] void unknown_op(int64_t line_no, std::string_view op) {
-  fail_at(line_no,
-          fmt::format("unknown op '{}' (ops: {})", printable(op, 40), fmt::join(ops_names(), ", ")));
+  fail_at(line_no, fmt::format("unknown op '{}' (ops: {})", printable(op, 40),
+                               fmt::join(ops_names(), ", ")));
 }
 
 }  // namespace

@@ -132,9 +132,9 @@ std::optional<json> op_batch_metadata(const OpsLine& l, State& st) {
     const size_t colon = a.find(':');
     const std::string_view seq_text = std::string_view(a).substr(0, colon);
     const SeqId s = to_int(l, "sequence id", seq_text, kPaddingSeq, INT64_MAX);
-    const int64_t n =
-        colon == std::string::npos ? (s == kPaddingSeq ? 0 : 1)
-                                   : count_value(l, "new tokens", std::string_view(a).substr(colon + 1));
+    const int64_t n = colon == std::string::npos
+                          ? (s == kPaddingSeq ? 0 : 1)
+                          : count_value(l, "new tokens", std::string_view(a).substr(colon + 1));
     total_new += n;
     check_tokens_per_op(l, total_new, "new tokens");
     if (s != kPaddingSeq && m.has_sequence(s))
@@ -158,9 +158,8 @@ std::optional<json> op_batch_metadata(const OpsLine& l, State& st) {
   j["context_lens"] = b.padded.context_lens;
   j["slot_mapping"] = b.slot_mapping;
   j["query_start"] = b.query_start;
-  j["csr"] = {{"indptr", b.csr.indptr},
-              {"indices", b.csr.indices},
-              {"last_page_len", b.csr.last_page_len}};
+  j["csr"] = {
+      {"indptr", b.csr.indptr}, {"indices", b.csr.indices}, {"last_page_len", b.csr.last_page_len}};
   return j;
 }
 

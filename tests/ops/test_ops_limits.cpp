@@ -103,12 +103,13 @@ TEST(OpsLimits, AppendPrintsWhatChangedNotTheTable) {
   // last append of 4000 is as long as the first's: slots, copies and the blocks it added.
   OpsExecutor ex;
   std::vector<json> out;
-  ASSERT_EQ(run_on(ex, "manager blocks=5000 block_size=1\nadd 1\n" + repeat("append 1 7\n", 4000),
-                   &out),
-            "");
+  ASSERT_EQ(
+      run_on(ex, "manager blocks=5000 block_size=1\nadd 1\n" + repeat("append 1 7\n", 4000), &out),
+      "");
   ASSERT_EQ(out.size(), 4001u);
-  EXPECT_EQ(out[1].dump(),
-            R"({"op":"append","line":3,"seq":1,"ok":true,"slots":[0],"copies":[],"new_blocks":[0]})");
+  EXPECT_EQ(
+      out[1].dump(),
+      R"({"op":"append","line":3,"seq":1,"ok":true,"slots":[0],"copies":[],"new_blocks":[0]})");
   EXPECT_EQ(out[4000].dump(), R"({"op":"append","line":4002,"seq":1,"ok":true,"slots":[3999],)"
                               R"("copies":[],"new_blocks":[3999]})");
   for (const json& j : out) EXPECT_FALSE(j.contains("table") && j["op"] == "append");
@@ -124,7 +125,8 @@ TEST(OpsInput, TheLineLimitIsEnforcedWhileReading) {
   // The line counts restart after each newline: line 3 is the long one.
   std::FILE* f = std::tmpfile();
   ASSERT_NE(f, nullptr);
-  const std::string text = "manager blocks=1\nstats\n" + std::string(OpsLimits::kMaxLineBytes + 1, 'x');
+  const std::string text =
+      "manager blocks=1\nstats\n" + std::string(OpsLimits::kMaxLineBytes + 1, 'x');
   std::fwrite(text.data(), 1, text.size(), f);
   std::rewind(f);
   EXPECT_THAT([&] { (void)read_ops_script(f, "t"); },
@@ -237,17 +239,20 @@ TEST(OpsDump, ReferenceCountsAndThePrefixIndex) {
 }
 
 TEST(OpsBatchMetadata, PaddingRowsAndTheTableSizeLimit) {
-  const std::vector<json> out = run_ops_script(
-      "manager blocks=4 block_size=2\nadd 1 1 2 3\nbatch_metadata -1 1:2\n");
+  const std::vector<json> out =
+      run_ops_script("manager blocks=4 block_size=2\nadd 1 1 2 3\nbatch_metadata -1 1:2\n");
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(out[1].dump(),
             R"({"op":"batch_metadata","line":3,"block_size":2,"block_tables":[[-1,-1],[0,1]],)"
             R"("context_lens":[0,3],"slot_mapping":[1,2],"query_start":[0,0,2],)"
             R"("csr":{"indptr":[0,0,2],"indices":[0,1],"last_page_len":[0,1]}})");
   // 70000 padding rows x 1 entry: over the limit before anything is built.
-  EXPECT_THAT([] { (void)run_ops_script("manager blocks=4\n" + std::string("batch_metadata") +
-                                        repeat(" -1", 70000) + "\n"); },
-              ThrowsMessage<Error>(HasSubstr("70000 padded table entries exceed the limit")));
+  EXPECT_THAT(
+      [] {
+        (void)run_ops_script("manager blocks=4\n" + std::string("batch_metadata") +
+                             repeat(" -1", 70000) + "\n");
+      },
+      ThrowsMessage<Error>(HasSubstr("70000 padded table entries exceed the limit")));
 }
 
 }  // namespace
