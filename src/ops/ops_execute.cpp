@@ -105,6 +105,15 @@ void check_growth(const OpsLine& l, const State& st, int64_t n) {
   }
 }
 
+void check_new_sequence(const OpsLine& l, const State& st) {
+  const int64_t held = st.manager->num_sequences() + static_cast<int64_t>(st.preempted.size());
+  if (held >= OpsLimits::kMaxSequences) {
+    fail_at(l.line, fmt::format("{}: {} sequences held (preempted ones included), the limit of {} "
+                                "sequences per script",
+                                l.op, held, OpsLimits::kMaxSequences));
+  }
+}
+
 const std::vector<std::string>& ops_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v{std::string(kManagerOp)};

@@ -69,6 +69,7 @@ std::optional<json> op_add(const OpsLine& l, State& st) {
   const std::vector<TokenId> prompt = token_args(l, 1);
   const SeqId seq = seq_arg(l, 0);
   check_growth(l, st, static_cast<int64_t>(prompt.size()));
+  if (!st.manager->has_sequence(seq)) check_new_sequence(l, st);
   json j = result_head(l);
   add_result(l, st, j, seq, prompt, options);
   return j;
@@ -208,6 +209,7 @@ std::optional<json> op_fork(const OpsLine& l, State& st) {
   // The child copies the parent's token ids: counted like the parent's tokens.
   const int64_t n = st.manager->num_tokens(parent);
   check_growth(l, st, n);
+  if (!st.manager->has_sequence(child)) check_new_sequence(l, st);
   st.manager->fork(parent, child);
   st.held_tokens += n;
   return std::nullopt;

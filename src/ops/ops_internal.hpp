@@ -59,6 +59,8 @@ KVCacheManagerConfig manager_config(const OpsLine& l);
 
 /// Throws naming OpsLimits::kMaxTotalTokens if holding `n` more tokens would exceed it.
 void check_growth(const OpsLine& l, const State& st, int64_t n);
+/// Throws naming OpsLimits::kMaxSequences if one more sequence would exceed it.
+void check_new_sequence(const OpsLine& l, const State& st);
 
 // ---- results (ops_print.cpp) -------------------------------------------------------------------
 

@@ -34,15 +34,18 @@ struct OpsLimits {
   /// Bytes of one line, newline excluded (checked while reading: /dev/zero stops here).
   static constexpr int64_t kMaxLineBytes = int64_t{1} << 20;
   /// Bytes of the whole script (the script is read whole, then parsed, before anything runs).
-  static constexpr int64_t kMaxScriptBytes = int64_t{64} << 20;
+  static constexpr int64_t kMaxScriptBytes = int64_t{16} << 20;
   /// Tokens one op may name or ask for: prompt or appended tokens, n=COUNT, can_append COUNT,
   /// lookahead=N, score weights, batch_metadata new tokens (and its padded table entries).
   static constexpr int64_t kMaxTokensPerOp = int64_t{1} << 16;
   /// Tokens the script may hold at once: every sequence's num_tokens (a fork copies its
   /// parent's) plus the token ids kept for `resume` of preempted sequences.
   static constexpr int64_t kMaxTotalTokens = int64_t{1} << 20;
+  /// Sequences the script may hold at once: the manager's plus the preempted ones kept for
+  /// `resume` (an empty sequence holds no token but costs metadata, and a line in `dump`).
+  static constexpr int64_t kMaxSequences = int64_t{1} << 16;
   /// Blocks of the device or host pool a `manager` line may ask for.
-  static constexpr int64_t kMaxBlocks = int64_t{1} << 20;
+  static constexpr int64_t kMaxBlocks = int64_t{1} << 18;
   /// Tokens per block a `manager` line may ask for.
   static constexpr int64_t kMaxBlockSize = int64_t{1} << 16;
 };
@@ -81,7 +84,7 @@ void for_each_ops_line(std::string_view text, const std::function<void(const Ops
 /// Reads a script from `in` (stdin: a pipe, a terminal, /dev/zero...) in chunks, enforcing
 /// kMaxLineBytes and kMaxScriptBytes while reading, so an endless input stops at the first limit.
 /// Errors: throws pagedkv::Error "line N: line longer than 1048576 bytes" or "script longer
-/// than 67108864 bytes", or naming `name` on a read error.
+/// than 16777216 bytes", or naming `name` on a read error.
 [[nodiscard]] std::string read_ops_script(std::FILE* in, std::string_view name);
 
 /// Opens `path` and reads it with read_ops_script. Only a regular file is accepted: a directory,

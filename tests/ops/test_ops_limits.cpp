@@ -98,6 +98,22 @@ TEST(OpsLimits, TokensHeldCountForksPreemptedSequencesAndGiveBackOnFreeAndTrunca
   EXPECT_EQ(ex.held_tokens(), 0);
 }
 
+TEST(OpsLimits, SequencesHeldIncludePreemptedOnes) {
+  // 1.5 million `add N` lines (16 MiB) made 1.2 GB of empty sequences; now 65536 at most.
+  OpsExecutor ex;
+  std::string script = "manager blocks=4 block_size=2\nadd 0 1 2\npreempt 0\n";
+  for (int s = 1; s < 65536; ++s) script += "add " + std::to_string(s) + "\n";
+  ASSERT_EQ(run_on(ex, script), "");
+  EXPECT_EQ(ex.manager()->num_sequences(), 65535);
+  EXPECT_EQ(run_on(ex, "add 70000\n"),
+            "line 1: add: 65536 sequences held (preempted ones included), the limit of 65536 "
+            "sequences per script");
+  EXPECT_THAT(run_on(ex, "fork 1 70000\n"), HasSubstr("the limit of 65536 sequences"));
+  // Resuming a preempted sequence moves it back: allowed at the limit.
+  ASSERT_EQ(run_on(ex, "resume 0\nfree 1\nadd 70000\n"), "");
+  EXPECT_EQ(ex.manager()->num_sequences(), 65536);
+}
+
 TEST(OpsLimits, AppendPrintsWhatChangedNotTheTable) {
   // 10^6 single-token appends printed the whole table each time (56 GB). Now the output of the
   // last append of 4000 is as long as the first's: slots, copies and the blocks it added.
@@ -137,7 +153,7 @@ TEST(OpsInput, TheLineLimitIsEnforcedWhileReading) {
   EXPECT_EQ(read_ops_script(f, "t").size(), text.size() - 1);
   std::fclose(f);
   EXPECT_THAT([] { (void)parse_ops_script(std::string(OpsLimits::kMaxScriptBytes + 1, '\n')); },
-              ThrowsMessage<Error>(HasSubstr("script longer than 67108864 bytes")));
+              ThrowsMessage<Error>(HasSubstr("script longer than 16777216 bytes")));
 }
 
 TEST(OpsInput, OnlyRegularFilesAreReadByName) {
@@ -200,7 +216,7 @@ TEST(OpsExpectError, ContinuesWithTheStateUnchanged) {
                            R"("append: 99999 tokens exceed the limit of 65536 tokens per op"})");
   EXPECT_THAT(out[3]["error"].get<std::string>(), HasSubstr("unknown sequence 9"));
   EXPECT_THAT(out[4]["error"].get<std::string>(), HasSubstr("commit: "));
-  EXPECT_THAT(out[5]["error"].get<std::string>(), HasSubstr("blocks must be in [1, 1048576]"));
+  EXPECT_THAT(out[5]["error"].get<std::string>(), HasSubstr("blocks must be in [1, 262144]"));
   json before = out[1];
   json after = out[6];
   before.erase("line");

@@ -116,7 +116,7 @@ TEST(OpsScriptExecutor, ArgumentErrorsNameTheLineAndValue) {
   EXPECT_THAT([&] { run("manager block_size=2\n"); },
               ThrowsMessage<Error>(HasSubstr("line 1: manager: blocks=N is required")));
   EXPECT_THAT([&] { run("manager blocks=0\n"); },
-              ThrowsMessage<Error>(HasSubstr("blocks must be in [1, 1048576], got 0")));
+              ThrowsMessage<Error>(HasSubstr("blocks must be in [1, 262144], got 0")));
   EXPECT_THAT([&] { run("manager blocks=2 policy=lru\n"); },
               ThrowsMessage<Error>(HasSubstr("policy must be none, window, sinks or h2o")));
   EXPECT_THAT([&] { run("manager blocks=2 prefix=maybe\n"); },

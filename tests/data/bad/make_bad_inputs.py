@@ -235,7 +235,7 @@ OPS_BAD = {
     "score_without_h2o.txt": "manager blocks=4\nadd 1\nappend 1 n=1\nscore 1 0.5\n",
     "huge_count.txt": "manager blocks=4\nadd 1\nappend 1 n=99999999999999999999\n",
     # Issue 16, hostile scripts: every one is refused by a documented limit before it allocates.
-    "append_2_pow_31.txt": "manager blocks=1048576 block_size=65536\nadd 1\n"
+    "append_2_pow_31.txt": "manager blocks=262144 block_size=65536\nadd 1\n"
                            "append 1 n=2147483647\n",
     "lookahead_over_limit.txt": "manager blocks=4\nadd 1 1 2\ncan_append 1 1 lookahead=1000000\n",
     "chunk_over_limit.txt": "manager blocks=4\nadd 1 1 2 chunk=65537\n",
