@@ -217,6 +217,7 @@ if(EXISTS ${PROJECT_SOURCE_DIR}/src/cli/cmd_ops.cpp)
     "batch_over_limit|line 3: batch_metadata: 65537 tokens exceed the limit of 65536 tokens"
     "fork_over_total|line 19: fork: 65536 more tokens would hold 1114112 in all, over the limit of 1048576 tokens per script"
     "preempt_over_total|line 34: fork: 65536 more tokens would hold 1114112 in all, over the limit of 1048576 tokens per script"
+    "work_budget_managers|line 33: manager: needs 524288 work units, more than the [0-9]+ left of the script's budget [(]16777216 [+] 2 per script byte[)]"
     "control_bytes_in_value|line 1: manager: blocks must be an integer, got '4.x1b.2J'"
     "expect_error_succeeds|line 3: expect_error: free succeeded")
   foreach(_case IN LISTS _ops_run_cases)

@@ -27,7 +27,7 @@ void add_ops_command(CLI::App& app) {
     const std::string text = path->empty() || *path == "-" ? ops::read_ops_script(stdin, "<stdin>")
                                                            : ops::read_ops_script_file(*path);
     ops::for_each_ops_line(text, [](const ops::OpsLine&) {});
-    ops::OpsExecutor ex;
+    ops::OpsExecutor ex(ops::OpsLimits::work_budget(static_cast<int64_t>(text.size())));
     ops::for_each_ops_line(text, [&](const ops::OpsLine& l) {
       if (auto j = ex.execute(l)) {
         std::fputs(j->dump().c_str(), stdout);

@@ -46,7 +46,9 @@ constexpr OpEntry kOps[] = {{"add", op_add},
 std::optional<json> run(const OpsLine& l, State& st) {
   if (l.op == kManagerOp) {
     // Built first: a rejected configuration leaves the previous manager and its state.
-    auto m = std::make_unique<KVCacheManager>(manager_config(l));
+    const KVCacheManagerConfig config = manager_config(l);
+    charge(l, st, int64_t{config.num_blocks} + config.num_host_blocks);
+    auto m = std::make_unique<KVCacheManager>(config);
     st.manager = std::move(m);
     st.preempted.clear();
     st.held_tokens = 0;
@@ -105,6 +107,20 @@ void check_growth(const OpsLine& l, const State& st, int64_t n) {
   }
 }
 
+void charge(const OpsLine& l, State& st, int64_t units) {
+  if (units > st.work_left) {
+    fail_at(l.line,
+            fmt::format("{}: needs {} work units, more than the {} left of the script's "
+                        "budget ({} + {} per script byte)",
+                        l.op, units, st.work_left, OpsLimits::kWorkBase, OpsLimits::kWorkPerByte));
+  }
+  st.work_left -= units;
+}
+
+int64_t table_units(const KVCacheManager& m, SeqId seq) {
+  return m.has_sequence(seq) ? static_cast<int64_t>(m.block_table(seq).size()) : 0;
+}
+
 void check_new_sequence(const OpsLine& l, const State& st) {
   const int64_t held = st.manager->num_sequences() + static_cast<int64_t>(st.preempted.size());
   if (held >= OpsLimits::kMaxSequences) {
@@ -124,13 +140,17 @@ const std::vector<std::string>& ops_names() {
   return names;
 }
 
-OpsExecutor::OpsExecutor() : state_(std::make_unique<State>()) {}
+OpsExecutor::OpsExecutor(int64_t work_budget) : state_(std::make_unique<State>()) {
+  state_->work_left = work_budget;
+}
 OpsExecutor::~OpsExecutor() = default;
 
 const KVCacheManager* OpsExecutor::manager() const { return state_->manager.get(); }
 int64_t OpsExecutor::held_tokens() const { return state_->held_tokens; }
+int64_t OpsExecutor::work_left() const { return state_->work_left; }
 
 std::optional<json> OpsExecutor::execute(const OpsLine& line) {
+  charge(line, *state_, 1);  // the line itself: a script of blank-free lines is charged per line
   if (line.op == kExpectError) {
     if (line.args.empty()) fail_at(line.line, "expect_error: expected an op after expect_error");
     return run_expect_error(line, *state_);
@@ -141,7 +161,7 @@ std::optional<json> OpsExecutor::execute(const OpsLine& line) {
 std::vector<json> run_ops_script(std::string_view text) {
   // Parse everything first: a syntax error anywhere runs nothing.
   for_each_ops_line(text, [](const OpsLine&) {});
-  OpsExecutor ex;
+  OpsExecutor ex(OpsLimits::work_budget(static_cast<int64_t>(text.size())));
   std::vector<json> out;
   for_each_ops_line(text, [&](const OpsLine& l) {
     if (auto j = ex.execute(l)) out.push_back(std::move(*j));

@@ -35,7 +35,8 @@ void add_result(const OpsLine& l, State& st, json& j, SeqId seq, const std::vect
 }
 
 /// swap_out / swap_in: the same result shape, the pool that can run short differs.
-json swap_result(const OpsLine& l, KVCacheManager& m, bool out) {
+json swap_result(const OpsLine& l, State& st, bool out) {
+  KVCacheManager& m = *st.manager;
   expect_args(l, 1, 1, "SEQ");
   if (out) {
     expect_options(l, {});
@@ -46,6 +47,7 @@ json swap_result(const OpsLine& l, KVCacheManager& m, bool out) {
   json j = result_head(l);
   const SeqId seq = seq_arg(l, 0);
   j["seq"] = seq;
+  charge(l, st, table_units(m, seq) + lookahead);
   auto r = out ? m.swap_out(seq) : m.swap_in(seq, lookahead);
   j["ok"] = r.has_value();
   if (!r) {
@@ -70,6 +72,7 @@ std::optional<json> op_add(const OpsLine& l, State& st) {
   const SeqId seq = seq_arg(l, 0);
   check_growth(l, st, static_cast<int64_t>(prompt.size()));
   if (!st.manager->has_sequence(seq)) check_new_sequence(l, st);
+  charge(l, st, static_cast<int64_t>(prompt.size()));
   json j = result_head(l);
   add_result(l, st, j, seq, prompt, options);
   return j;
@@ -80,7 +83,9 @@ std::optional<json> op_can_add(const OpsLine& l, State& st) {
   expect_options(l, {"extra", "max_new", "chunk"});
   const AddOptions options = add_options(l);
   json j = result_head(l);
-  j["admission"] = admission_name(st.manager->can_add_sequence(token_args(l, 0), options));
+  const std::vector<TokenId> prompt = token_args(l, 0);
+  charge(l, st, static_cast<int64_t>(prompt.size()));
+  j["admission"] = admission_name(st.manager->can_add_sequence(prompt, options));
   return j;
 }
 
@@ -91,6 +96,7 @@ std::optional<json> op_lookup(const OpsLine& l, State& st) {
   const std::vector<TokenId> prompt = token_args(l, 1);
   json j = result_head(l);
   j["seq"] = seq_arg(l, 0);
+  charge(l, st, static_cast<int64_t>(prompt.size()));
   const PrefixLookup r = st.manager->lookup_prefix(prompt, options.extra_key);
   j["computed_tokens"] = r.num_computed_tokens;
   j["blocks"] = r.blocks;
@@ -104,6 +110,7 @@ std::optional<json> op_commit(const OpsLine& l, State& st) {
   const int64_t n = to_int(l, "N", l.args[1], 0, INT64_MAX);
   json j = result_head(l);
   j["seq"] = seq;
+  charge(l, st, table_units(*st.manager, seq));
   j["published"] = st.manager->commit(seq, n);
   j["committed"] = st.manager->num_committed_tokens(seq);
   return j;
@@ -123,12 +130,14 @@ std::optional<json> op_append(const OpsLine& l, State& st) {
   const int64_t n =
       by_count ? count_value(l, "n", l.options.at("n")) : static_cast<int64_t>(ids.size());
   check_growth(l, st, n);
+  const bool can_release = m.eviction_policy().kind() != EvictionKind::kNone;
+  // Token eviction looks at the table (and this op copies it); slots are printed per token.
+  charge(l, st, n + (can_release ? table_units(m, seq) : 0));
   // What the append changes in the table: entries past its old end, a copy-on-write of the last
   // one (in `copies`), and, under a token eviction policy, entries released
   // (KVCacheManager::kNoBlock). Only the last needs the old table, and only a policy can release.
   const std::span<const BlockId> before = m.block_table(seq);
   const size_t old_size = before.size();
-  const bool can_release = m.eviction_policy().kind() != EvictionKind::kNone;
   const std::vector<BlockId> old_table =
       can_release ? std::vector<BlockId>(before.begin(), before.end()) : std::vector<BlockId>{};
   auto r = by_count ? m.append_slots(seq, n) : m.append_tokens(seq, ids);
@@ -163,6 +172,7 @@ std::optional<json> op_can_append(const OpsLine& l, State& st) {
   const SeqId seq = seq_arg(l, 0);
   const int64_t n = count_value(l, "count", l.args[1]);
   const int64_t lookahead = lookahead_option(l);
+  charge(l, st, m.eviction_policy().kind() != EvictionKind::kNone ? table_units(m, seq) : 0);
   j["seq"] = seq;
   j["n"] = n;
   if (lookahead != 0) j["lookahead"] = lookahead;
@@ -180,6 +190,7 @@ std::optional<json> op_truncate(const OpsLine& l, State& st) {
   const int64_t n = to_int(l, "N", l.args[1], 0, INT64_MAX);
   json j = result_head(l);
   j["seq"] = seq;
+  charge(l, st, table_units(m, seq));
   const int64_t old_tokens = m.num_tokens(seq);
   // Truncation drops table entries from the end only, and keeps at least the blocks of the new
   // length but one: copy the entries from there (the table span does not survive the call).
@@ -210,6 +221,7 @@ std::optional<json> op_fork(const OpsLine& l, State& st) {
   const int64_t n = st.manager->num_tokens(parent);
   check_growth(l, st, n);
   if (!st.manager->has_sequence(child)) check_new_sequence(l, st);
+  charge(l, st, n + table_units(*st.manager, parent));
   st.manager->fork(parent, child);
   st.held_tokens += n;
   return std::nullopt;
@@ -220,17 +232,18 @@ std::optional<json> op_free(const OpsLine& l, State& st) {
   expect_options(l, {});
   const SeqId seq = seq_arg(l, 0);
   const int64_t n = st.manager->has_sequence(seq) ? st.manager->num_tokens(seq) : 0;
+  charge(l, st, table_units(*st.manager, seq));
   st.manager->free_sequence(seq);
   st.held_tokens -= n;
   return std::nullopt;
 }
 
 std::optional<json> op_swap_out(const OpsLine& l, State& st) {
-  return swap_result(l, *st.manager, /*out=*/true);
+  return swap_result(l, st, /*out=*/true);
 }
 
 std::optional<json> op_swap_in(const OpsLine& l, State& st) {
-  return swap_result(l, *st.manager, /*out=*/false);
+  return swap_result(l, st, /*out=*/false);
 }
 
 std::optional<json> op_can_swap_out(const OpsLine& l, State& st) {
@@ -239,6 +252,7 @@ std::optional<json> op_can_swap_out(const OpsLine& l, State& st) {
   json j = result_head(l);
   const SeqId seq = seq_arg(l, 0);
   j["seq"] = seq;
+  charge(l, st, table_units(*st.manager, seq));
   j["ok"] = st.manager->can_swap_out(seq);
   j["admission"] = admission_name(st.manager->swap_out_admission(seq));
   return j;
@@ -252,6 +266,7 @@ std::optional<json> op_can_swap_in(const OpsLine& l, State& st) {
   const int64_t lookahead = lookahead_option(l);
   j["seq"] = seq;
   if (lookahead != 0) j["lookahead"] = lookahead;
+  charge(l, st, table_units(*st.manager, seq));
   j["ok"] = st.manager->can_swap_in(seq, lookahead);
   j["admission"] = admission_name(st.manager->swap_in_admission(seq, lookahead));
   return j;
@@ -263,7 +278,10 @@ std::optional<json> op_preempt(const OpsLine& l, State& st) {
   json j = result_head(l);
   // The token ids move from the manager to `preempted`: the held count does not change. A
   // sequence preempted again before its resume (added anew meanwhile) replaces the older entry.
-  PreemptedSequence p = st.manager->preempt(seq_arg(l, 0));
+  const SeqId seq = seq_arg(l, 0);
+  if (st.manager->has_sequence(seq))
+    charge(l, st, st.manager->num_tokens(seq) + table_units(*st.manager, seq));
+  PreemptedSequence p = st.manager->preempt(seq);
   if (auto old = st.preempted.find(p.seq); old != st.preempted.end())
     st.held_tokens -= old->second.num_tokens;
   j["seq"] = p.seq;
@@ -286,6 +304,7 @@ std::optional<json> op_resume(const OpsLine& l, State& st) {
                                 "unknown), so it cannot be prefilled again from here",
                                 seq));
   }
+  charge(l, st, it->second.num_tokens);
   add_result(l, st, j, seq, it->second.tokens, AddOptions{.extra_key = it->second.extra_key});
   if (j["ok"].get<bool>()) {
     st.held_tokens -= it->second.num_tokens;  // add_result counted them again
@@ -298,6 +317,7 @@ std::optional<json> op_score(const OpsLine& l, State& st) {
   expect_args(l, 1, SIZE_MAX, "SEQ WEIGHT...");
   expect_options(l, {});
   check_tokens_per_op(l, static_cast<int64_t>(l.args.size()) - 1, "weights");
+  charge(l, st, static_cast<int64_t>(l.args.size()));
   std::vector<float> w;
   w.reserve(l.args.size() - 1);
   for (size_t i = 1; i < l.args.size(); ++i) {
@@ -310,6 +330,8 @@ std::optional<json> op_score(const OpsLine& l, State& st) {
 std::optional<json> op_reset_prefix_cache(const OpsLine& l, State& st) {
   expect_nothing(l);
   json j = result_head(l);
+  // The manager visits every block of the pool and every sequence.
+  charge(l, st, int64_t{st.manager->num_total_blocks()} + st.manager->num_sequences());
   j["removed"] = st.manager->reset_prefix_cache();
   return j;
 }

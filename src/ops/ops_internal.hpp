@@ -29,6 +29,8 @@ struct OpsExecutor::State {
   std::map<SeqId, PreemptedSequence> preempted;
   /// Tokens held: every sequence's num_tokens plus the preempted ones' (OpsLimits).
   int64_t held_tokens = 0;
+  /// Work units left (OpsLimits::work_budget).
+  int64_t work_left = 0;
 };
 using State = OpsExecutor::State;
 
@@ -61,6 +63,11 @@ KVCacheManagerConfig manager_config(const OpsLine& l);
 void check_growth(const OpsLine& l, const State& st, int64_t n);
 /// Throws naming OpsLimits::kMaxSequences if one more sequence would exceed it.
 void check_new_sequence(const OpsLine& l, const State& st);
+/// Spends `units` of the work budget before the op does the work; throws naming the budget
+/// (and changing nothing) if fewer are left.
+void charge(const OpsLine& l, State& st, int64_t units);
+/// Entries of `seq`'s table (device or host), the unit most ops are charged in.
+int64_t table_units(const KVCacheManager& m, SeqId seq);
 
 // ---- results (ops_print.cpp) -------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 // `pagedkv ops` results: the JSON pieces every op shares, and the ops that only report
 // (stats, dump, events, batch_metadata).
 
-#include <charconv>
+#include <algorithm>
 
 #include "ops/ops_internal.hpp"
 
@@ -23,6 +23,7 @@ std::string hex(uint64_t h) { return fmt::format("{:#018x}", h); }
 
 std::optional<json> op_stats(const OpsLine& l, State& st) {
   expect_nothing(l);
+  charge(l, st, st.manager->num_sequences());  // stats() counts the swapped sequences
   json j = result_head(l);
   const KVCacheStats s = st.manager->stats();
   j["blocks"] = {{"total", s.total_blocks},
@@ -50,11 +51,13 @@ std::optional<json> op_stats(const OpsLine& l, State& st) {
 
 namespace {
 
-/// The prefix index, in block order: what a later prompt can hit.
-json prefix_index_json(const KVCacheManager& m) {
+/// The prefix index, in block order: what a later prompt can hit. `candidates`: sorted, unique
+/// device blocks that some table holds or that are cached, the only ones an entry can be on (a
+/// published block is held or cached until it is evicted, which unpublishes it).
+json prefix_index_json(const KVCacheManager& m, const std::vector<BlockId>& candidates) {
   const PrefixCache& index = m.prefix_cache();
   json entries = json::array();
-  for (BlockId b = 0; b < m.num_total_blocks() && entries.size() < size_t(index.size()); ++b) {
+  for (BlockId b : candidates) {
     const PrefixCache::Entry* e = index.entry(b);
     if (e == nullptr) continue;
     json x{{"block", b}, {"hash", hex(e->hash)}, {"parent", hex(e->parent_hash)}};
@@ -70,6 +73,15 @@ json prefix_index_json(const KVCacheManager& m) {
 std::optional<json> op_dump(const OpsLine& l, State& st) {
   expect_nothing(l);
   const KVCacheManager& m = *st.manager;
+  // The state printed is what is charged: the sequences, their tables (and kept positions
+  // under a policy), the cached blocks and the index entries (at most one per block of those).
+  charge(l, st, m.num_sequences());
+  const bool show_kept = m.eviction_policy().kind() != EvictionKind::kNone;
+  int64_t units = static_cast<int64_t>(m.allocator().cached_lru().size());
+  for (SeqId s : m.sequences()) {
+    units += table_units(m, s) + (show_kept ? m.num_tokens(s) : 0);
+  }
+  charge(l, st, 2 * units);
   json j = result_head(l);
   const BlockAllocator& a = m.allocator();
   j["blocks"] = {{"total", a.num_blocks()},
@@ -78,28 +90,42 @@ std::optional<json> op_dump(const OpsLine& l, State& st) {
                  {"cached", a.num_cached()}};
   const bool prefix = m.config().enable_prefix_caching;
   json seqs = json::array();
-  const bool show_kept = m.eviction_policy().kind() != EvictionKind::kNone;
+  std::vector<BlockId> held;  // device blocks of the running tables
   for (SeqId s : m.sequences()) {
     json e{{"seq", s}, {"tokens", m.num_tokens(s)}};
     if (prefix) e["committed"] = m.num_committed_tokens(s);
-    e[m.is_swapped(s) ? "host_table" : "table"] = table_json(m.block_table(s));
-    if (show_kept && !m.is_swapped(s)) {
-      const std::vector<SeqId> one{s};
-      e["kept"] = m.kept_tokens(one).positions;
+    const std::span<const BlockId> table = m.block_table(s);
+    e[m.is_swapped(s) ? "host_table" : "table"] = table_json(table);
+    if (!m.is_swapped(s)) {
+      for (BlockId b : table) {
+        if (b != KVCacheManager::kNoBlock) held.push_back(b);
+      }
+      if (show_kept) {
+        const std::vector<SeqId> one{s};
+        e["kept"] = m.kept_tokens(one).positions;
+      }
     }
     seqs.push_back(std::move(e));
   }
   j["sequences"] = std::move(seqs);
-  // Reference count of every block some table holds (a cached block nobody holds is 0 and is
-  // listed under "cached" instead).
+  std::ranges::sort(held);
+  held.erase(std::unique(held.begin(), held.end()), held.end());
+  // Reference count of every block some table holds, in block order (a cached block nobody
+  // holds is 0 and is listed under "cached" instead).
   json refs = json::object();
-  for (BlockId b = 0; b < a.num_blocks(); ++b) {
-    if (a.ref_count(b) > 0) refs[std::to_string(b)] = a.ref_count(b);
-  }
+  for (BlockId b : held) refs[std::to_string(b)] = a.ref_count(b);
   j["ref_counts"] = std::move(refs);
-  j["cached"] = a.cached_lru();
-  if (prefix) j["prefix_index"] = prefix_index_json(m);
-  j["prefix"] = {{"hits", m.stats().prefix_hits}, {"misses", m.stats().prefix_misses}};
+  const std::vector<BlockId> cached = a.cached_lru();
+  j["cached"] = cached;
+  if (prefix) {
+    std::vector<BlockId> candidates = held;
+    candidates.insert(candidates.end(), cached.begin(), cached.end());
+    std::ranges::sort(candidates);
+    candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+    j["prefix_index"] = prefix_index_json(m, candidates);
+  }
+  const KVCacheStats stats = m.stats();
+  j["prefix"] = {{"hits", stats.prefix_hits}, {"misses", stats.prefix_misses}};
   return j;
 }
 
@@ -143,8 +169,9 @@ std::optional<json> op_batch_metadata(const OpsLine& l, State& st) {
     news.push_back(n);
   }
   // The padded tables are rows x widest entries: bounded like tokens, before they are built.
-  check_tokens_per_op(l, static_cast<int64_t>(seqs.size()) * std::max<int64_t>(widest, 1),
-                      "padded table entries");
+  const int64_t entries = static_cast<int64_t>(seqs.size()) * std::max<int64_t>(widest, 1);
+  check_tokens_per_op(l, entries, "padded table entries");
+  charge(l, st, 2 * entries + total_new);
   const BatchMetadata b = m.batch_metadata(seqs, news);
   json j = result_head(l);
   j["block_size"] = b.block_size;

@@ -48,6 +48,18 @@ struct OpsLimits {
   static constexpr int64_t kMaxBlocks = int64_t{1} << 18;
   /// Tokens per block a `manager` line may ask for.
   static constexpr int64_t kMaxBlockSize = int64_t{1} << 16;
+  /// Work budget: an op is charged, before it runs, one unit per token or block it touches or
+  /// prints (a `manager` line its blocks, `fork` its parent's tokens and table, `dump` the whole
+  /// state...) and one for the line. A script may spend kWorkBase plus kWorkPerByte per byte
+  /// of its text: time and output then grow at most linearly with the script, whatever it
+  /// repeats (a million `dump` lines of a large state, `fork`/`free` cycles, `manager` lines
+  /// of the largest pool).
+  static constexpr int64_t kWorkBase = int64_t{1} << 24;
+  static constexpr int64_t kWorkPerByte = 2;
+  /// The budget of a script of `script_bytes` bytes.
+  static constexpr int64_t work_budget(int64_t script_bytes) {
+    return kWorkBase + kWorkPerByte * script_bytes;
+  }
 };
 
 /// One parsed script line: `op arg arg key=value ...`. Arguments stay text; the executor
@@ -95,7 +107,9 @@ void for_each_ops_line(std::string_view text, const std::function<void(const Ops
 /// Runs parsed lines against a KVCacheManager that the script's `manager` line creates.
 class OpsExecutor {
  public:
-  OpsExecutor();
+  /// An executor that may spend `work_budget` units (OpsLimits::work_budget of the script's
+  /// size; the default is the budget of an empty script).
+  explicit OpsExecutor(int64_t work_budget = OpsLimits::work_budget(0));
   ~OpsExecutor();
   OpsExecutor(const OpsExecutor&) = delete;
   OpsExecutor& operator=(const OpsExecutor&) = delete;
@@ -106,13 +120,16 @@ class OpsExecutor {
   /// throw: its message is the result and the script goes on with the state unchanged.
   /// Errors: throws pagedkv::Error "line N: ..." for a wrong argument count or value, a limit
   /// of OpsLimits exceeded, an op before `manager`, a contract violation reported by the
-  /// manager (unknown sequence...), or an `expect_error` whose op succeeded. Nothing changes.
+  /// manager (unknown sequence...), or an `expect_error` whose op succeeded. Nothing changes
+  /// (but the work units charged).
   std::optional<nlohmann::ordered_json> execute(const OpsLine& line);
 
   /// The manager, or null before the first `manager` line.
   [[nodiscard]] const KVCacheManager* manager() const;
   /// Tokens held now, as counted against OpsLimits::kMaxTotalTokens.
   [[nodiscard]] int64_t held_tokens() const;
+  /// Work units left of the budget.
+  [[nodiscard]] int64_t work_left() const;
 
   struct State;  ///< the manager, the preempted sequences and the token count (ops_internal.hpp)
 
@@ -120,8 +137,8 @@ class OpsExecutor {
   std::unique_ptr<State> state_;
 };
 
-/// for_each_ops_line + OpsExecutor over the whole text: the JSON results in order. The whole
-/// text is parsed before any line runs.
+/// for_each_ops_line + OpsExecutor (with the text's work budget) over the whole text: the JSON
+/// results in order. The whole text is parsed before any line runs.
 /// Errors: as parse_ops_script and OpsExecutor::execute (stops at the first bad line).
 [[nodiscard]] std::vector<nlohmann::ordered_json> run_ops_script(std::string_view text);
 

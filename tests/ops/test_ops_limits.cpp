@@ -114,6 +114,25 @@ TEST(OpsLimits, SequencesHeldIncludePreemptedOnes) {
   EXPECT_EQ(ex.manager()->num_sequences(), 65536);
 }
 
+TEST(OpsLimits, TheWorkBudgetBoundsRepeatedWork) {
+  // A `dump` line of 5 bytes printed the whole state: a million of them wrote without bound.
+  // Every op is charged, before it runs, a unit per token or block it touches or prints.
+  OpsExecutor ex(10000);
+  ASSERT_EQ(run_on(ex, "manager blocks=64 block_size=1\n"), "");  // 1 + 64 blocks
+  ASSERT_EQ(run_on(ex, "add 1\nappend 1 n=64\n"), "");            // 1, then 1 + 64 tokens
+  EXPECT_EQ(ex.work_left(), 10000 - 65 - 1 - 65);
+  // dump: 1 for the line, 1 per sequence, 2 per table entry or cached block: 130 each.
+  ASSERT_EQ(run_on(ex, repeat("dump\n", 75)), "");
+  EXPECT_EQ(ex.work_left(), 119);
+  EXPECT_EQ(run_on(ex, "dump\n"),
+            "line 1: dump: needs 128 work units, more than the 117 left of the script's budget "
+            "(16777216 + 2 per script byte)");
+  // A refused `manager` line leaves the manager it would have replaced.
+  EXPECT_THAT(run_on(ex, "manager blocks=200\n"), HasSubstr("needs 200 work units"));
+  EXPECT_EQ(ex.manager()->num_total_blocks(), 64);
+  EXPECT_EQ(OpsLimits::work_budget(1000), (int64_t{1} << 24) + 2000);
+}
+
 TEST(OpsLimits, AppendPrintsWhatChangedNotTheTable) {
   // 10^6 single-token appends printed the whole table each time (56 GB). Now the output of the
   // last append of 4000 is as long as the first's: slots, copies and the blocks it added.

@@ -246,6 +246,8 @@ OPS_BAD = {
     # Preempted token ids stay held for resume: 17 preempted copies are refused too.
     "preempt_over_total.txt": "manager blocks=4096 block_size=16\nadd 1 1\nappend 1 n=65535\n"
                               + "".join("fork 1 %d\npreempt %d\n" % (c, c) for c in range(2, 18)),
+    # Each `manager` line of the largest pools costs 2^19 work units: the 33rd exceeds the budget.
+    "work_budget_managers.txt": "manager blocks=262144 host_blocks=262144\n" * 33,
     "control_bytes.txt": b"manager blocks=4\n\x1b[31mred\x07 1\n",
     "control_bytes_in_value.txt": b"manager blocks=4\x1b[2J\n",
     "expect_error_succeeds.txt": "manager blocks=4\nadd 1 1 2\nexpect_error free 1\n",
