@@ -12,7 +12,9 @@
 //    no block is both free and referenced;
 //  - every can_* query agrees with the operation it predicts, and a failed operation changes
 //    nothing (the manager's observable state is compared before and after);
-//  - freeing every sequence returns every block.
+//  - freeing every sequence returns every block;
+//  - commit (publish after write) and truncate (rollback, copy-on-write of a published or
+//    shared partial tail) keep all of the above.
 // Runs are kept small (a few dozen operations on pools of 1..12 blocks) so the suite takes
 // seconds on 2 cores.
 #include <gtest/gtest.h>
@@ -21,6 +23,7 @@
 
 #include <map>
 #include <sstream>
+#include <utility>
 
 #include "pagedkv/error.hpp"
 #include "pagedkv/metadata/kv_cache_manager.hpp"
@@ -164,7 +167,9 @@ enum class Op {
   kSwapIn,
   kPreempt,
   kReset,
-  kScore
+  kScore,
+  kCommit,
+  kTruncate
 };
 
 /// One random scenario under `config`; `ops` operations, then everything is freed.
@@ -185,7 +190,9 @@ void run_scenario(const KVCacheManagerConfig& config) {
                                              {1, Op::kSwapIn},
                                              {1, Op::kPreempt},
                                              {1, Op::kReset},
-                                             {2, Op::kScore}});
+                                             {2, Op::kScore},
+                                             {3, Op::kCommit},
+                                             {1, Op::kTruncate}});
     if (seqs.empty()) kind = Op::kAdd;
     const SeqId s = seqs.empty() ? 0 : *rc::gen::elementOf(seqs);
     const bool swapped = !seqs.empty() && m.is_swapped(s);
@@ -264,6 +271,21 @@ void run_scenario(const KVCacheManagerConfig& config) {
       md.tokens_.erase(s);
     } else if (kind == Op::kReset) {
       (void)m.reset_prefix_cache();
+    } else if (kind == Op::kCommit && !swapped) {
+      // The forward step wrote some prefix of what the sequence holds (the shadow already
+      // holds every token: content checks stay exact whatever is published).
+      (void)m.commit(s, *rc::gen::inRange<int64_t>(0, m.num_tokens(s) + 1));
+    } else if (kind == Op::kTruncate && !swapped) {
+      const int64_t keep = *rc::gen::inRange<int64_t>(0, m.num_tokens(s) + 1);
+      try {
+        m.truncate(s, keep);
+      } catch (const Error&) {
+        // Refused (heavy hitters evicted, or released blocks the new end would see): nothing
+        // may have changed.
+        RC_ASSERT(observable(m) == before);
+        continue;
+      }
+      md.tokens_[s].resize(static_cast<size_t>(keep));
     } else if (kind == Op::kScore && !swapped &&
                config.eviction.kind == EvictionKind::kHeavyHitters) {
       const std::vector<SeqId> one{s};
@@ -293,6 +315,7 @@ KVCacheManagerConfig gen_config(EvictionKind kind) {
   c.max_model_len = *rc::gen::element<int64_t>(0, 0, 12);
   c.enable_events = *rc::gen::arbitrary<bool>();
   c.eviction.kind = kind;
+  const int64_t len = std::exchange(c.max_model_len, 0);
   switch (kind) {
     case EvictionKind::kNone:
       break;
@@ -307,6 +330,14 @@ KVCacheManagerConfig gen_config(EvictionKind kind) {
       c.eviction.recent = *rc::gen::inRange(1, 5);
       c.eviction.heavy = *rc::gen::inRange(0, 5);
       break;
+  }
+  // A max_model_len the pool can never hold is rejected at construction.
+  if (len > 0 && KVCacheManager(c).min_blocks_held(len) > c.num_blocks) {
+    KVCacheManagerConfig bad = c;
+    bad.max_model_len = len;
+    RC_ASSERT_THROWS_AS(KVCacheManager{bad}, Error);
+  } else {
+    c.max_model_len = len;
   }
   return c;
 }
