@@ -45,8 +45,8 @@ std::string observable(const KVCacheManager& m) {
   for (BlockId b : m.allocator().cached_lru()) os << 'c' << b;
   for (BlockId b = 0; b < m.num_total_blocks(); ++b) os << 'r' << m.allocator().ref_count(b);
   const KVCacheStats st = m.stats();
-  os << ' ' << st.prefix_query_tokens << ' ' << st.prefix_hit_tokens << ' ' << st.prefix_hits
-     << ' ' << st.prefix_misses << ' ' << st.prefix_evictions << ' ' << st.prefix_cached_entries;
+  os << ' ' << st.prefix_query_tokens << ' ' << st.prefix_hit_tokens << ' ' << st.prefix_hits << ' '
+     << st.prefix_misses << ' ' << st.prefix_evictions << ' ' << st.prefix_cached_entries;
   return os.str();
 }
 
@@ -124,7 +124,7 @@ TEST(ManagerNever, AppendAdmissionTellsNeverFromLater) {
   m.add_sequence(1);
   ASSERT_TRUE(m.append_slots(1, 2));  // {0}
   m.add_sequence(2);
-  ASSERT_TRUE(m.append_slots(2, 4));  // {1, 2}; block 3 free
+  ASSERT_TRUE(m.append_slots(2, 4));                       // {1, 2}; block 3 free
   EXPECT_EQ(m.append_admission(1, 2), Admission::kOk);     // 1 block, 1 free
   EXPECT_EQ(m.append_admission(1, 4), Admission::kLater);  // 3 blocks in all: once 2 is gone
   EXPECT_FALSE(m.can_append(1, 4));

@@ -222,8 +222,8 @@ TEST(ManagerLifecycle, EvictedParentTakesItsSubtreeAlong) {
   KVCacheManager m(
       {.num_blocks = 6, .block_size = 2, .enable_prefix_caching = true, .enable_events = true});
   ASSERT_TRUE(m.add_sequence(1, std::vector<TokenId>{1, 2, 3}));  // {0, 1}
-  ASSERT_TRUE(m.add_sequence(2, iota_tokens(5)));                  // {2, 3, 4}: nothing to hit
-  EXPECT_EQ(m.commit(1, 3), 1);                                    // block 0 = {1, 2}
+  ASSERT_TRUE(m.add_sequence(2, iota_tokens(5)));                 // {2, 3, 4}: nothing to hit
+  EXPECT_EQ(m.commit(1, 3), 1);                                   // block 0 = {1, 2}
   // Block 2 holds the same {1, 2}: the key is taken, sequence 2 chains on block 0's entry, and
   // its block 3 = {3, 4} is published under it.
   EXPECT_EQ(m.commit(2, 5), 1);
