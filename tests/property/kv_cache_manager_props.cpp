@@ -172,6 +172,33 @@ enum class Op {
   kTruncate
 };
 
+/// A random prompt added as sequence `id`; false when admission refused it (nothing changed).
+bool add_prompt(Model& md, const KVCacheManagerConfig& config, SeqId id,
+                const std::string& before) {
+  KVCacheManager& m = md.m_;
+  const int32_t bs = config.block_size;
+  const std::vector<TokenId> prompt = gen_tokens(3 * bs + 2);
+  const uint64_t extra = *rc::gen::inRange<uint64_t>(0, 2);
+  const Admission adm = m.can_add_sequence(prompt, extra);
+  auto r = m.add_sequence(id, prompt, extra);
+  RC_ASSERT(r.has_value() == (adm == Admission::kOk));
+  if (adm == Admission::kNever) {
+    RC_ASSERT(
+        (config.max_model_len > 0 && static_cast<int64_t>(prompt.size()) > config.max_model_len) ||
+        blocks_for_tokens(static_cast<int64_t>(prompt.size()), bs) >
+            config.num_blocks - m.watermark_blocks());
+  }
+  if (!r) {
+    RC_ASSERT(observable(m) == before);
+    return false;
+  }
+  RC_ASSERT(r->num_computed_tokens % bs == 0);
+  RC_ASSERT(prompt.empty() || r->num_computed_tokens <= static_cast<int64_t>(prompt.size()) - 1);
+  md.tokens_[id] = prompt;
+  md.apply(r->append, std::span(prompt).subspan(static_cast<size_t>(r->num_computed_tokens)));
+  return true;
+}
+
 /// One random scenario under `config`; `ops` operations, then everything is freed.
 void run_scenario(const KVCacheManagerConfig& config) {
   Model md(config);
@@ -198,27 +225,7 @@ void run_scenario(const KVCacheManagerConfig& config) {
     const bool swapped = !seqs.empty() && m.is_swapped(s);
     const std::string before = observable(m);
     if (kind == Op::kAdd) {
-      const std::vector<TokenId> prompt = gen_tokens(3 * bs + 2);
-      const uint64_t extra = *rc::gen::inRange<uint64_t>(0, 2);
-      const Admission adm = m.can_add_sequence(prompt, extra);
-      const SeqId id = next++;
-      auto r = m.add_sequence(id, prompt, extra);
-      RC_ASSERT(r.has_value() == (adm == Admission::kOk));
-      if (adm == Admission::kNever) {
-        RC_ASSERT((config.max_model_len > 0 &&
-                   static_cast<int64_t>(prompt.size()) > config.max_model_len) ||
-                  blocks_for_tokens(static_cast<int64_t>(prompt.size()), bs) >
-                      config.num_blocks - m.watermark_blocks());
-      }
-      if (!r) {
-        RC_ASSERT(observable(m) == before);
-        continue;
-      }
-      RC_ASSERT(r->num_computed_tokens % bs == 0);
-      RC_ASSERT(prompt.empty() ||
-                r->num_computed_tokens <= static_cast<int64_t>(prompt.size()) - 1);
-      md.tokens_[id] = prompt;
-      md.apply(r->append, std::span(prompt).subspan(static_cast<size_t>(r->num_computed_tokens)));
+      if (!add_prompt(md, config, next++, before)) continue;
     } else if ((kind == Op::kAppendTokens || kind == Op::kAppendSlots) && !swapped) {
       const std::vector<TokenId> toks = gen_tokens(2 * bs + 1);
       const int64_t n = static_cast<int64_t>(toks.size());
