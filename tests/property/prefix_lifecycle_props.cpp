@@ -156,7 +156,8 @@ class Harness {
 
   void poison() {
     for (BlockId b = 0; b < m_.num_total_blocks(); ++b) {
-      if (m_.allocator().is_free(b)) std::fill_n(device_.begin() + int64_t{b} * bs_, bs_, SlotState{});
+      if (m_.allocator().is_free(b))
+        std::fill_n(device_.begin() + int64_t{b} * bs_, bs_, SlotState{});
     }
     if (const BlockAllocator* h = m_.host_allocator()) {
       for (BlockId b = 0; b < h->num_blocks(); ++b) {
@@ -193,8 +194,19 @@ std::vector<TokenId> gen_tokens(int64_t max_len) {
                                                    rc::gen::inRange<TokenId>(1, 4));
 }
 
-enum class Op { kAdd, kAppend, kCommit, kStep, kFree, kFork, kSwap, kPreempt, kReset, kTruncate,
-                kLookup };
+enum class Op {
+  kAdd,
+  kAppend,
+  kCommit,
+  kStep,
+  kFree,
+  kFork,
+  kSwap,
+  kPreempt,
+  kReset,
+  kTruncate,
+  kLookup
+};
 
 void add(Harness& h, SeqId id) {
   KVCacheManager& m = h.m_;
@@ -334,8 +346,8 @@ void run(const KVCacheManagerConfig& config) {
     if (h.seqs_.empty() && kind != Op::kReset && kind != Op::kLookup) kind = Op::kAdd;
     SeqId s = -1;
     if (!h.seqs_.empty()) {
-      s = std::next(h.seqs_.begin(), *rc::gen::inRange<int64_t>(
-                                         0, static_cast<int64_t>(h.seqs_.size())))
+      s = std::next(h.seqs_.begin(),
+                    *rc::gen::inRange<int64_t>(0, static_cast<int64_t>(h.seqs_.size())))
               ->first;
     }
     const bool running = s >= 0 && !h.seqs_.at(s).swapped;
