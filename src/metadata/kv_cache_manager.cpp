@@ -1,9 +1,10 @@
 // KVCacheManager: construction, the sequence registry (add, free, fork) and read-only queries.
 // The rest of the class lives in focused files: kv_cache_manager_prefix.cpp (prompts, prefix-
-// cache bookkeeping, evicted cached blocks), kv_cache_manager_append.cpp (append planning and
-// commit), kv_cache_manager_batch.cpp (batch metadata, kept sets, scores),
-// kv_cache_manager_swap.cpp (swap and preemption), kv_cache_manager_invariants.cpp, and the
-// kept set of token eviction in kept_set.cpp.
+// cache bookkeeping, commit, evicted cached blocks), kv_cache_manager_append.cpp (append
+// planning and execution), kv_cache_manager_batch.cpp (batch metadata, kept sets, scores),
+// kv_cache_manager_swap.cpp (swap, preemption, look-ahead), kv_cache_manager_rollback.cpp
+// (truncate), kv_cache_manager_invariants.cpp, and the kept set of token eviction in
+// kept_set.cpp.
 
 #include "pagedkv/metadata/kv_cache_manager.hpp"
 

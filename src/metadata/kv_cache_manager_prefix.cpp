@@ -1,5 +1,7 @@
-// KVCacheManager, prefix-cache bookkeeping: admission and prompts (the longest cached prefix is
-// shared), registration of blocks that become full, cached blocks the allocator evicts, reset.
+// KVCacheManager, prefix-cache bookkeeping: admission and prompts (the longest published prefix
+// is shared; chunked prefill; never vs later), read-only lookup, commit (publish after write:
+// only committed full blocks under a live parent entry are registered), cached blocks the
+// allocator evicts (with the entries below them), reset.
 // Source: vLLM automatic prefix caching (chained block hashes, LRU of unreferenced blocks).
 
 #include <algorithm>

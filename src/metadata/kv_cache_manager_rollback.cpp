@@ -18,17 +18,18 @@ void KVCacheManager::check_truncate(SeqId seq, const Sequence& s, int64_t num_to
                 "KVCacheManager::truncate: sequence {} has evicted heavy-hitter tokens (its block "
                 "table is not positional)",
                 seq);
-  // Token eviction released the blocks no query at or after the old end sees; the query at the
-  // new end sees further back. Every released entry it would see is data that is gone.
+  // Token eviction released the blocks no query at or after the old end sees; the last kept
+  // token's query (position num_tokens - 1, what kept_tokens() and the next step read) sees
+  // further back. Every released entry it would see is data that is gone.
   const int64_t bs = config_.block_size;
   const int64_t keep = blocks_for_tokens(num_tokens, bs);
-  const auto [first, last] = released_block_range(num_tokens);
+  const auto [first, last] = released_block_range(std::max<int64_t>(num_tokens - 1, 0));
   for (int64_t j = 0; j < keep; ++j) {
     if (s.blocks[j] != kNoBlock || (j >= first && j < last)) continue;
     PAGEDKV_CHECK(false,
                   "KVCacheManager::truncate: sequence {} to {} tokens: block {} (positions {}..{}) "
-                  "was released by token eviction and a query at position {} would see it",
-                  seq, num_tokens, j, j * bs, (j + 1) * bs - 1, num_tokens);
+                  "was released by token eviction and the query at position {} would see it",
+                  seq, num_tokens, j, j * bs, (j + 1) * bs - 1, num_tokens - 1);
   }
 }
 

@@ -276,7 +276,7 @@ class KVCacheManager {
   /// next append copies it first (copy-on-write): a block others may read is never written.
   /// Errors: throws pagedkv::Error if `seq` is unknown or swapped, num_tokens is negative or
   /// greater than num_tokens(seq), the sequence has evicted heavy-hitter tokens (its table is
-  /// not positional), or token eviction released a block that a query at num_tokens would see
+  /// not positional), or token eviction released a block that the query at num_tokens - 1 sees
   /// (its data are gone). Nothing changes then.
   void truncate(SeqId seq, int64_t num_tokens);
 
