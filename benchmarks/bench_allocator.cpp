@@ -5,9 +5,12 @@
 //                                  pairs per second (target >= 20 M/s)
 //   BM_AllocateFreeBurst/burst:B   B allocates then B releases (blocks of a sequence coming and
 //                                  going together); items = pairs
-//   BM_AppendSlots/seqs:256        a decode step: append_slots(seq, 1) for each of 256 sequences;
-//                                  items = appended tokens. Every 2048 steps the sequences are
-//                                  freed and re-added (inside the timing: part of the lifecycle)
+//   BM_AppendSlots/seqs:256/prefix:P   a decode step: append (append_slots; prefix:1
+//                                  append_tokens with prefix caching on) then commit (the forward
+//                                  pass wrote it; prefix:1 publishes each block as it fills) for
+//                                  each of 256 sequences; items = appended tokens. Every 2048
+//                                  steps the sequences are freed and re-added (inside the timing:
+//                                  part of the lifecycle; prefix:1 then evicts cached blocks)
 //   BM_BatchMetadata/seqs:256/blocks:256/reuse:R   KVCacheManager::batch_metadata for a decode
 //                                  step of 256 sequences of 256 blocks each (both formats +
 //                                  slots); items = sequences
@@ -57,18 +60,31 @@ constexpr int32_t kBlockSize = 16;
 
 void BM_AppendSlots(benchmark::State& state) {
   const auto num_seqs = static_cast<int32_t>(state.range(0));
+  const bool prefix = state.range(1) != 0;
   constexpr int64_t kStepsPerLife = 2048;  // tokens per sequence before it is recycled
   KVCacheManager manager(
       {.num_blocks = num_seqs * static_cast<int32_t>(kStepsPerLife / kBlockSize + 1),
-       .block_size = kBlockSize});
+       .block_size = kBlockSize,
+       .enable_prefix_caching = prefix});
   for (int32_t s = 0; s < num_seqs; ++s) manager.add_sequence(s);
   int64_t step = 0;
+  int64_t life = 0;
   for (auto _ : state) {
     for (int32_t s = 0; s < num_seqs; ++s) {
-      std::optional<AppendResult> r = manager.append_slots(s, 1);
+      std::optional<AppendResult> r;
+      if (prefix) {
+        // Distinct content per sequence and life, so every full block is a new key.
+        const TokenId id = static_cast<TokenId>(((life * num_seqs + s) * kStepsPerLife + step) %
+                                                (int64_t{1} << 30));
+        r = manager.append_tokens(s, std::span<const TokenId>(&id, 1));
+      } else {
+        r = manager.append_slots(s, 1);
+      }
       benchmark::DoNotOptimize(r);
+      manager.commit(s, step + 1);  // the step's forward pass wrote the token
     }
     if (++step == kStepsPerLife) {
+      ++life;
       for (int32_t s = 0; s < num_seqs; ++s) {
         manager.free_sequence(s);
         manager.add_sequence(s);
@@ -78,7 +94,7 @@ void BM_AppendSlots(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * num_seqs);
 }
-BENCHMARK(BM_AppendSlots)->ArgName("seqs")->Arg(256);
+BENCHMARK(BM_AppendSlots)->ArgNames({"seqs", "prefix"})->Args({256, 0})->Args({256, 1});
 
 /// 256 sequences of blocks_per_seq full blocks each, in a manager (decode step metadata).
 struct MetadataFixture {

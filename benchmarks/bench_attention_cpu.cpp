@@ -253,7 +253,7 @@ struct DecodeData {
     return contiguous_paged_view(shape, contiguous_k[layer].data(), contiguous_v[layer].data());
   }
   [[nodiscard]] BlockTableView paged_tables() const {
-    return {table.data(), lens.data(), config.batch, blocks_per_seq};
+    return {table.data(), lens.data(), config.batch, blocks_per_seq, config.block_size};
   }
 };
 
@@ -413,7 +413,7 @@ void BM_DecodePlain(benchmark::State& state, DecodeConfig c) {
 void BM_Prefill(benchmark::State& state, DecodeConfig c, int32_t chunk, bool plain) {
   DecodeData& d = decode_data(c);
   const std::vector<int32_t> query_start = {0, chunk};
-  const BlockTableView tables{d.table.data(), d.lens.data(), 1, d.blocks_per_seq};
+  const BlockTableView tables{d.table.data(), d.lens.data(), 1, d.blocks_per_seq, c.block_size};
   std::vector<float> q(static_cast<size_t>(chunk) * d.params.num_heads * c.head_dim, 0.25f);
   std::vector<float> out(q.size());
   for (auto _ : state) {

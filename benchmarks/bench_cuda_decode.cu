@@ -191,7 +191,11 @@ void BM_Decode(benchmark::State& state) {
   tables.upload(std::span<const int32_t>(ids));
   context_lens.upload(std::span<const int32_t>(lens));
   const pagedkv::BlockTableView table_view{tables.as<const int32_t>(),
-                                           context_lens.as<const int32_t>(), batch, blocks_per_seq};
+                                           context_lens.as<const int32_t>(),
+                                           batch,
+                                           blocks_per_seq,
+                                           kBlockSize,
+                                           num_blocks};
 
   // Contiguous peer: [batch, kv heads, context, head_dim].
   pc::DeviceBuffer ck(kv_elems_per_pool * elem);

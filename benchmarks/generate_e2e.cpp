@@ -83,6 +83,8 @@ class ContiguousViewBackend final : public KVBackend {
     n_new_.assign(n_new.begin(), n_new.end());
     tables_.num_seqs = static_cast<int32_t>(seqs.size());
     tables_.max_blocks_per_seq = 1;
+    tables_.block_size = shape_.max_len;  // one block per sequence row (contiguous_paged_view)
+    tables_.num_blocks = shape_.num_seqs;
     tables_.block_tables.clear();
     tables_.context_lens.clear();
     query_start_.assign(1, 0);

@@ -15,9 +15,9 @@ set(_scratch ${CMAKE_CURRENT_BINARY_DIR}/bad-input-scratch)
 file(MAKE_DIRECTORY ${_scratch})
 
 # pagedkv_bad_input(<name> ARGS <cli args...> [REGEX <re>] [EXPECTED <rc>] [OUT_FILE <path>]
-#                   [LAST_LINE] [STDOUT_EMPTY])
+#                   [INPUT <file fed to stdin>] [LAST_LINE] [STDOUT_EMPTY])
 function(pagedkv_bad_input name)
-  cmake_parse_arguments(A "LAST_LINE;STDOUT_EMPTY" "REGEX;EXPECTED;OUT_FILE" "ARGS" ${ARGN})
+  cmake_parse_arguments(A "LAST_LINE;STDOUT_EMPTY" "REGEX;EXPECTED;OUT_FILE;INPUT" "ARGS" ${ARGN})
   string(REPLACE ";" "\\;" _args "${A_ARGS}")
   set(_defs "-DEXE=$<TARGET_FILE:pagedkv_cli>" "-DARGS=${_args}")
   if(DEFINED A_REGEX)
@@ -28,6 +28,9 @@ function(pagedkv_bad_input name)
   endif()
   if(DEFINED A_OUT_FILE)
     list(APPEND _defs "-DOUT_FILE=${A_OUT_FILE}")
+  endif()
+  if(DEFINED A_INPUT)
+    list(APPEND _defs "-DINPUT=${A_INPUT}")
   endif()
   if(A_LAST_LINE)
     list(APPEND _defs -DLAST_LINE=ON)
@@ -176,7 +179,8 @@ if(EXISTS ${PROJECT_SOURCE_DIR}/src/cli/cmd_ops.cpp)
   # Parse errors: the whole script is parsed before anything runs, so stdout stays empty.
   set(_ops_parse_cases
     "unknown_op|line 3: unknown op 'allocate'"
-    "binary_garbage|line 2: unknown op '[?]+'"
+    "binary_garbage|line 2: unknown op '.x00.x01.xfe.xff'"
+    "control_bytes|line 2: unknown op '.x1b.31mred.x07'"
     "malformed_option|line 1: manager: malformed option 'blocks='"
     "duplicate_option|line 1: manager: option 'blocks' given twice"
     "positional_after_option|line 2: append: positional argument '1' after an option")
@@ -204,7 +208,18 @@ if(EXISTS ${PROJECT_SOURCE_DIR}/src/cli/cmd_ops.cpp)
     "fork_existing_child|line 4: fork: [^\n]*sequence 2 already"
     "resume_not_preempted|line 3: resume: sequence 1 was not preempted"
     "score_without_h2o|line 4: score: [^\n]*"
-    "huge_count|line 3: append: n must be an integer, got '99999999999999999999'")
+    "huge_count|line 3: append: n must be an integer, got '99999999999999999999'"
+    # Issue 16: hostile scripts stop at a documented limit (docs/ops-script.md#limits) before
+    # anything is allocated for them (the driver caps the run's memory at 1 GiB).
+    "append_2_pow_31|line 3: append: 2147483647 tokens exceed the limit of 65536 tokens per op"
+    "lookahead_over_limit|line 3: can_append: 1000000 tokens exceed the limit of 65536 tokens"
+    "chunk_over_limit|line 2: add: 65537 tokens exceed the limit of 65536 tokens per op"
+    "batch_over_limit|line 3: batch_metadata: 65537 tokens exceed the limit of 65536 tokens"
+    "fork_over_total|line 19: fork: 65536 more tokens would hold 1114112 in all, over the limit of 1048576 tokens per script"
+    "preempt_over_total|line 34: fork: 65536 more tokens would hold 1114112 in all, over the limit of 1048576 tokens per script"
+    "work_budget_managers|line 33: manager: needs 524288 work units, more than the [0-9]+ left of the script's budget [(]16777216 [+] 2 per script byte[)]"
+    "control_bytes_in_value|line 1: manager: blocks must be an integer, got '4.x1b.2J'"
+    "expect_error_succeeds|line 3: expect_error: free succeeded")
   foreach(_case IN LISTS _ops_run_cases)
     pagedkv_split_case("${_case}" _name _what)
     pagedkv_bad_input(ops.${_name}
@@ -214,5 +229,17 @@ if(EXISTS ${PROJECT_SOURCE_DIR}/src/cli/cmd_ops.cpp)
   pagedkv_bad_input(ops.missing_file STDOUT_EMPTY
     ARGS ops ${_bad}/ops/does_not_exist.txt
     REGEX "^pagedkv ops: [^\n]*does_not_exist.txt[^\n]*\n$")
+  # Issue 16: non-regular files are refused by name; stdin is streamed with the line limit
+  # enforced while reading, so /dev/zero stops after 1 MiB instead of filling memory.
+  pagedkv_bad_input(ops.directory STDOUT_EMPTY
+    ARGS ops ${_bad}/ops
+    REGEX "^pagedkv ops: cannot read script '[^\n]*ops': is a directory\n$")
+  pagedkv_bad_input(ops.dev_zero_by_name STDOUT_EMPTY
+    ARGS ops /dev/zero
+    REGEX "^pagedkv ops: cannot read script '/dev/zero': is a character device, not a regular file\n$")
+  pagedkv_bad_input(ops.dev_zero_on_stdin STDOUT_EMPTY
+    ARGS ops - INPUT /dev/zero
+    REGEX "^pagedkv ops: line 1: line longer than 1048576 bytes\n$")
   pagedkv_bad_input(ops.ok_control EXPECTED 0 ARGS ops ${_ok}/ops.txt)
+  pagedkv_bad_input(ops.ok_control_stdin EXPECTED 0 ARGS ops - INPUT ${_ok}/ops.txt)
 endif()

@@ -11,6 +11,12 @@ target_compile_definitions(ops_test_ops_script PRIVATE PAGEDKV_SOURCE_DIR="${PRO
 # One label only, as in tests/sim.cmake: gtest_discover_tests writes PROPERTIES unquoted, so
 # "unit;ops" became LABELS unit plus a stray property named ops, and `ctest -L ops` missed these.
 gtest_discover_tests(ops_test_ops_script DISCOVERY_TIMEOUT 60 PROPERTIES LABELS ops)
+# Issue 16: limits against hostile scripts, the reader, expect_error, dump and batch_metadata.
+add_executable(ops_test_ops_limits ${CMAKE_CURRENT_SOURCE_DIR}/ops/test_ops_limits.cpp)
+target_link_libraries(ops_test_ops_limits PRIVATE pagedkv_ops pagedkv::pagedkv GTest::gtest
+                                                  GTest::gtest_main GTest::gmock)
+target_include_directories(ops_test_ops_limits PRIVATE ${PROJECT_SOURCE_DIR}/src)
+gtest_discover_tests(ops_test_ops_limits DISCOVERY_TIMEOUT 60 PROPERTIES LABELS ops)
 
 if(TARGET pagedkv_cli)
   # A good script from a file: exit 0 and JSON on stdout.

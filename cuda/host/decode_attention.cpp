@@ -117,6 +117,7 @@ void paged_decode_attention(const AttentionParams& params, const KVLayerView& ca
   constexpr const char* kFn = "cuda::paged_decode_attention";
   check_decode_config(cache.dtype, cache.head_dim, cache.block_size);
   check_attention_params(params, cache);
+  check_table_geometry(kFn, cache, tables.block_size, tables.num_blocks);
   PAGEDKV_CHECK(tables.num_seqs >= 0, "{}: num_seqs must be >= 0, got {}", kFn, tables.num_seqs);
   if (tables.num_seqs == 0) return;
   PAGEDKV_CHECK(tables.max_blocks_per_seq >= 1, "{}: max_blocks_per_seq must be >= 1, got {}", kFn,

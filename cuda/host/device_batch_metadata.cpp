@@ -81,6 +81,8 @@ DeviceBatchMetadata::DeviceBatchMetadata(DeviceBatchMetadata&& other) noexcept
     : capacity_(other.capacity_),
       num_seqs_(other.num_seqs_),
       num_slots_(other.num_slots_),
+      block_size_(other.block_size_),
+      num_blocks_(other.num_blocks_),
       tables_(std::move(other.tables_)),
       slots_(std::move(other.slots_)),
       scan_(std::move(other.scan_)),
@@ -95,6 +97,8 @@ DeviceBatchMetadata& DeviceBatchMetadata::operator=(DeviceBatchMetadata&& other)
     capacity_ = other.capacity_;
     num_seqs_ = other.num_seqs_;
     num_slots_ = other.num_slots_;
+    block_size_ = other.block_size_;
+    num_blocks_ = other.num_blocks_;
     tables_ = std::move(other.tables_);
     slots_ = std::move(other.slots_);
     scan_ = std::move(other.scan_);
@@ -126,6 +130,13 @@ void DeviceBatchMetadata::upload(const BatchMetadata& meta, Stream stream) {
   const auto num_slots = static_cast<int64_t>(meta.slot_mapping.size());
   PAGEDKV_CHECK(num_slots <= capacity_.max_tokens, "{}: {} slots exceed the capacity of {}", kFn,
                 num_slots, capacity_.max_tokens);
+  // The geometry travels with the tables into tables(), where attention checks it against the
+  // cache; the two copies a BatchMetadata holds must agree.
+  PAGEDKV_CHECK(
+      meta.block_size == 0 || padded.block_size == 0 || meta.block_size == padded.block_size,
+      "{}: meta.block_size {} != meta.padded.block_size {}", kFn, meta.block_size,
+      padded.block_size);
+  const int32_t block_size = padded.block_size != 0 ? padded.block_size : meta.block_size;
 
   // The previous upload's copies must have left the staging buffer before it is rewritten.
   PAGEDKV_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(staging_done_)));
@@ -150,18 +161,30 @@ void DeviceBatchMetadata::upload(const BatchMetadata& meta, Stream stream) {
   PAGEDKV_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(staging_done_), s));
   num_seqs_ = padded.num_seqs;
   num_slots_ = num_slots;
+  block_size_ = block_size;
+  num_blocks_ = padded.num_blocks;
 }
 
 BlockTableView DeviceBatchMetadata::tables() const {
   const Layout lay = layout_of(capacity_);
-  return {tables_.as<const int32_t>(), tables_.as<const int32_t>() + lay.context_lens(),
-          capacity_.max_seqs, capacity_.max_blocks_per_seq};
+  return {tables_.as<const int32_t>(),
+          tables_.as<const int32_t>() + lay.context_lens(),
+          capacity_.max_seqs,
+          capacity_.max_blocks_per_seq,
+          block_size_,
+          num_blocks_};
 }
 
 BlockTableView DeviceBatchMetadata::active_tables() const {
   BlockTableView view = tables();
   view.num_seqs = num_seqs_;
   return view;
+}
+
+void DeviceBatchMetadata::check_uploaded_block_size(const char* fn, int32_t block_size) const {
+  PAGEDKV_CHECK(block_size_ == 0 || block_size == block_size_,
+                "{}: block_size {} but the uploaded tables were built for block_size {}", fn,
+                block_size, block_size_);
 }
 
 const int64_t* DeviceBatchMetadata::slot_mapping() const { return slots_.as<const int64_t>(); }
@@ -181,6 +204,7 @@ const int32_t* DeviceBatchMetadata::csr_last_page_len() const {
 void DeviceBatchMetadata::build_csr(int32_t block_size, Stream stream) {
   PAGEDKV_CHECK(block_size >= 1, "DeviceBatchMetadata::build_csr: block_size must be >= 1, got {}",
                 block_size);
+  check_uploaded_block_size("DeviceBatchMetadata::build_csr", block_size);
   const Layout lay = layout_of(capacity_);
   int32_t* scan = scan_.as<int32_t>();
   detail::MetadataBuffers m;
@@ -199,6 +223,7 @@ void DeviceBatchMetadata::build_slot_mapping(const int32_t* num_new_tokens, int3
                                              Stream stream) {
   constexpr const char* kFn = "DeviceBatchMetadata::build_slot_mapping";
   PAGEDKV_CHECK(block_size >= 1, "{}: block_size must be >= 1, got {}", kFn, block_size);
+  check_uploaded_block_size(kFn, block_size);
   PAGEDKV_CHECK(num_new_tokens != nullptr, "{}: num_new_tokens is null", kFn);
   const Layout lay = layout_of(capacity_);
   int32_t* scan = scan_.as<int32_t>();

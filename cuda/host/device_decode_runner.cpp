@@ -51,6 +51,7 @@ void DeviceDecodeRunner::decode(const AttentionParams& params, const KVLayerView
   constexpr const char* kFn = "DeviceDecodeRunner::decode";
   check_decode_config(view.dtype, view.head_dim, view.block_size);
   check_attention_params(params, view);
+  check_table_geometry(kFn, view, tables.block_size, tables.num_blocks);
   PAGEDKV_CHECK(tables.num_seqs >= 0 && tables.max_blocks_per_seq >= 0,
                 "{}: num_seqs {} and max_blocks_per_seq {} must be >= 0", kFn, tables.num_seqs,
                 tables.max_blocks_per_seq);
@@ -83,8 +84,9 @@ void DeviceDecodeRunner::decode(const AttentionParams& params, const KVLayerView
   context_lens_.upload(tables.context_lens, int64_t{tables.num_seqs} * 4, 0, stream_);
   const DecodeLaunch launch =
       prepare(params, view.dtype, tables.num_seqs, max_context, q, out, plan);
-  BlockTableView device_tables{tables_.as<const int32_t>(), context_lens_.as<const int32_t>(),
-                               tables.num_seqs, tables.max_blocks_per_seq};
+  BlockTableView device_tables = tables;
+  device_tables.block_tables = tables_.as<const int32_t>();
+  device_tables.context_lens = context_lens_.as<const int32_t>();
   paged_decode_attention(params, view, device_tables, q_.as<const float>(), out_.as<float>(),
                          launch);
   finish(out);
@@ -94,6 +96,7 @@ void DeviceDecodeRunner::prefill(const AttentionParams& params, const KVLayerVie
                                  const BlockTableView& tables, std::span<const int32_t> query_start,
                                  std::span<const float> q, std::span<float> out) {
   constexpr const char* kFn = "DeviceDecodeRunner::prefill";
+  check_table_geometry(kFn, cache, tables.block_size, tables.num_blocks);
   PAGEDKV_CHECK(tables.num_seqs >= 0 && tables.max_blocks_per_seq >= 0,
                 "{}: num_seqs {} and max_blocks_per_seq {} must be >= 0", kFn, tables.num_seqs,
                 tables.max_blocks_per_seq);
@@ -120,7 +123,10 @@ void DeviceDecodeRunner::prefill(const AttentionParams& params, const KVLayerVie
   auto flush = [&] {
     const auto n = static_cast<int32_t>(row_lens.size());
     if (n == 0) return;
-    const BlockTableView view{row_tables.data(), row_lens.data(), n, tables.max_blocks_per_seq};
+    BlockTableView view = tables;  // the geometry travels with every row
+    view.block_tables = row_tables.data();
+    view.context_lens = row_lens.data();
+    view.num_seqs = n;
     decode(params, cache, view, q.subspan(first * row_elems, n * row_elems),
            out.subspan(first * row_elems, n * row_elems));
     first += n;

@@ -5,9 +5,6 @@
 #include <fmt/format.h>
 
 #include <cstdio>
-#include <fstream>
-#include <iostream>
-#include <sstream>
 #include <string>
 
 #include "cli/commands.hpp"
@@ -15,22 +12,6 @@
 #include "pagedkv/error.hpp"
 
 namespace pagedkv::cli {
-
-namespace {
-
-std::string read_all(const std::string& path) {
-  std::ostringstream ss;
-  if (path.empty() || path == "-") {
-    ss << std::cin.rdbuf();
-    return ss.str();
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("cannot open script '{}'", path));
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-}  // namespace
 
 void add_ops_command(CLI::App& app) {
   auto path = std::make_shared<std::string>();
@@ -40,16 +21,19 @@ void add_ops_command(CLI::App& app) {
       "free, swap_out, swap_in, preempt, ...) and print JSON results; see docs/ops-script.md.");
   cmd->add_option("script", *path, "Script file; '-' or none reads stdin");
   cmd->callback([path] {
-    const std::string text = read_all(*path);
-    // Parse everything first: a syntax error anywhere runs nothing.
-    const std::vector<ops::OpsLine> lines = ops::parse_ops_script(text);
-    ops::OpsExecutor ex;
-    for (const ops::OpsLine& l : lines) {
+    // Read with the limits checked as bytes arrive, parse everything (a syntax error anywhere
+    // runs nothing), then run line by line, printing each result as it comes: memory is the
+    // script's bytes plus the manager, never the whole output.
+    const std::string text = path->empty() || *path == "-" ? ops::read_ops_script(stdin, "<stdin>")
+                                                           : ops::read_ops_script_file(*path);
+    ops::for_each_ops_line(text, [](const ops::OpsLine&) {});
+    ops::OpsExecutor ex(ops::OpsLimits::work_budget(static_cast<int64_t>(text.size())));
+    ops::for_each_ops_line(text, [&](const ops::OpsLine& l) {
       if (auto j = ex.execute(l)) {
         std::fputs(j->dump().c_str(), stdout);
         std::fputc('\n', stdout);
       }
-    }
+    });
     std::fflush(stdout);
   });
 }

@@ -16,10 +16,11 @@ namespace pagedkv {
 
 namespace {
 
-/// Checks the block table against the cache: lengths fit the table and every block id that
-/// covers a position in use is a real block. Entries past a sequence's last block (-1 padding)
-/// are never read and not checked.
+/// Checks the block table against the cache: the geometry it was built for is the cache's,
+/// lengths fit the table and every block id that covers a position in use is a real block.
+/// Entries past a sequence's last block (-1 padding) are never read and not checked.
 void check_tables(const char* fn, const KVLayerView& cache, const BlockTableView& tables) {
+  check_table_geometry(fn, cache, tables.block_size, tables.num_blocks);
   PAGEDKV_CHECK(tables.num_seqs >= 0, "{}: num_seqs must be >= 0, got {}", fn, tables.num_seqs);
   PAGEDKV_CHECK(tables.max_blocks_per_seq >= 0, "{}: max_blocks_per_seq must be >= 0, got {}", fn,
                 tables.max_blocks_per_seq);

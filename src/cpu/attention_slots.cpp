@@ -12,11 +12,13 @@
 namespace pagedkv {
 
 void paged_attention_over_slots(const AttentionParams& params, const KVLayerView& cache,
-                                std::span<const int32_t> indptr, std::span<const Slot> slots,
-                                std::span<const float> q, std::span<float> out,
-                                std::span<float> probs) {
+                                const SlotListView& keys, std::span<const float> q,
+                                std::span<float> out, std::span<float> probs) {
   constexpr const char* kFn = "paged_attention_over_slots";
   check_attention_params(params, cache);
+  check_table_geometry(kFn, cache, keys.block_size, keys.num_blocks);
+  const std::span<const int32_t> indptr = keys.indptr;
+  const std::span<const Slot> slots = keys.slots;
   PAGEDKV_CHECK(params.window_left == -1 && params.sink_tokens == 0,
                 "{}: window_left {} / sink_tokens {} must be -1 / 0: the slot list is the mask",
                 kFn, params.window_left, params.sink_tokens);

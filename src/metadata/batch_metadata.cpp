@@ -32,6 +32,8 @@ void build_padded_block_tables(std::span<const std::span<const BlockId>> tables,
                                PaddedBlockTables& out) {
   check_tables(tables, context_lens, block_size, "build_padded_block_tables");
   out.num_seqs = static_cast<int32_t>(tables.size());
+  out.block_size = block_size;
+  out.num_blocks = 0;
   int64_t width = out.num_seqs > 0 ? 1 : 0;
   for (int32_t len : context_lens) width = std::max(width, blocks_for_tokens(len, block_size));
   out.max_blocks_per_seq = static_cast<int32_t>(width);

@@ -1,9 +1,10 @@
 // KVCacheManager: construction, the sequence registry (add, free, fork) and read-only queries.
 // The rest of the class lives in focused files: kv_cache_manager_prefix.cpp (prompts, prefix-
-// cache bookkeeping, evicted cached blocks), kv_cache_manager_append.cpp (append planning and
-// commit), kv_cache_manager_batch.cpp (batch metadata, kept sets, scores),
-// kv_cache_manager_swap.cpp (swap and preemption), kv_cache_manager_invariants.cpp, and the
-// kept set of token eviction in kept_set.cpp.
+// cache bookkeeping, commit, evicted cached blocks), kv_cache_manager_append.cpp (append
+// planning and execution), kv_cache_manager_batch.cpp (batch metadata, kept sets, scores),
+// kv_cache_manager_swap.cpp (swap, preemption, look-ahead), kv_cache_manager_rollback.cpp
+// (truncate), kv_cache_manager_invariants.cpp, and the kept set of token eviction in
+// kept_set.cpp.
 
 #include "pagedkv/metadata/kv_cache_manager.hpp"
 
@@ -13,6 +14,7 @@
 
 #include "core/check.hpp"
 #include "core/enum_names.hpp"
+#include "metadata/manager_internal.hpp"
 
 namespace pagedkv {
 
@@ -69,6 +71,40 @@ KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config)
       policy_(make_eviction_policy(config.eviction)),
       watermark_blocks_(static_cast<int32_t>(std::floor(config.watermark * config.num_blocks))) {
   counters_.host_total_blocks = config.num_host_blocks;
+  // A sequence the pool could never hold would be accepted and then answered "not now"
+  // forever (a retrying scheduler hangs): reject the configuration instead.
+  if (config_.max_model_len > 0) {
+    const int64_t need = min_blocks_held(config_.max_model_len);
+    PAGEDKV_CHECK(need <= config_.num_blocks,
+                  "KVCacheManager: max_model_len {} needs {} blocks of {} tokens (eviction '{}'), "
+                  "more than num_blocks {}",
+                  config_.max_model_len, need, config_.block_size,
+                  eviction_kind_name(policy_->kind()), config_.num_blocks);
+  }
+}
+
+int64_t KVCacheManager::min_blocks_held(int64_t num_tokens) const {
+  PAGEDKV_CHECK(num_tokens >= 0, "KVCacheManager::min_blocks_held: num_tokens must be >= 0, got {}",
+                num_tokens);
+  const int64_t bs = config_.block_size;
+  // A score-based policy keeps at most budget() tokens once decoding: at least that many slots.
+  if (policy_->scores_tokens()) {
+    const int64_t budget = policy_->budget();
+    return blocks_for_tokens(budget < 0 ? num_tokens : std::min(num_tokens, budget), bs);
+  }
+  const AttentionMask mask = policy_->attention_mask();
+  if (mask.window_left < 0) return blocks_for_tokens(num_tokens, bs);
+  // A bounded mask: after appending position p one at a time the sequence holds
+  // ceil((p + 1) / bs) blocks minus those released before that append. Past the sinks and the
+  // window this repeats with period bs, so the peak is reached within one more period.
+  const int64_t horizon =
+      std::min(num_tokens, int64_t{mask.sink_tokens} + mask.window_left + 2 * bs);
+  int64_t peak = 0;
+  for (int64_t p = 0; p < horizon; ++p) {
+    const auto [first, last] = released_block_range(p);
+    peak = std::max(peak, blocks_for_tokens(p + 1, bs) - std::max<int64_t>(0, last - first));
+  }
+  return peak;
 }
 
 const KVCacheManager::Sequence& KVCacheManager::get(SeqId seq, const char* op) const {

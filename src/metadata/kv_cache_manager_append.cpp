@@ -28,20 +28,19 @@ KVCacheManager::AppendPlan KVCacheManager::plan_append(const Sequence& s, int64_
 inline void KVCacheManager::plan_positional(const Sequence& s, int64_t n, AppendPlan& plan) const {
   const int64_t bs = config_.block_size;
   const int64_t t = s.num_tokens;
-  // Release the full blocks that lie wholly in the positions no query at >= t sees (vLLM's
-  // remove_skipped_blocks): j * bs >= begin and (j + 1) * bs <= end.
-  const PositionRange dead = policy_->released_positions(t);
-  if (dead.end > dead.begin) {
-    const int64_t first = (std::max<int64_t>(dead.begin, 0) + bs - 1) / bs;
-    const int64_t last = std::min(t / bs, dead.end / bs);
-    for (int64_t j = first; j < last; ++j) {
-      if (s.blocks[j] == kNoBlock) continue;
-      plan.release.push_back(static_cast<int32_t>(j));
-      if (allocator_.ref_count(s.blocks[j]) == 1) ++plan.freed;
-    }
+  // Release the full blocks that lie wholly in the positions no query at >= t sees.
+  const auto [first, last] = released_block_range(t);
+  for (int64_t j = first; j < last; ++j) {
+    if (s.blocks[j] == kNoBlock) continue;
+    plan.release.push_back(static_cast<int32_t>(j));
+    if (allocator_.ref_count(s.blocks[j]) == 1) ++plan.freed;
   }
-  // Copy-on-write: writing into a shared, partially filled last block needs a private copy.
-  plan.cow = t % bs != 0 && allocator_.ref_count(s.blocks.back()) > 1;
+  // Copy-on-write: a partially filled last block that others may read (shared with a fork, or
+  // still published after a truncate) gets a private copy before it is written.
+  if (t % bs != 0) {
+    const BlockId tail = s.blocks.back();
+    plan.cow = allocator_.ref_count(tail) > 1 || allocator_.is_cached(tail);
+  }
   plan.fresh = static_cast<int32_t>(std::min<int64_t>(
       blocks_for_tokens(t + n, bs) - static_cast<int64_t>(s.blocks.size()) + (plan.cow ? 1 : 0),
       INT32_MAX));
@@ -52,9 +51,33 @@ int32_t KVCacheManager::blocks_needed_to_append(SeqId seq, int64_t n) const {
       .fresh;
 }
 
-bool KVCacheManager::can_append(SeqId seq, int64_t n) const {
-  const AppendPlan plan = plan_append(get_running(seq, "can_append"), n, "can_append");
+bool KVCacheManager::can_append(SeqId seq, int64_t n, int64_t num_lookahead_slots) const {
+  const Sequence& s = get_running(seq, "can_append");
+  PAGEDKV_CHECK(num_lookahead_slots >= 0,
+                "KVCacheManager::can_append: num_lookahead_slots must be >= 0, got {}",
+                num_lookahead_slots);
+  AppendPlan plan = plan_append(s, n, "can_append");
+  if (num_lookahead_slots > 0) {
+    // Look-ahead slots past max_model_len could never be appended: they are not counted.
+    constexpr int64_t kFar = int64_t{1} << 50;
+    const int64_t room = config_.max_model_len > 0 ? config_.max_model_len - s.num_tokens : kFar;
+    const int64_t ahead = n >= kFar ? 0 : std::min(num_lookahead_slots, kFar);
+    const int64_t total = std::max(n, std::min(n + ahead, room));
+    plan = plan_append(s, total, "can_append");
+  }
   return int64_t{plan.fresh} <= int64_t{allocator_.num_available()} + plan.freed;
+}
+
+Admission KVCacheManager::append_admission(SeqId seq, int64_t n) const {
+  const Sequence& s = get_running(seq, "append_admission");
+  const AppendPlan plan = plan_append(s, n, "append_admission");
+  if (int64_t{plan.fresh} <= int64_t{allocator_.num_available()} + plan.freed) {
+    return Admission::kOk;
+  }
+  // Blocks the sequence would hold afterwards; a copy-on-write copy replaces the shared block.
+  const int64_t held = int64_t{live_blocks(s.blocks)} - static_cast<int64_t>(plan.release.size()) +
+                       plan.fresh - (plan.cow ? 1 : 0);
+  return held > allocator_.num_blocks() ? Admission::kNever : Admission::kLater;
 }
 
 std::optional<AppendResult> KVCacheManager::append_slots(SeqId seq, int64_t n) {
@@ -101,7 +124,7 @@ std::optional<AppendResult> KVCacheManager::do_append(SeqId seq, int64_t n,
       s.token_ids.insert(s.token_ids.end(), ids.begin(), ids.end());
     }
   }
-  register_full_blocks(s);
+  // Nothing to publish: the new tokens' K/V are not written yet (commit() publishes).
   return result;
 }
 

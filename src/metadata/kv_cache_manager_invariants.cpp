@@ -66,6 +66,10 @@ void KVCacheManager::check_sequence(SeqId id, const Sequence& s, std::vector<int
     PAGEDKV_CHECK(s.blocks.back() != kNoBlock,
                   "invariant: sequence {} released its partially filled last block", id);
   }
+  PAGEDKV_CHECK(static_cast<int64_t>(s.hashes.size()) * bs <= s.committed &&
+                    s.committed <= s.num_tokens && s.serials.size() == s.hashes.size(),
+                "invariant: sequence {} keys {} blocks, committed {} of {} tokens", id,
+                s.hashes.size(), s.committed, s.num_tokens);
   s.kept.check(id, s.blocks, s.num_tokens, config_.block_size);
 }
 
@@ -86,8 +90,16 @@ void KVCacheManager::check_blocks(std::span<const int32_t> holders) const {
                   allocator_.is_cached(b));
     if (has_entry) {
       ++registered;
-      PAGEDKV_CHECK(prefix_.find(prefix_.entry(b)->hash) == b,
+      const PrefixCache::Entry& e = *prefix_.entry(b);
+      PAGEDKV_CHECK(prefix_.find(e.hash) == b,
                     "invariant: block {} entry key does not map back to it", b);
+      // No orphan: every entry hangs under the root or under its registered parent entry.
+      const std::optional<BlockId> parent =
+          e.parent_serial == 0 ? std::nullopt : prefix_.find(e.parent_hash);
+      PAGEDKV_CHECK(
+          e.parent_serial == 0 ? e.parent_hash == kRootBlockHash
+                               : parent && prefix_.entry(*parent)->serial == e.parent_serial,
+          "invariant: block {} entry's parent (serial {}) is not registered", b, e.parent_serial);
     }
   }
   PAGEDKV_CHECK(used == allocator_.num_used(), "invariant: {} blocks held but allocator says {}",

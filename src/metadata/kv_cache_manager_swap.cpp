@@ -8,16 +8,17 @@
 
 namespace pagedkv {
 
-namespace {
-int32_t live_blocks(std::span<const BlockId> blocks) {
-  return static_cast<int32_t>(
-      std::count_if(blocks.begin(), blocks.end(), [](BlockId b) { return b >= 0; }));
-}
-}  // namespace
-
 bool KVCacheManager::can_swap_out(SeqId seq) const {
   const Sequence& s = get_running(seq, "can_swap_out");
   return host_.has_value() && live_blocks(s.blocks) <= host_->num_available();
+}
+
+Admission KVCacheManager::swap_out_admission(SeqId seq) const {
+  if (can_swap_out(seq)) return Admission::kOk;
+  const Sequence& s = get(seq, "swap_out_admission");
+  // Without a host pool, or with one smaller than the sequence, no wait makes room.
+  return !host_ || live_blocks(s.blocks) > host_->num_blocks() ? Admission::kNever
+                                                               : Admission::kLater;
 }
 
 std::optional<SwapResult> KVCacheManager::swap_out(SeqId seq) {
@@ -44,14 +45,42 @@ std::optional<SwapResult> KVCacheManager::swap_out(SeqId seq) {
   return result;
 }
 
-bool KVCacheManager::can_swap_in(SeqId seq) const {
-  const Sequence& s = get(seq, "can_swap_in");
-  PAGEDKV_CHECK(s.swapped, "KVCacheManager::can_swap_in: sequence {} is not swapped out", seq);
-  return int64_t{allocator_.num_available()} - live_blocks(s.blocks) >= watermark_blocks_;
+// Blocks an append of n tokens takes right after a swap-in, net of what token eviction frees in
+// the same append. Positional policies: exact (the swapped-in table is private, so no
+// copy-on-write). A kept-list policy refills freed slots first: ceil(n / bs) bounds it.
+int64_t KVCacheManager::lookahead_blocks(const Sequence& s, int64_t n) const {
+  const int64_t bs = config_.block_size;
+  if (config_.max_model_len > 0) n = std::min(n, config_.max_model_len - s.num_tokens);
+  if (n <= 0) return 0;
+  if (policy_->scores_tokens()) return blocks_for_tokens(n, bs);
+  const int64_t t = s.num_tokens;
+  int64_t freed = 0;
+  const auto [first, last] = released_block_range(t);
+  for (int64_t j = first; j < last; ++j) freed += s.blocks[j] != kNoBlock ? 1 : 0;
+  const int64_t fresh = blocks_for_tokens(t + n, bs) - static_cast<int64_t>(s.blocks.size());
+  return std::max<int64_t>(0, fresh - freed);
 }
 
-std::optional<SwapResult> KVCacheManager::swap_in(SeqId seq) {
-  if (!can_swap_in(seq)) return std::nullopt;
+Admission KVCacheManager::swap_in_admission(SeqId seq, int64_t num_lookahead_slots) const {
+  const Sequence& s = get(seq, "swap_in");
+  PAGEDKV_CHECK(s.swapped, "KVCacheManager::swap_in: sequence {} is not swapped out", seq);
+  PAGEDKV_CHECK(num_lookahead_slots >= 0,
+                "KVCacheManager::swap_in: num_lookahead_slots must be >= 0, got {}",
+                num_lookahead_slots);
+  constexpr int64_t kFar = int64_t{1} << 50;
+  const int64_t need =
+      live_blocks(s.blocks) + lookahead_blocks(s, std::min(num_lookahead_slots, kFar));
+  if (int64_t{allocator_.num_available()} - need >= watermark_blocks_) return Admission::kOk;
+  return need > int64_t{allocator_.num_blocks()} - watermark_blocks_ ? Admission::kNever
+                                                                     : Admission::kLater;
+}
+
+bool KVCacheManager::can_swap_in(SeqId seq, int64_t num_lookahead_slots) const {
+  return swap_in_admission(seq, num_lookahead_slots) == Admission::kOk;
+}
+
+std::optional<SwapResult> KVCacheManager::swap_in(SeqId seq, int64_t num_lookahead_slots) {
+  if (!can_swap_in(seq, num_lookahead_slots)) return std::nullopt;
   Sequence& s = get(seq, "swap_in");
   const int32_t n = live_blocks(s.blocks);
   std::optional<std::vector<BlockId>> ids = allocate_blocks(n);

@@ -2,7 +2,9 @@
 // Private to the KVCacheManager sources: the plan of one append (shared by the append path and
 // the kept set) and the inline helpers several of its files call on hot paths.
 
+#include <algorithm>
 #include <cstdint>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -33,6 +35,24 @@ inline std::optional<std::vector<BlockId>> KVCacheManager::allocate_blocks(int32
   if (n == 0) return std::vector<BlockId>{};
   if (n <= allocator_.num_free()) return allocator_.allocate(n);
   return allocate_evicting(n);
+}
+
+// Full blocks wholly inside the positions no query at or after `t` sees (vLLM's
+// remove_skipped_blocks): logical blocks j with j * bs >= begin, (j + 1) * bs <= end and
+// j < t / bs, as [first, last) (empty when last <= first).
+inline std::pair<int64_t, int64_t> KVCacheManager::released_block_range(int64_t t) const {
+  const int64_t bs = config_.block_size;
+  const PositionRange dead = policy_->released_positions(t);
+  if (dead.end <= dead.begin) return {0, 0};
+  const int64_t first = (std::max<int64_t>(dead.begin, 0) + bs - 1) / bs;
+  const int64_t last = std::min(t / bs, dead.end / bs);
+  return {first, last};
+}
+
+/// Table entries that hold a block (not released by token eviction).
+inline int32_t live_blocks(std::span<const BlockId> blocks) {
+  return static_cast<int32_t>(
+      std::count_if(blocks.begin(), blocks.end(), [](BlockId b) { return b >= 0; }));
 }
 
 }  // namespace pagedkv

@@ -143,12 +143,35 @@ uint64_t PrefixCache::insert(BlockId block, Entry entry) {
   // Everything that can run out of memory happens before the first change (the index's own
   // growth keeps the old table until the new one is built), so a bad_alloc leaves the cache as
   // it was; the pushes below then fit in reserved capacity and cannot throw.
-  if (entry_of_.empty()) entry_of_.assign(static_cast<size_t>(num_blocks_), -1);
+  if (entry_of_.empty()) {
+    const auto n = static_cast<size_t>(num_blocks_);
+    std::vector<int32_t> entry_of(n, -1), parent_of(n, -1), first(n, -1), next(n, -1), prev(n, -1);
+    entry_of_ = std::move(entry_of);
+    parent_of_ = std::move(parent_of);
+    first_child_ = std::move(first);
+    next_sibling_ = std::move(next);
+    prev_sibling_ = std::move(prev);
+  }
   reserve_one_more(entries_);
   reserve_one_more(block_of_);
+  // The parent link, when the entry's parent is the registered entry of that key.
+  BlockId parent = -1;
+  if (entry.parent_serial != 0) {
+    if (const std::optional<BlockId> p = by_hash_.find(entry.parent_hash);
+        p && entries_[entry_of_[*p]].serial == entry.parent_serial) {
+      parent = *p;
+    }
+  }
   by_hash_.insert(entry.hash, block);
   const uint64_t serial = next_serial_++;
   entry.serial = serial;
+  parent_of_[block] = parent;
+  if (parent >= 0) {
+    next_sibling_[block] = first_child_[parent];
+    prev_sibling_[block] = -1;
+    if (first_child_[parent] >= 0) prev_sibling_[first_child_[parent]] = block;
+    first_child_[parent] = block;
+  }
   entry_of_[block] = static_cast<int32_t>(entries_.size());
   entries_.push_back(std::move(entry));
   block_of_.push_back(block);
@@ -161,6 +184,13 @@ std::optional<PrefixCache::Entry> PrefixCache::erase(BlockId block) {
   if (i < 0) return std::nullopt;
   std::optional<Entry> e = std::move(entries_[i]);
   by_hash_.erase(e->hash);
+  unlink_parent(block);
+  for (BlockId c = first_child_[block]; c >= 0;) {
+    const BlockId next = next_sibling_[c];
+    parent_of_[c] = next_sibling_[c] = prev_sibling_[c] = -1;
+    c = next;
+  }
+  first_child_[block] = -1;
   // Keep entries_ dense: the last entry takes the freed place.
   const int32_t last = static_cast<int32_t>(entries_.size()) - 1;
   if (i != last) {
@@ -181,5 +211,25 @@ const PrefixCache::Entry* PrefixCache::entry(BlockId block) const {
 }
 
 std::optional<BlockId> PrefixCache::find(BlockHash hash) const { return by_hash_.find(hash); }
+
+void PrefixCache::unlink_parent(BlockId block) {
+  const BlockId parent = parent_of_[block];
+  if (parent < 0) return;
+  const BlockId prev = prev_sibling_[block];
+  const BlockId next = next_sibling_[block];
+  if (prev >= 0) {
+    next_sibling_[prev] = next;
+  } else {
+    first_child_[parent] = next;
+  }
+  if (next >= 0) prev_sibling_[next] = prev;
+  parent_of_[block] = next_sibling_[block] = prev_sibling_[block] = -1;
+}
+
+void PrefixCache::children(BlockId block, std::vector<BlockId>& out) const {
+  check_block(block, "children");
+  if (entry_index(block) < 0) return;
+  for (BlockId c = first_child_[block]; c >= 0; c = next_sibling_[c]) out.push_back(c);
+}
 
 }  // namespace pagedkv

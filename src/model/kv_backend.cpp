@@ -49,11 +49,7 @@ class NoCacheBackend final : public CpuPagedBackend {
   using CpuPagedBackend::CpuPagedBackend;
   CacheMode mode() const override { return CacheMode::kNone; }
 
-  void begin_step(std::span<const SeqId> seqs, std::span<const int64_t> n_new) override {
-    step_seqs_.assign(seqs.begin(), seqs.end());
-    CpuPagedBackend::begin_step(seqs, n_new);
-  }
-
+  // Nothing is published: the scratch pool is emptied instead (begin_step records the seqs).
   void end_step() override {
     for (const SeqId s : step_seqs_) {
       manager_.free_sequence(s);
@@ -61,9 +57,6 @@ class NoCacheBackend final : public CpuPagedBackend {
     }
     step_seqs_.clear();
   }
-
- private:
-  std::vector<SeqId> step_seqs_;
 };
 
 class ContiguousBackend final : public KVBackend {

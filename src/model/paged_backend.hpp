@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <vector>
 
 #include "model/kv_backend.hpp"
 #include "pagedkv/attention_params.hpp"
@@ -71,6 +72,7 @@ class PagedBackend : public KVBackend {
   int64_t num_tokens(SeqId seq) const override { return manager_.num_tokens(seq); }
 
   void begin_step(std::span<const SeqId> seqs, std::span<const int64_t> n_new) override {
+    step_seqs_.assign(seqs.begin(), seqs.end());
     append_step(manager_, seqs, n_new,
                 [this](std::span<const BlockCopy> copies) { cache_.copy_blocks(copies); });
     manager_.batch_metadata(seqs, n_new, meta_);  // reuses meta_'s storage every step
@@ -89,6 +91,13 @@ class PagedBackend : public KVBackend {
     }
   }
 
+  /// Every layer has written the step's K/V: the manager may publish them (commit), the
+  /// lifecycle step an engine takes after each forward pass.
+  void end_step() override {
+    for (const SeqId s : step_seqs_) manager_.commit(s, manager_.num_tokens(s));
+    step_seqs_.clear();
+  }
+
   int64_t bytes_in_use() const override {
     const int64_t used = manager_.num_total_blocks() - manager_.num_free_blocks();
     return used * block_bytes_;
@@ -102,6 +111,7 @@ class PagedBackend : public KVBackend {
   int64_t block_bytes_;
   BatchMetadata meta_;
   bool decode_ = false;
+  std::vector<SeqId> step_seqs_;  // the sequences of the step begun, until end_step
 };
 
 }  // namespace pagedkv::model::detail

@@ -195,6 +195,9 @@ class Scheduler {
       int64_t budget = config_.max_batch_tokens;
       run_running(budget);
       admit_waiting(budget);
+      // The step's forward pass: what each running request computed now holds K/V, and only
+      // now may a later prompt share it (a request admitted in this same step may not).
+      for (const Active& r : running_) pool_->commit(r);
       PAGEDKV_CHECK(!running_.empty() || waiting_.empty(),
                     "replay: internal error: nothing runs at step {} but {} requests wait", step_,
                     waiting_.size());

@@ -17,7 +17,10 @@
 ///     memory strategy allow (head-of-line blocking: a request that does not fit stops
 ///     admission; one that can never fit is rejected); admission assigns the request its whole
 ///     prefill target, as KVCacheManager::add_sequence does, and runs its first chunk;
-///  4. memory is sampled (live positions, reserved positions, running count), then requests
+///  4. the step's forward pass has run: each running request's computed positions are
+///     committed (KVCacheManager::commit), and only their full blocks become shareable with
+///     later prompts (not with a prompt admitted in the same step, whose K/V were not written);
+///  5. memory is sampled (live positions, reserved positions, running count), then requests
 ///     that have produced all their output tokens are released.
 /// Token accounting: prefill assigns the prompt's P positions, and each decode step adds one
 /// position and yields one output token, so a finished request holds exactly P + O positions.

@@ -80,11 +80,12 @@ class PagedPool final : public Pool {
         vocab_size_(config.vocab_size),
         block_size_(block_size),
         prefix_(prefix),
-        manager_(KVCacheManagerConfig{.num_blocks = num_blocks,
-                                      .block_size = block_size,
-                                      .enable_prefix_caching = prefix,
-                                      .watermark = config.watermark,
-                                      .max_model_len = config.max_context}) {}
+        manager_(
+            KVCacheManagerConfig{.num_blocks = num_blocks,
+                                 .block_size = block_size,
+                                 .enable_prefix_caching = prefix,
+                                 .watermark = config.watermark,
+                                 .max_model_len = reachable_len(config, num_blocks, block_size)}) {}
 
   Admit admit(Active& r, bool /*alone*/) override {
     // A request that could not finish even alone (above the watermark) would be preempted by
@@ -133,6 +134,8 @@ class PagedPool final : public Pool {
     return true;
   }
 
+  void commit(const Active& r) override { manager_.commit(seq(r), r.computed); }
+
   void release(Active& r) override {
     manager_.free_sequence(seq(r));
     forget(r);
@@ -160,6 +163,12 @@ class PagedPool final : public Pool {
 
  private:
   static SeqId seq(const Active& r) { return static_cast<SeqId>(r.index); }
+  // The manager rejects a max_model_len its pool could never hold; a replay sweeps budgets
+  // below max_context, and admit() already rejects (kNever) what cannot fit this pool alone,
+  // so the manager's limit is max_context clamped to the pool.
+  static int64_t reachable_len(const ReplayConfig& config, int32_t num_blocks, int32_t block_size) {
+    return std::min<int64_t>(config.max_context, int64_t{num_blocks} * block_size);
+  }
   // Empty positions of the last, partially filled block. Only full blocks are ever shared
   // (prefix caching), so reserved - live == the sum of this over running requests.
   int64_t waste(int64_t tokens) const {

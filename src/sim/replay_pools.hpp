@@ -49,6 +49,9 @@ class Pool {
   virtual void release(Active& r) = 0;
   /// Recompute preemption: releases a running request that will be prefilled again.
   virtual void preempt(Active& r) { release(r); }
+  /// The step's forward pass has run: the first r.computed positions of the running request
+  /// `r` hold K/V (paged: KVCacheManager::commit, which publishes their full blocks).
+  virtual void commit(const Active& /*r*/) {}
   [[nodiscard]] virtual int64_t live() const = 0;
   [[nodiscard]] virtual int64_t reserved() const = 0;
   virtual void finish(ReplayResult& /*res*/) const {}

@@ -41,6 +41,9 @@ PaddedBlockTables identity_block_tables(std::span<const int32_t> context_lens, i
   tables.block_tables.resize(context_lens.size());
   std::iota(tables.block_tables.begin(), tables.block_tables.end(), 0);
   tables.context_lens.assign(context_lens.begin(), context_lens.end());
+  // The geometry of contiguous_paged_view over these rows: one max_len block per sequence.
+  tables.block_size = max_len;
+  tables.num_blocks = tables.num_seqs;
   return tables;
 }
 

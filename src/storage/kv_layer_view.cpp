@@ -36,4 +36,19 @@ void check_attention_params(const AttentionParams& params, const KVLayerView& ca
                 "attention: cache view has a null K or V pool (k={}, v={})", cache.k, cache.v);
 }
 
+void check_table_geometry(const char* fn, const KVLayerView& cache, int32_t block_size,
+                          int32_t num_blocks) {
+  // A mismatch reads the wrong tokens without any id being out of range (slot = block *
+  // block_size + offset means something else under another block size), so no later range
+  // check can catch it.
+  PAGEDKV_CHECK(block_size == cache.block_size,
+                "{}: block tables built for block_size {} but the cache has block_size {} (the "
+                "tables and the cache must come from one configuration{})",
+                fn, block_size, cache.block_size,
+                block_size == 0 ? "; the view's block_size is unset" : "");
+  PAGEDKV_CHECK(num_blocks >= 0 && num_blocks <= cache.num_blocks,
+                "{}: block tables index a pool of {} blocks but the cache has num_blocks {}", fn,
+                num_blocks, cache.num_blocks);
+}
+
 }  // namespace pagedkv

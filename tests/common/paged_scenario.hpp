@@ -46,8 +46,8 @@ struct PagedScenario {
   std::vector<float> q;                  // [query_start.back(), num_heads, head_dim]
 
   [[nodiscard]] BlockTableView view() const {
-    return {padded.data(), context_lens.data(), static_cast<int32_t>(seqs.size()),
-            max_blocks_per_seq};
+    return {padded.data(),      context_lens.data(), static_cast<int32_t>(seqs.size()),
+            max_blocks_per_seq, config.block_size,   config.num_blocks};
   }
   [[nodiscard]] KVLayerView layer() const { return cache->layer(kLayer); }
 

@@ -171,7 +171,7 @@ TEST(PagedAttention, DecodePaddingRowsAreZeroAndOthersUnaffected) {
   std::vector<float> q(padded.q.begin(), padded.q.begin() + row);
   q.insert(q.end(), padded.q.begin() + 2 * row, padded.q.begin() + 3 * row);
   std::vector<float> dense(2 * row);
-  paged_decode_attention(params, padded.layer(), {table.data(), lens.data(), 2, mb}, q, dense);
+  paged_decode_attention(params, padded.layer(), {table.data(), lens.data(), 2, mb, 16}, q, dense);
   for (int64_t i = 0; i < row; ++i) {
     EXPECT_EQ(out[i], dense[i]);
     EXPECT_EQ(out[2 * row + i], dense[row + i]);
@@ -198,8 +198,10 @@ TEST(PagedAttention, EmptyBatchIsANoOp) {
   HostKVCache cache(config);
   AttentionParams params;
   const std::vector<int32_t> qs = {0};
-  paged_decode_attention(params, cache.layer(0), {}, {}, {});
-  paged_prefill_attention(params, cache.layer(0), {}, qs, {}, {});
+  BlockTableView empty;  // no rows, but the geometry is still the cache's (issue 16)
+  empty.block_size = config.block_size;
+  paged_decode_attention(params, cache.layer(0), empty, {}, {});
+  paged_prefill_attention(params, cache.layer(0), empty, qs, {}, {});
 }
 
 TEST(PagedAttention, ExplicitScaleIsUsed) {

@@ -198,6 +198,8 @@ struct FakeProblem {
     view.dtype = dtype;
     view.num_blocks = 4;
     view.block_size = block_size;
+    tables.block_size = block_size;
+    tables.num_blocks = 4;
     view.num_kv_heads = 2;
     view.head_dim = head_dim;
     layout_strides(KVLayout::kHND, block_size, 2, head_dim, &view.block_stride, &view.head_stride,
@@ -275,6 +277,26 @@ TEST(DecodeRejection, BadArgumentsFailOnTheHost) {
     EXPECT_THAT(message_of([&] { paged_decode_attention(f.params, f.view, f.tables, f.q, f.out); }),
                 HasSubstr("num_seqs 70000 exceeds the grid limit 65535"));
   }
+}
+
+// Issue 16: tables of a manager with block_size 4 read through a cache of 16-token blocks (or
+// of fewer blocks than the manager's pool) are refused on the host, naming both values, even
+// for an empty batch: geometry is configuration, not data.
+TEST(DecodeRejection, TableGeometryMismatchFailsOnTheHost) {
+  FakeProblem f(DType::kF16, 128, 16);
+  f.tables.block_size = 4;
+  EXPECT_THAT(message_of([&] { paged_decode_attention(f.params, f.view, f.tables, f.q, f.out); }),
+              HasSubstr("cuda::paged_decode_attention: block tables built for block_size 4 but "
+                        "the cache has block_size 16"));
+  f.tables.block_size = 0;
+  EXPECT_THAT(message_of([&] { paged_decode_attention(f.params, f.view, f.tables, f.q, f.out); }),
+              HasSubstr("block_size 0 but the cache has block_size 16 (the tables and the cache "
+                        "must come from one configuration; the view's block_size is unset)"));
+  f.tables.block_size = 16;
+  f.tables.num_blocks = 8;
+  f.tables.num_seqs = 0;
+  EXPECT_THAT(message_of([&] { paged_decode_attention(f.params, f.view, f.tables, f.q, f.out); }),
+              HasSubstr("block tables index a pool of 8 blocks but the cache has num_blocks 4"));
 }
 
 // ---- GPU: kernels vs the CPU implementation ----------------------------------------------------
@@ -541,7 +563,9 @@ TEST(CudaDecode, ZeroSequencesIsANoOp) {
   DeviceKVCache device(config);
   AttentionParams params;
   params.head_dim = 64;
-  paged_decode_attention(params, device.layer(0), BlockTableView{}, nullptr, nullptr);
+  BlockTableView empty;
+  empty.block_size = config.block_size;
+  paged_decode_attention(params, device.layer(0), empty, nullptr, nullptr);
   synchronize(nullptr);
 }
 

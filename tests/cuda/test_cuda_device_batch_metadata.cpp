@@ -114,6 +114,26 @@ TEST(DeviceBatchMetadata, UploadPadsToCapacity) {
             (std::vector<int64_t>{28, 29, 32, -1, -1, -1, -1, -1}));  // blocks 7, 7, 8
 }
 
+// Issue 16: the tables' geometry travels through the device copy (tables() states the block
+// size and pool size uploaded), and builders given another block size are refused.
+TEST(DeviceBatchMetadata, TablesCarryTheUploadedGeometry) {
+  PAGEDKV_REQUIRE_CUDA_DEVICE();
+  BatchMetadata meta = HostBatch{}.metadata();
+  meta.padded.num_blocks = 12;
+  DeviceBatchMetadata dev({5, 6, 8});
+  EXPECT_EQ(dev.tables().block_size, 0);  // nothing uploaded yet: attention would refuse it
+  dev.upload(meta);
+  EXPECT_EQ(dev.tables().block_size, 4);
+  EXPECT_EQ(dev.tables().num_blocks, 12);
+  EXPECT_EQ(dev.active_tables().block_size, 4);
+  EXPECT_THAT(message_of([&] { dev.build_csr(16); }),
+              HasSubstr("build_csr: block_size 16 but the uploaded tables were built for "
+                        "block_size 4"));
+  meta.block_size = 8;
+  EXPECT_THAT(message_of([&] { dev.upload(meta); }),
+              HasSubstr("meta.block_size 8 != meta.padded.block_size 4"));
+}
+
 TEST(DeviceBatchMetadata, UploadRejectsWhatDoesNotFit) {
   PAGEDKV_REQUIRE_CUDA_DEVICE();
   const BatchMetadata meta = HostBatch{}.metadata();
@@ -203,6 +223,7 @@ TEST(DeviceBatchMetadata, GraphCapturedDecodeReplaysWithNewMetadata) {
   auto batch = [&](const std::vector<int>& seqs) {
     BatchMetadata m;
     m.block_size = geometry.block_size;
+    m.padded.block_size = geometry.block_size;
     m.padded.num_seqs = static_cast<int32_t>(seqs.size());
     m.padded.max_blocks_per_seq = s.max_blocks_per_seq;
     std::vector<float> qs;

@@ -1,6 +1,8 @@
 // libFuzzer target: the input decodes into a KVCacheManager configuration and a sequence of
 // scheduler operations (add, append, fork, free, swap, preempt, batch metadata, heavy-hitter
-// scores, prefix-cache reset, copies). After every operation:
+// scores, prefix-cache reset, copies; issue 16: add with options (chunked prefill,
+// max_new_tokens), commit, truncate, lookup_prefix, look-ahead, never/later admissions). After
+// every operation:
 //  - check_invariants() holds (ref counts, conservation, prefix entries, host pool, stats);
 //  - a can_* query agrees with the operation it predicts (success, empty, or throw);
 //  - an operation that returned empty or threw pagedkv::Error changed nothing observable
@@ -8,6 +10,7 @@
 // and at the end, freeing every sequence returns the whole pool. Any other exception type
 // escapes and is reported by libFuzzer as a crash.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -304,18 +307,164 @@ void op_blocks_needed(KVCacheManager& m, ByteReader& in) {
   }
 }
 
-/// One operation, chosen by the next input byte (the order is the corpus' encoding: keep it).
+void op_add_options(KVCacheManager& m, ByteReader& in) {
+  const SeqId s = seq_id(in);
+  const int32_t bs = m.config().block_size;
+  const std::vector<TokenId> prompt = tokens(in, 3 * bs);
+  const uint32_t mn = in.below(3 * static_cast<uint32_t>(bs) + 2);  // last value: -1, throws
+  const AddOptions options{
+      .extra_key = in.below(2),
+      .max_new_tokens = mn == 3 * static_cast<uint32_t>(bs) + 1 ? -1 : int64_t{mn},
+      .first_chunk_tokens = static_cast<int64_t>(in.below(static_cast<uint32_t>(bs) + 3)) - 2};
+  const bool bad_id = s == kPaddingSeq || m.has_sequence(s);
+  predicted(
+      m, "add_sequence(options)",
+      [&] {
+        const Admission a = m.can_add_sequence(prompt, options);  // throws on bad options
+        if (bad_id) throw Error("bad id");
+        return a == Admission::kOk;
+      },
+      [&] {
+        const std::optional<AddResult> r = m.add_sequence(s, prompt, options);
+        if (r && options.first_chunk_tokens >= 0) {
+          PAGEDKV_FUZZ_CHECK(
+              m.num_tokens(s) <= static_cast<int64_t>(prompt.size()) &&
+                  m.num_tokens(s) <= r->num_computed_tokens + options.first_chunk_tokens,
+              "chunked add holds %lld tokens", static_cast<long long>(m.num_tokens(s)));
+        }
+        return r.has_value();
+      });
+}
+
+// A count in [-1, num_tokens + 1] for `s` (-1 and num_tokens + 1 must throw).
+int64_t token_count(const KVCacheManager& m, SeqId s, ByteReader& in) {
+  const int64_t held = m.has_sequence(s) ? m.num_tokens(s) : 0;
+  return static_cast<int64_t>(in.below(static_cast<uint32_t>(std::min<int64_t>(held, 250)) + 3)) -
+         1;
+}
+
+void op_commit(KVCacheManager& m, ByteReader& in) {
+  const SeqId s = seq_id(in);
+  const int64_t n = token_count(m, s, in);
+  guarded(m, "commit", [&] {
+    const int64_t before = m.has_sequence(s) ? m.num_committed_tokens(s) : 0;
+    (void)m.commit(s, n);
+    PAGEDKV_FUZZ_CHECK(m.num_committed_tokens(s) == std::max(before, n), "committed count");
+    return true;
+  });
+}
+
+void op_truncate(KVCacheManager& m, ByteReader& in) {
+  const SeqId s = seq_id(in);
+  const int64_t n = token_count(m, s, in);
+  guarded(m, "truncate", [&] {
+    m.truncate(s, n);
+    PAGEDKV_FUZZ_CHECK(m.num_tokens(s) == n && m.num_committed_tokens(s) <= n, "truncated");
+    return true;
+  });
+}
+
+// Read-only, and what add_sequence would share (checked on a copy).
+void op_lookup(KVCacheManager& m, ByteReader& in) {
+  const std::vector<TokenId> prompt = tokens(in, 3 * m.config().block_size);
+  const uint64_t extra = in.below(2);
+  const Observed before = observe(m);
+  const PrefixLookup l = m.lookup_prefix(prompt, extra);
+  PAGEDKV_FUZZ_CHECK(observe(m) == before, "lookup_prefix changed the manager");
+  PAGEDKV_FUZZ_CHECK(
+      static_cast<int64_t>(l.blocks.size()) * m.config().block_size == l.num_computed_tokens,
+      "lookup blocks vs tokens");
+  if (m.can_add_sequence(prompt, extra) != Admission::kOk) return;
+  KVCacheManager copy(m);
+  SeqId id = 100;
+  while (copy.has_sequence(id)) ++id;
+  const std::optional<AddResult> r = copy.add_sequence(id, prompt, extra);
+  PAGEDKV_FUZZ_CHECK(r && r->num_computed_tokens == l.num_computed_tokens,
+                     "lookup says %lld tokens, add shares %lld",
+                     static_cast<long long>(l.num_computed_tokens),
+                     r ? static_cast<long long>(r->num_computed_tokens) : -1LL);
+}
+
+// Look-ahead: a successful can_append(s, n, k) or swap_in(s, k) leaves room for k more slots
+// (positional policies; those past max_model_len are not counted).
+void op_lookahead(KVCacheManager& m, ByteReader& in) {
+  const SeqId s = seq_id(in);
+  const int64_t n = static_cast<int64_t>(in.below(2 * m.config().block_size + 1));
+  const int64_t k = static_cast<int64_t>(in.below(2 * m.config().block_size + 1));
+  const bool positional = !m.eviction_policy().scores_tokens();
+  auto room_for = [&](int64_t want) {
+    const int64_t max_len = m.config().max_model_len;
+    return max_len > 0 ? std::min(want, max_len - m.num_tokens(s)) : want;
+  };
+  if (m.has_sequence(s) && m.is_swapped(s)) {
+    predicted(
+        m, "swap_in(look-ahead)", [&] { return m.can_swap_in(s, k); },
+        [&] {
+          if (!m.swap_in(s, k)) return false;
+          PAGEDKV_FUZZ_CHECK(m.can_append(s, room_for(k)), "swap_in(%lld) then no room",
+                             static_cast<long long>(k));
+          return true;
+        });
+    return;
+  }
+  guarded(m, "can_append(look-ahead)", [&] {
+    if (!m.can_append(s, n, k)) return false;
+    PAGEDKV_FUZZ_CHECK(m.append_slots(s, n).has_value(), "can_append(n, k) but append(n) failed");
+    if (positional) {
+      PAGEDKV_FUZZ_CHECK(m.can_append(s, room_for(k)), "look-ahead slots not there");
+    }
+    return true;
+  });
+}
+
+// Never vs later: kOk exactly when the can_* query says yes; kNever holds even with every
+// other sequence gone.
+void op_admissions(KVCacheManager& m, ByteReader& in) {
+  const SeqId s = seq_id(in);
+  const int64_t n = static_cast<int64_t>(in.below(4 * m.config().block_size + 1));
+  if (!m.has_sequence(s)) return;
+  if (m.is_swapped(s)) {
+    const Admission a = m.swap_in_admission(s, n);
+    PAGEDKV_FUZZ_CHECK((a == Admission::kOk) == m.can_swap_in(s, n), "swap_in_admission");
+    return;
+  }
+  const Admission so = m.swap_out_admission(s);
+  PAGEDKV_FUZZ_CHECK((so == Admission::kOk) == m.can_swap_out(s), "swap_out_admission");
+  PAGEDKV_FUZZ_CHECK(m.host_allocator() != nullptr || so == Admission::kNever,
+                     "swap_out without a host pool is not never");
+  Admission a = Admission::kOk;
+  if (outcome_of([&] {
+        a = m.append_admission(s, n);
+        return true;
+      }) == Outcome::kThrew) {
+    return;  // past max_model_len: can_append throws too
+  }
+  PAGEDKV_FUZZ_CHECK((a == Admission::kOk) == m.can_append(s, n), "append_admission");
+  if (a == Admission::kNever) {
+    KVCacheManager alone(m);
+    for (SeqId o : alone.sequences()) {
+      if (o != s) alone.free_sequence(o);
+    }
+    alone.reset_prefix_cache();
+    PAGEDKV_FUZZ_CHECK(!alone.can_append(s, n), "append_admission never, but fits alone");
+  }
+}
+
+/// One operation, chosen by the next input byte (the order is the corpus' encoding: keep it;
+/// new operations go at the end).
 void step(KVCacheManager& m, ByteReader& in) {
   using Op = void (*)(KVCacheManager&, ByteReader&);
-  static constexpr Op kOps[16] = {
+  static constexpr Op kOps[22] = {
       op_add_empty,          op_add_prompt,  op_append_slots,
       op_append_tokens,      op_fork,        op_free,
       op_swap_out,           op_swap_in,     op_preempt,
       op_batch_metadata,     op_kept_tokens, op_accumulate,
       op_reset_prefix_cache, op_take_events, op_copy_and_move,
-      op_blocks_needed,
+      op_blocks_needed,      op_add_options, op_commit,
+      op_truncate,           op_lookup,      op_lookahead,
+      op_admissions,
   };
-  kOps[in.below(16)](m, in);
+  kOps[in.below(22)](m, in);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // README's library example, run: a request is admitted with its prompt (prefix caching on), its
 // prompt is prefilled through the slots add_sequence returned, then it decodes token by token
-// through append_tokens, batch_metadata, write and paged decode attention. A second request with
-// the same prompt hits the cached blocks. Every output is compared with the reference attention
+// through append_tokens, batch_metadata, write and paged decode attention; after each forward
+// step commit() says the K/V are written, which publishes the full blocks. A second request with
+// the same prompt hits them. Every output is compared with the reference attention
 // over the same K/V, and the block counts with hand-worked values.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -67,6 +68,8 @@ TEST(Quickstart, AdmitPrefillDecodeAndHitThePrefix) {
   paged_prefill_attention(params, cache.layer(0), meta.padded.view(), meta.query_start, q, out);
   reference_attention(params, q, ref.keys(seq, 0), ref.values(seq, 0), n, expect);
   EXPECT_LE(max_abs_diff(out, expect), 1e-5f);
+  // The prompt's K/V are written: its 2 full blocks become shareable.
+  EXPECT_EQ(manager.commit(seq, n), 2);
 
   // Decode: one token per step.
   for (TokenId next : {TokenId{12}, TokenId{13}, TokenId{14}}) {
@@ -82,6 +85,7 @@ TEST(Quickstart, AdmitPrefillDecodeAndHitThePrefix) {
     reference_attention(params, q1, ref.keys(seq, 0), ref.values(seq, 0), manager.num_tokens(seq),
                         e1);
     EXPECT_LE(max_abs_diff(o1, e1), 1e-5f);
+    manager.commit(seq, manager.num_tokens(seq));  // position 11 fills block 2: published
   }
   EXPECT_EQ(manager.num_tokens(seq), 13);
   EXPECT_EQ(manager.block_table(seq).size(), 4u);  // ceil(13 / 4)

@@ -56,7 +56,8 @@ TEST(AttentionOverSlots, MatchesReferenceSubsetAndReportsProbabilities) {
   const int64_t q_row = 4 * 8;
   std::vector<float> q(sets.size() * q_row), out(q.size()), probs(slots.size());
   for (float& x : q) x = u(rng);
-  paged_attention_over_slots(params, cache.layer(0), indptr, slots, q, out, probs);
+  const SlotListView keys{indptr, slots, geom.block_size, geom.num_blocks};
+  paged_attention_over_slots(params, cache.layer(0), keys, q, out, probs);
   for (size_t i = 0; i < sets.size(); ++i) {
     std::vector<float> ref(q_row);
     reference_attention_subset(params, std::span(q).subspan(i * q_row, q_row), k, v, tokens,
@@ -70,12 +71,26 @@ TEST(AttentionOverSlots, MatchesReferenceSubsetAndReportsProbabilities) {
   }
   AttentionParams windowed = params;
   windowed.window_left = 3;
-  EXPECT_THAT([&] { paged_attention_over_slots(windowed, cache.layer(0), indptr, slots, q, out); },
+  EXPECT_THAT([&] { paged_attention_over_slots(windowed, cache.layer(0), keys, q, out); },
               ThrowsMessage<Error>(HasSubstr("the slot list is the mask")));
   std::vector<Slot> bad = slots;
   bad[0] = 24;
-  EXPECT_THAT([&] { paged_attention_over_slots(params, cache.layer(0), indptr, bad, q, out); },
-              ThrowsMessage<Error>(HasSubstr("slot 24 (entry 0) out of range [0, 24)")));
+  EXPECT_THAT(
+      [&] {
+        paged_attention_over_slots(params, cache.layer(0), {indptr, bad, 4}, q, out);
+      },
+      ThrowsMessage<Error>(HasSubstr("slot 24 (entry 0) out of range [0, 24)")));
+  // Slots computed for 2-token blocks address other tokens in a cache of 4-token blocks.
+  EXPECT_THAT(
+      [&] {
+        paged_attention_over_slots(params, cache.layer(0), {indptr, slots, 2}, q, out);
+      },
+      ThrowsMessage<Error>(HasSubstr("built for block_size 2 but the cache has block_size 4")));
+  EXPECT_THAT(
+      [&] {
+        paged_attention_over_slots(params, cache.layer(0), {indptr, slots, 4, 7}, q, out);
+      },
+      ThrowsMessage<Error>(HasSubstr("index a pool of 7 blocks but the cache has num_blocks 6")));
 }
 
 // ---- end-to-end: decode under each policy vs the reference -------------------------------------
@@ -106,6 +121,11 @@ class Bench {
   }
 
   KVCacheManager& manager() { return m_; }
+
+  /// A slot list with the manager's geometry, what paged_attention_over_slots checks.
+  SlotListView keys_of(std::span<const int32_t> indptr, std::span<const Slot> slots) const {
+    return {indptr, slots, m_.config().block_size, m_.config().num_blocks};
+  }
 
   void add(SeqId s) {
     m_.add_sequence(s);
@@ -156,7 +176,8 @@ class Bench {
     KeptTokens kept = m_.kept_tokens(seqs);
     std::vector<float> q(kQRow), out(kQRow), ref(kQRow), probs(kept.slots.size());
     for (float& x : q) x = u_(rng_);
-    paged_attention_over_slots(params_, cache_.layer(0), kept.indptr, kept.slots, q, out, probs);
+    paged_attention_over_slots(params_, cache_.layer(0), keys_of(kept.indptr, kept.slots), q, out,
+                               probs);
     reference_attention_subset(params_, q, ref_.keys(s, 0), ref_.values(s, 0), ref_.num_tokens(s),
                                kept.positions, ref);
     m_.accumulate_attention(s, probs);
@@ -177,7 +198,7 @@ class Bench {
     }
     std::vector<float> q(n * kQRow), out(q.size()), probs(slots.size());
     for (float& x : q) x = u_(rng_);
-    paged_attention_over_slots(params_, cache_.layer(0), indptr, slots, q, out, probs);
+    paged_attention_over_slots(params_, cache_.layer(0), keys_of(indptr, slots), q, out, probs);
     std::vector<float> column(n, 0.0f);
     for (int64_t t = 0; t < n; ++t) {
       for (int64_t j = 0; j <= t; ++j) column[j] += probs[indptr[t] + j];

@@ -131,6 +131,9 @@ TEST_P(AbortSafety, AbortAtEveryStepReturnsEveryBlock) {
           ++i;
           continue;
         }
+        // The step before ran its forward pass: what the sequence holds is written (a sequence
+        // aborted before its first decode batch never publishes anything).
+        m.commit(s, m.num_tokens(s));
         const int64_t n = 1 + static_cast<int64_t>(rng() % 3);
         const bool predicted = m.can_append(s, n);
         const Observed before = observe(m);

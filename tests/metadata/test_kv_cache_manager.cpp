@@ -371,13 +371,14 @@ TEST(KVCacheManager, BoundaryLengthsAtForkTime) {
 }
 
 TEST(KVCacheManager, AdmissionOkLaterNeverWithWatermark) {
-  // 8 blocks of 4 tokens, watermark 0.25 -> 2 blocks kept free at admission.
-  KVCacheManager m({.num_blocks = 8, .block_size = 4, .watermark = 0.25, .max_model_len = 40});
+  // 8 blocks of 4 tokens, watermark 0.25 -> 2 blocks kept free at admission; max_model_len 32
+  // is the most the pool can hold (40 is rejected: test ConstructorRejectsUnreachableLength).
+  KVCacheManager m({.num_blocks = 8, .block_size = 4, .watermark = 0.25, .max_model_len = 32});
   EXPECT_EQ(m.watermark_blocks(), 2);
-  std::vector<TokenId> p24(24, 1), p25(25, 1), p41(41, 1), p8(8, 1);
+  std::vector<TokenId> p24(24, 1), p25(25, 1), p33(33, 1), p8(8, 1);
   EXPECT_EQ(m.can_add_sequence(p24), Admission::kOk);     // 6 blocks, 2 left
   EXPECT_EQ(m.can_add_sequence(p25), Admission::kNever);  // 7 blocks > 8 - 2
-  EXPECT_EQ(m.can_add_sequence(p41), Admission::kNever);  // > max_model_len
+  EXPECT_EQ(m.can_add_sequence(p33), Admission::kNever);  // > max_model_len
   ASSERT_TRUE(m.add_sequence(1, p8));                     // 2 blocks, 6 left
   EXPECT_EQ(m.can_add_sequence(p24), Admission::kLater);  // would leave 0 < 2
   EXPECT_EQ(m.add_sequence(2, p24), std::nullopt);
@@ -385,9 +386,12 @@ TEST(KVCacheManager, AdmissionOkLaterNeverWithWatermark) {
   EXPECT_EQ(m.can_add_sequence(p8), Admission::kOk);  // leaves exactly the watermark
   // Appends ignore the watermark: running sequences may use the reserve.
   EXPECT_TRUE(m.can_append(1, 24));
-  EXPECT_FALSE(m.can_append(1, 25));
-  EXPECT_THAT([&] { (void)m.can_append(1, 33); },
-              ThrowsMessage<Error>(HasSubstr("8 + 33 tokens exceed max_model_len 40")));
+  ASSERT_TRUE(m.add_sequence(3, p8));  // 4 blocks left
+  EXPECT_TRUE(m.can_append(1, 16));
+  EXPECT_FALSE(m.can_append(1, 17));
+  EXPECT_EQ(m.append_admission(1, 17), Admission::kLater);  // 7 blocks: fits once 3 is gone
+  EXPECT_THAT([&] { (void)m.can_append(1, 25); },
+              ThrowsMessage<Error>(HasSubstr("8 + 25 tokens exceed max_model_len 32")));
   m.check_invariants();
 }
 
@@ -445,6 +449,7 @@ TEST(KVCacheManager, StatsInvariantsHold) {
 TEST(KVCacheManager, CopiesAreIndependentManagers) {
   KVCacheManager a({.num_blocks = 4, .block_size = 2, .enable_prefix_caching = true});
   ASSERT_TRUE(a.add_sequence(1, std::vector<TokenId>{1, 2, 3}));
+  EXPECT_EQ(a.commit(1, 3), 1);  // the forward step wrote the prompt: block 0 is published
   a.free_sequence(1);
   KVCacheManager b = a;
   b.add_sequence(5);

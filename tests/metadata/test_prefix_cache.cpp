@@ -32,6 +32,15 @@ std::vector<BlockId> table_of(const KVCacheManager& m, SeqId s) {
   return {t.begin(), t.end()};
 }
 
+// add_sequence followed by the prefill's forward step: every prompt token is written, so its
+// full blocks are published (commit).
+std::optional<AddResult> add_written(KVCacheManager& m, SeqId seq, std::span<const TokenId> prompt,
+                                     uint64_t extra_key = 0) {
+  std::optional<AddResult> r = m.add_sequence(seq, prompt, extra_key);
+  if (r) m.commit(seq, m.num_tokens(seq));
+  return r;
+}
+
 KVCacheManagerConfig cached_config(int32_t num_blocks, int32_t block_size) {
   return {.num_blocks = num_blocks, .block_size = block_size, .enable_prefix_caching = true};
 }
@@ -201,7 +210,7 @@ TEST(PrefixCache, KeysSharingOneHomeCellMatchAMapModel) {
 TEST(KVCacheManagerPrefix, HandWorkedHitsAndComputedTokens) {
   KVCacheManager m(cached_config(10, 4));
   const auto p1 = iota_tokens(10);  // blocks [1..4] [5..8] [9 10]
-  auto r = m.add_sequence(1, p1);
+  auto r = add_written(m, 1, p1);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->num_computed_tokens, 0);
   EXPECT_THAT(r->append.slots, ElementsAre(0, 1, 2, 3, 4, 5, 6, 7, 8, 9));
@@ -215,7 +224,7 @@ TEST(KVCacheManagerPrefix, HandWorkedHitsAndComputedTokens) {
   p2.push_back(20);
   p2.push_back(21);
   EXPECT_EQ(m.can_add_sequence(p2), Admission::kOk);
-  r = m.add_sequence(2, p2);
+  r = add_written(m, 2, p2);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->num_computed_tokens, 8);
   EXPECT_THAT(r->append.slots, ElementsAre(12, 13));
@@ -226,7 +235,7 @@ TEST(KVCacheManagerPrefix, HandWorkedHitsAndComputedTokens) {
   // A prompt of exactly 2 blocks: only 1 block may hit, one token is always left to compute;
   // the last block is recomputed into a fresh block (same content as block 1: not registered
   // twice).
-  r = m.add_sequence(3, iota_tokens(8));
+  r = add_written(m, 3, iota_tokens(8));
   ASSERT_TRUE(r);
   EXPECT_EQ(r->num_computed_tokens, 4);
   EXPECT_THAT(table_of(m, 3), ElementsAre(0, 4));
@@ -247,8 +256,8 @@ TEST(KVCacheManagerPrefix, BoundaryLengthsAtMatchTime) {
   const int32_t bs = 4;
   for (int len : {0, 1, bs - 1, bs, bs + 1, 2 * bs, 3 * bs, 3 * bs + 1}) {
     KVCacheManager m(cached_config(16, bs));
-    ASSERT_TRUE(m.add_sequence(1, iota_tokens(3 * bs + 1)));
-    auto r = m.add_sequence(2, iota_tokens(len));
+    ASSERT_TRUE(add_written(m, 1, iota_tokens(3 * bs + 1)));
+    auto r = add_written(m, 2, iota_tokens(len));
     ASSERT_TRUE(r) << "len " << len;
     // At most (len - 1) / bs blocks hit.
     const int64_t expect_hits = len == 0 ? 0 : std::min<int64_t>((len - 1) / bs, 3);
@@ -266,10 +275,10 @@ TEST(KVCacheManagerPrefix, BoundaryLengthsAtMatchTime) {
 
 TEST(KVCacheManagerPrefix, ExtraKeySeparatesCaches) {
   KVCacheManager m(cached_config(8, 2));
-  ASSERT_TRUE(m.add_sequence(1, iota_tokens(5), /*extra_key=*/7));
-  auto r = m.add_sequence(2, iota_tokens(5), /*extra_key=*/8);
+  ASSERT_TRUE(add_written(m, 1, iota_tokens(5), /*extra_key=*/7));
+  auto r = add_written(m, 2, iota_tokens(5), /*extra_key=*/8);
   EXPECT_EQ(r->num_computed_tokens, 0);
-  r = m.add_sequence(3, iota_tokens(5), 7);
+  r = add_written(m, 3, iota_tokens(5), 7);
   EXPECT_EQ(r->num_computed_tokens, 4);
   m.check_invariants();
 }
@@ -278,21 +287,23 @@ TEST(KVCacheManagerPrefix, DifferentEarlierBlockMeansNoLaterHit) {
   // Block 2 holds the same tokens in both prompts, but its prefix differs: the chained key
   // (and the parent check) must not share it.
   KVCacheManager m(cached_config(8, 2));
-  ASSERT_TRUE(m.add_sequence(1, std::vector<TokenId>{1, 2, 3, 4, 9}));
-  auto r = m.add_sequence(2, std::vector<TokenId>{7, 7, 3, 4, 9});
+  ASSERT_TRUE(add_written(m, 1, std::vector<TokenId>{1, 2, 3, 4, 9}));
+  auto r = add_written(m, 2, std::vector<TokenId>{7, 7, 3, 4, 9});
   EXPECT_EQ(r->num_computed_tokens, 0);
   m.check_invariants();
 }
 
 TEST(KVCacheManagerPrefix, AppendTokensKeysBlocksAsTheyFill) {
   KVCacheManager m(cached_config(8, 2));
-  ASSERT_TRUE(m.add_sequence(1, std::vector<TokenId>{1, 2, 3}));  // blocks 0 (full), 1
+  ASSERT_TRUE(add_written(m, 1, std::vector<TokenId>{1, 2, 3}));  // blocks 0 (full), 1
   EXPECT_FALSE(m.allocator().is_cached(1));
-  ASSERT_TRUE(m.append_tokens(1, std::vector<TokenId>{4}));  // block 1 is now full: keyed
+  ASSERT_TRUE(m.append_tokens(1, std::vector<TokenId>{4}));  // block 1 is now full
+  EXPECT_FALSE(m.allocator().is_cached(1));                  // but not written yet
+  EXPECT_EQ(m.commit(1, 4), 1);                              // written: keyed
   EXPECT_TRUE(m.allocator().is_cached(1));
   m.free_sequence(1);
   EXPECT_EQ(m.stats().cached_blocks, 2);
-  auto r = m.add_sequence(2, std::vector<TokenId>{1, 2, 3, 4, 5});
+  auto r = add_written(m, 2, std::vector<TokenId>{1, 2, 3, 4, 5});
   EXPECT_EQ(r->num_computed_tokens, 4);
   // Tokens appended without ids stop the keying.
   ASSERT_TRUE(m.append_slots(2, 1));  // position 5 fills block 2 with an unknown token
@@ -303,7 +314,7 @@ TEST(KVCacheManagerPrefix, AppendTokensKeysBlocksAsTheyFill) {
 TEST(KVCacheManagerPrefix, LruEvictsTailBlocksFirstOnlyWhenNoFreeBlockIsLeft) {
   KVCacheManager m(
       {.num_blocks = 4, .block_size = 2, .enable_prefix_caching = true, .enable_events = true});
-  ASSERT_TRUE(m.add_sequence(1, iota_tokens(7)));  // blocks 0,1,2 full+keyed, 3 partial
+  ASSERT_TRUE(add_written(m, 1, iota_tokens(7)));  // blocks 0,1,2 full+keyed, 3 partial
   EXPECT_THAT(table_of(m, 1), ElementsAre(0, 1, 2, 3));
   auto ev = m.take_events();
   ASSERT_EQ(ev.size(), 3u);
@@ -329,7 +340,7 @@ TEST(KVCacheManagerPrefix, LruEvictsTailBlocksFirstOnlyWhenNoFreeBlockIsLeft) {
   EXPECT_EQ(ev[0].block, 2);
   // The head of the prompt is still shareable: blocks 0 and 1 hit, the evicted one does not.
   m.free_sequence(9);
-  auto again = m.add_sequence(1, iota_tokens(7));
+  auto again = add_written(m, 1, iota_tokens(7));
   ASSERT_TRUE(again);
   EXPECT_EQ(again->num_computed_tokens, 4);
   EXPECT_EQ(m.block_table(1)[0], 0);
@@ -341,8 +352,8 @@ TEST(KVCacheManagerPrefix, LruEvictsTailBlocksFirstOnlyWhenNoFreeBlockIsLeft) {
 TEST(KVCacheManagerPrefix, ResetPrefixCacheDropsEveryRegistration) {
   KVCacheManager m(
       {.num_blocks = 6, .block_size = 2, .enable_prefix_caching = true, .enable_events = true});
-  ASSERT_TRUE(m.add_sequence(1, iota_tokens(4)));
-  ASSERT_TRUE(m.add_sequence(2, iota_tokens(4, 50)));
+  ASSERT_TRUE(add_written(m, 1, iota_tokens(4)));
+  ASSERT_TRUE(add_written(m, 2, iota_tokens(4, 50)));
   m.free_sequence(2);  // its 2 blocks stay cached
   (void)m.take_events();
   EXPECT_EQ(m.stats().cached_blocks, 2);
@@ -355,7 +366,7 @@ TEST(KVCacheManagerPrefix, ResetPrefixCacheDropsEveryRegistration) {
   auto ev = m.take_events();
   ASSERT_EQ(ev.size(), 4u);
   for (const auto& e : ev) EXPECT_EQ(e.kind, KVCacheEvent::Kind::kRemoved);
-  auto r = m.add_sequence(3, iota_tokens(5));
+  auto r = add_written(m, 3, iota_tokens(5));
   EXPECT_EQ(r->num_computed_tokens, 0);
   m.check_invariants();
   m.free_sequence(1);
@@ -365,14 +376,14 @@ TEST(KVCacheManagerPrefix, ResetPrefixCacheDropsEveryRegistration) {
 
 TEST(KVCacheManagerPrefix, EventsOffByDefault) {
   KVCacheManager m(cached_config(4, 2));
-  ASSERT_TRUE(m.add_sequence(1, iota_tokens(4)));
+  ASSERT_TRUE(add_written(m, 1, iota_tokens(4)));
   EXPECT_THAT(m.take_events(), IsEmpty());
 }
 
 TEST(KVCacheManagerPrefix, HitOnCachedRefZeroBlocksCountsAgainstAdmission) {
   // 3 blocks, bs 2. Cache a 2-block prefix, free it: both blocks cached, 1 free.
   KVCacheManager m(cached_config(3, 2));
-  ASSERT_TRUE(m.add_sequence(1, iota_tokens(4)));
+  ASSERT_TRUE(add_written(m, 1, iota_tokens(4)));
   m.free_sequence(1);
   EXPECT_EQ(m.num_free_blocks(), 3);
   // 5 tokens = 3 blocks; the first 2 hit (cached, ref 0), 1 new: fits exactly.
@@ -381,7 +392,7 @@ TEST(KVCacheManagerPrefix, HitOnCachedRefZeroBlocksCountsAgainstAdmission) {
   EXPECT_EQ(m.can_add_sequence(iota_tokens(6)), Admission::kOk);
   // 7 tokens = 4 blocks > pool: never.
   EXPECT_EQ(m.can_add_sequence(iota_tokens(7)), Admission::kNever);
-  auto r = m.add_sequence(2, iota_tokens(5));
+  auto r = add_written(m, 2, iota_tokens(5));
   ASSERT_TRUE(r);
   EXPECT_EQ(r->num_computed_tokens, 4);
   EXPECT_EQ(m.num_free_blocks(), 0);
@@ -390,15 +401,16 @@ TEST(KVCacheManagerPrefix, HitOnCachedRefZeroBlocksCountsAgainstAdmission) {
 
 TEST(KVCacheManagerPrefix, PreemptRecomputeHitsItsOwnBlocks) {
   KVCacheManager m(cached_config(8, 2));
-  ASSERT_TRUE(m.add_sequence(1, iota_tokens(5)));
+  ASSERT_TRUE(add_written(m, 1, iota_tokens(5)));
   ASSERT_TRUE(m.append_tokens(1, std::vector<TokenId>{6, 7}));
+  m.commit(1, 7);
   PreemptedSequence p = m.preempt(1);
   EXPECT_EQ(p.seq, 1);
   EXPECT_EQ(p.num_tokens, 7);
   EXPECT_THAT(p.tokens, ElementsAre(1, 2, 3, 4, 5, 6, 7));
   EXPECT_FALSE(m.has_sequence(1));
   EXPECT_EQ(m.stats().preemptions, 1);
-  auto r = m.add_sequence(1, p.tokens, p.extra_key);
+  auto r = add_written(m, 1, p.tokens, p.extra_key);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->num_computed_tokens, 6);  // 3 full blocks kept cached
   m.check_invariants();

@@ -40,6 +40,37 @@ TEST(SynchronizedKVCacheManager, ForwardsTheDocExample) {
   EXPECT_EQ(m.num_free_blocks(), m.num_total_blocks());
 }
 
+// The issue 16 calls, with the values of test_manager_contracts.cpp / test_manager_lifecycle.cpp.
+TEST(SynchronizedKVCacheManager, ForwardsCommitLookupTruncateAndAdmissions) {
+  SynchronizedKVCacheManager m(
+      {.num_blocks = 8, .block_size = 4, .enable_prefix_caching = true, .num_host_blocks = 4});
+  const std::vector<TokenId> p{1, 2, 3, 4, 5, 6, 7, 8, 9};
+  ASSERT_TRUE(m.add_sequence(1, p));  // {0, 1, 2}
+  EXPECT_EQ(m.lookup_prefix(p).num_computed_tokens, 0);
+  EXPECT_EQ(m.commit(1, 4), 1);
+  EXPECT_EQ(m.num_committed_tokens(1), 4);
+  EXPECT_EQ(m.lookup_prefix(p).num_computed_tokens, 4);
+  m.truncate(1, 2);
+  EXPECT_EQ(m.block_table(1), (std::vector<BlockId>{0}));
+  EXPECT_EQ(m.can_add_sequence(p, AddOptions{.max_new_tokens = 23}), Admission::kOk);  // 32
+  EXPECT_EQ(m.can_add_sequence(p, AddOptions{.max_new_tokens = 24}), Admission::kNever);
+  // Block 0 stays published: its 4 tokens' K/V are intact (sequence 1 copies before writing).
+  const auto r = m.add_sequence(2, p, AddOptions{.first_chunk_tokens = 0});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->num_computed_tokens, 4);
+  EXPECT_EQ(m.num_tokens(2), 4);
+  EXPECT_EQ(m.append_admission(1, 33), Admission::kNever);
+  EXPECT_TRUE(m.can_append(1, 1, 2));
+  EXPECT_EQ(m.swap_out_admission(1), Admission::kOk);
+  ASSERT_TRUE(m.swap_out(1));
+  EXPECT_EQ(m.swap_in_admission(1, 30), Admission::kLater);
+  EXPECT_EQ(m.swap_in_admission(1, 31), Admission::kNever);
+  EXPECT_TRUE(m.can_swap_in(1, 2));
+  ASSERT_TRUE(m.swap_in(1, 2));
+  EXPECT_EQ(m.min_blocks_held(9), 3);
+  m.check_invariants();
+}
+
 TEST(SynchronizedKVCacheManager, ErrorsPropagateAndReleaseTheLock) {
   SynchronizedKVCacheManager m({.num_blocks = 4, .block_size = 4});
   EXPECT_THROW(m.free_sequence(42), Error);
@@ -183,6 +214,9 @@ class TrafficWorker {
   void append() {
     Live& s = live_[pick()];
     if (s.swapped) return;
+    // The previous step's forward pass wrote what the sequence holds: publish it. Only this
+    // thread changes its own sequences, so the two calls need no common lock.
+    m_.commit(s.id, m_.num_tokens(s.id));
     const int64_t n = std::uniform_int_distribution<int64_t>(1, 6)(rng_);
     if (rng_() % 2) {
       if (m_.append_slots(s.id, n).has_value()) ++tr_.successes;

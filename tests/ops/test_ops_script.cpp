@@ -106,9 +106,9 @@ TEST(OpsScriptParser, ErrorsNameTheLine) {
               ThrowsMessage<Error>(HasSubstr("line 1: manager: option 'blocks' given twice")));
   EXPECT_THAT([] { (void)parse_ops_script("manager =3\n"); },
               ThrowsMessage<Error>(HasSubstr("malformed option '=3'")));
-  // Non-printable bytes are not echoed raw.
+  // Non-printable bytes are not echoed raw: \xNN, so the message stays one printable line.
   EXPECT_THAT([] { (void)parse_ops_script(std::string("\x01\x02 1\n")); },
-              ThrowsMessage<Error>(HasSubstr("unknown op '??'")));
+              ThrowsMessage<Error>(HasSubstr("unknown op '\\x01\\x02'")));
 }
 
 TEST(OpsScriptExecutor, ArgumentErrorsNameTheLineAndValue) {
@@ -116,7 +116,7 @@ TEST(OpsScriptExecutor, ArgumentErrorsNameTheLineAndValue) {
   EXPECT_THAT([&] { run("manager block_size=2\n"); },
               ThrowsMessage<Error>(HasSubstr("line 1: manager: blocks=N is required")));
   EXPECT_THAT([&] { run("manager blocks=0\n"); },
-              ThrowsMessage<Error>(HasSubstr("blocks must be in [1, 1048576], got 0")));
+              ThrowsMessage<Error>(HasSubstr("blocks must be in [1, 262144], got 0")));
   EXPECT_THAT([&] { run("manager blocks=2 policy=lru\n"); },
               ThrowsMessage<Error>(HasSubstr("policy must be none, window, sinks or h2o")));
   EXPECT_THAT([&] { run("manager blocks=2 prefix=maybe\n"); },
@@ -148,8 +148,8 @@ TEST(OpsScriptExecutor, FailedOperationsChangeNothing) {
       "add 1 1 2 3\n"
       "dump\n"
       "add 2 4 5\n"     // no block left
-      "append 1 4 5\n"  // needs a block
-      "swap_out 1\n"    // needs 2 host blocks
+      "append 1 4 5\n"  // 5 tokens need 3 blocks: more than the pool
+      "swap_out 1\n"    // needs 2 host blocks: more than the host pool
       "dump\n");
   std::vector<json> out;
   for (const auto& l : lines) {
@@ -157,8 +157,11 @@ TEST(OpsScriptExecutor, FailedOperationsChangeNothing) {
   }
   ASSERT_EQ(out.size(), 6u);
   EXPECT_EQ(out[2]["error"], "no_free_blocks");
-  EXPECT_EQ(out[3]["error"], "no_free_blocks");
-  EXPECT_EQ(out[4]["error"], "no_free_host_blocks");
+  EXPECT_EQ(out[2]["admission"], "later");
+  EXPECT_EQ(out[3]["error"], "never_fits");
+  EXPECT_EQ(out[3]["admission"], "never");
+  EXPECT_EQ(out[4]["error"], "never_fits");
+  EXPECT_EQ(out[4]["admission"], "never");
   json before = out[1];
   json after = out[5];
   before.erase("line");

@@ -12,7 +12,9 @@
 //    no block is both free and referenced;
 //  - every can_* query agrees with the operation it predicts, and a failed operation changes
 //    nothing (the manager's observable state is compared before and after);
-//  - freeing every sequence returns every block.
+//  - freeing every sequence returns every block;
+//  - commit (publish after write) and truncate (rollback, copy-on-write of a published or
+//    shared partial tail) keep all of the above.
 // Runs are kept small (a few dozen operations on pools of 1..12 blocks) so the suite takes
 // seconds on 2 cores.
 #include <gtest/gtest.h>
@@ -21,6 +23,7 @@
 
 #include <map>
 #include <sstream>
+#include <utility>
 
 #include "pagedkv/error.hpp"
 #include "pagedkv/metadata/kv_cache_manager.hpp"
@@ -164,8 +167,37 @@ enum class Op {
   kSwapIn,
   kPreempt,
   kReset,
-  kScore
+  kScore,
+  kCommit,
+  kTruncate
 };
+
+/// A random prompt added as sequence `id`; false when admission refused it (nothing changed).
+bool add_prompt(Model& md, const KVCacheManagerConfig& config, SeqId id,
+                const std::string& before) {
+  KVCacheManager& m = md.m_;
+  const int32_t bs = config.block_size;
+  const std::vector<TokenId> prompt = gen_tokens(3 * bs + 2);
+  const uint64_t extra = *rc::gen::inRange<uint64_t>(0, 2);
+  const Admission adm = m.can_add_sequence(prompt, extra);
+  auto r = m.add_sequence(id, prompt, extra);
+  RC_ASSERT(r.has_value() == (adm == Admission::kOk));
+  if (adm == Admission::kNever) {
+    RC_ASSERT(
+        (config.max_model_len > 0 && static_cast<int64_t>(prompt.size()) > config.max_model_len) ||
+        blocks_for_tokens(static_cast<int64_t>(prompt.size()), bs) >
+            config.num_blocks - m.watermark_blocks());
+  }
+  if (!r) {
+    RC_ASSERT(observable(m) == before);
+    return false;
+  }
+  RC_ASSERT(r->num_computed_tokens % bs == 0);
+  RC_ASSERT(prompt.empty() || r->num_computed_tokens <= static_cast<int64_t>(prompt.size()) - 1);
+  md.tokens_[id] = prompt;
+  md.apply(r->append, std::span(prompt).subspan(static_cast<size_t>(r->num_computed_tokens)));
+  return true;
+}
 
 /// One random scenario under `config`; `ops` operations, then everything is freed.
 void run_scenario(const KVCacheManagerConfig& config) {
@@ -185,33 +217,15 @@ void run_scenario(const KVCacheManagerConfig& config) {
                                              {1, Op::kSwapIn},
                                              {1, Op::kPreempt},
                                              {1, Op::kReset},
-                                             {2, Op::kScore}});
+                                             {2, Op::kScore},
+                                             {3, Op::kCommit},
+                                             {1, Op::kTruncate}});
     if (seqs.empty()) kind = Op::kAdd;
     const SeqId s = seqs.empty() ? 0 : *rc::gen::elementOf(seqs);
     const bool swapped = !seqs.empty() && m.is_swapped(s);
     const std::string before = observable(m);
     if (kind == Op::kAdd) {
-      const std::vector<TokenId> prompt = gen_tokens(3 * bs + 2);
-      const uint64_t extra = *rc::gen::inRange<uint64_t>(0, 2);
-      const Admission adm = m.can_add_sequence(prompt, extra);
-      const SeqId id = next++;
-      auto r = m.add_sequence(id, prompt, extra);
-      RC_ASSERT(r.has_value() == (adm == Admission::kOk));
-      if (adm == Admission::kNever) {
-        RC_ASSERT((config.max_model_len > 0 &&
-                   static_cast<int64_t>(prompt.size()) > config.max_model_len) ||
-                  blocks_for_tokens(static_cast<int64_t>(prompt.size()), bs) >
-                      config.num_blocks - m.watermark_blocks());
-      }
-      if (!r) {
-        RC_ASSERT(observable(m) == before);
-        continue;
-      }
-      RC_ASSERT(r->num_computed_tokens % bs == 0);
-      RC_ASSERT(prompt.empty() ||
-                r->num_computed_tokens <= static_cast<int64_t>(prompt.size()) - 1);
-      md.tokens_[id] = prompt;
-      md.apply(r->append, std::span(prompt).subspan(static_cast<size_t>(r->num_computed_tokens)));
+      if (!add_prompt(md, config, next++, before)) continue;
     } else if ((kind == Op::kAppendTokens || kind == Op::kAppendSlots) && !swapped) {
       const std::vector<TokenId> toks = gen_tokens(2 * bs + 1);
       const int64_t n = static_cast<int64_t>(toks.size());
@@ -264,6 +278,21 @@ void run_scenario(const KVCacheManagerConfig& config) {
       md.tokens_.erase(s);
     } else if (kind == Op::kReset) {
       (void)m.reset_prefix_cache();
+    } else if (kind == Op::kCommit && !swapped) {
+      // The forward step wrote some prefix of what the sequence holds (the shadow already
+      // holds every token: content checks stay exact whatever is published).
+      (void)m.commit(s, *rc::gen::inRange<int64_t>(0, m.num_tokens(s) + 1));
+    } else if (kind == Op::kTruncate && !swapped) {
+      const int64_t keep = *rc::gen::inRange<int64_t>(0, m.num_tokens(s) + 1);
+      try {
+        m.truncate(s, keep);
+      } catch (const Error&) {
+        // Refused (heavy hitters evicted, or released blocks the new end would see): nothing
+        // may have changed.
+        RC_ASSERT(observable(m) == before);
+        continue;
+      }
+      md.tokens_[s].resize(static_cast<size_t>(keep));
     } else if (kind == Op::kScore && !swapped &&
                config.eviction.kind == EvictionKind::kHeavyHitters) {
       const std::vector<SeqId> one{s};
@@ -293,6 +322,7 @@ KVCacheManagerConfig gen_config(EvictionKind kind) {
   c.max_model_len = *rc::gen::element<int64_t>(0, 0, 12);
   c.enable_events = *rc::gen::arbitrary<bool>();
   c.eviction.kind = kind;
+  const int64_t len = std::exchange(c.max_model_len, 0);
   switch (kind) {
     case EvictionKind::kNone:
       break;
@@ -307,6 +337,14 @@ KVCacheManagerConfig gen_config(EvictionKind kind) {
       c.eviction.recent = *rc::gen::inRange(1, 5);
       c.eviction.heavy = *rc::gen::inRange(0, 5);
       break;
+  }
+  // A max_model_len the pool can never hold is rejected at construction.
+  if (len > 0 && KVCacheManager(c).min_blocks_held(len) > c.num_blocks) {
+    KVCacheManagerConfig bad = c;
+    bad.max_model_len = len;
+    RC_ASSERT_THROWS_AS(KVCacheManager{bad}, Error);
+  } else {
+    c.max_model_len = len;
   }
   return c;
 }

@@ -165,7 +165,7 @@ TEST(KVPlacement, AttentionThroughTheViewIsBitIdentical) {
       separate.write(0, slots, k, v);
       interleaved.write(0, slots, k, v);
     }
-    const BlockTableView tables{table.data(), lens.data(), 3, max_blocks};
+    const BlockTableView tables{table.data(), lens.data(), 3, max_blocks, 16};
     const AttentionParams params{.num_heads = 8, .num_kv_heads = 4, .head_dim = 64};
     std::vector<float> q(3 * 8 * 64);
     for (float& x : q) x = uni(rng);

@@ -18,9 +18,11 @@ namespace pagedkv {
 /// Shapes: q, out [num_seqs, num_heads, head_dim] fp32; tables: see BlockTableView.
 /// Units: context_lens in tokens; a padding row (context 0) outputs zeros.
 /// GQA: query head h reads kv head h / (num_heads / num_kv_heads).
-/// Errors: throws pagedkv::Error on a params/view mismatch, q/out size != num_seqs * num_heads *
-/// head_dim, a context longer than max_blocks_per_seq * block_size, or a block id outside
-/// [0, num_blocks) among the blocks in use.
+/// Errors: throws pagedkv::Error on a params/view mismatch, tables built for another geometry
+/// (tables.block_size != cache.block_size, or tables.num_blocks > cache.num_blocks; see
+/// check_table_geometry), q/out size != num_seqs * num_heads * head_dim, a context longer than
+/// max_blocks_per_seq * block_size, or a block id outside [0, num_blocks) among the blocks in
+/// use.
 /// Source: PagedAttention (Kwon et al., SOSP 2023); online softmax (Milakov & Gimelshein 2018).
 void paged_decode_attention(const AttentionParams& params, const KVLayerView& cache,
                             const BlockTableView& tables, std::span<const float> q,
@@ -42,18 +44,21 @@ void paged_prefill_attention(const AttentionParams& params, const KVLayerView& c
 /// slots[indptr[i] .. indptr[i+1]), in any order, with no causal or window mask (the list IS the
 /// mask). Optionally reports each listed key's softmax probability, the per-position weight
 /// that H2O accumulates.
-/// Shapes: indptr [num_rows + 1] int32, indptr[0] = 0, non-decreasing; slots [indptr[num_rows]]
-/// int64, each in [0, num_blocks * block_size); q, out [num_rows, num_heads, head_dim] fp32;
-/// probs: empty, or [indptr[num_rows]] fp32 = the key's probability summed over the query heads
-/// (so a row with >= 1 key sums to num_heads). A row with no key outputs zeros.
-/// Errors: throws pagedkv::Error on a params/view mismatch, params.window_left != -1 or
-/// sink_tokens != 0 (a mask has no meaning for an explicit list), a bad indptr, a slot out of
-/// range, or q/out/probs of the wrong size.
+/// Shapes: keys.indptr [num_rows + 1] int32, indptr[0] = 0, non-decreasing; keys.slots
+/// [indptr[num_rows]] int64, each in [0, num_blocks * block_size); q, out [num_rows, num_heads,
+/// head_dim] fp32; probs: empty, or [indptr[num_rows]] fp32 = the key's probability summed over
+/// the query heads (so a row with >= 1 key sums to num_heads). A row with no key outputs zeros.
+/// Worked example: `KeptTokens kept = manager.kept_tokens(seqs);` then
+/// `paged_attention_over_slots(params, layer, {kept.indptr, kept.slots, bs}, q, out, probs)`
+/// with bs the manager's block_size.
+/// Errors: throws pagedkv::Error on a params/view mismatch, slots computed for another geometry
+/// (keys.block_size != cache.block_size, keys.num_blocks > cache.num_blocks), params.window_left
+/// != -1 or sink_tokens != 0 (a mask has no meaning for an explicit list), a bad indptr, a slot
+/// out of range, or q/out/probs of the wrong size.
 /// Source: H2O (Zhang et al., NeurIPS 2023) needs per-key attention weights; online softmax is
 /// not used here because the probabilities themselves are an output.
 void paged_attention_over_slots(const AttentionParams& params, const KVLayerView& cache,
-                                std::span<const int32_t> indptr, std::span<const Slot> slots,
-                                std::span<const float> q, std::span<float> out,
-                                std::span<float> probs = {});
+                                const SlotListView& keys, std::span<const float> q,
+                                std::span<float> out, std::span<float> probs = {});
 
 }  // namespace pagedkv

@@ -67,14 +67,19 @@ class DeviceBatchMetadata {
   /// past meta.slot_mapping.size(): -1). Packs into pinned staging on the host, then one
   /// cudaMemcpyAsync per array on `stream`; waits (host side) only if the previous upload's
   /// copies have not yet left the staging buffer.
+  /// The tables' geometry (meta.padded.block_size, or meta.block_size when that is unset, and
+  /// meta.padded.num_blocks) is recorded for tables() and the builders below.
   /// Errors: throws pagedkv::Error naming the value if num_seqs, max_blocks_per_seq or the slot
-  /// count exceeds the capacity; nothing is copied then.
+  /// count exceeds the capacity, or meta.block_size and meta.padded.block_size are both set and
+  /// differ; nothing is copied then.
   void upload(const BatchMetadata& meta, Stream stream = nullptr);
 
   /// Device view with num_seqs = capacity.max_seqs (fixed, for graph capture): the rows past
-  /// the last upload are padding rows.
+  /// the last upload are padding rows. block_size and num_blocks are the last upload's (0
+  /// before the first, which attention rejects: the tables' geometry is not known yet).
   [[nodiscard]] BlockTableView tables() const;
-  /// Device view with num_seqs = the last upload's count (smaller grids; not graph-stable).
+  /// Device view with num_seqs = the last upload's count (smaller grids; not graph-stable);
+  /// geometry as tables().
   [[nodiscard]] BlockTableView active_tables() const;
   /// Sequences of the last upload: meta.padded.num_seqs (0 before the first).
   [[nodiscard]] int32_t num_seqs() const { return num_seqs_; }
@@ -93,7 +98,8 @@ class DeviceBatchMetadata {
   /// (csr_indptr[max_seqs] = total), scatter of the used blocks -> csr_indices, and
   /// csr_last_page_len (tokens in the last block, 0 for an empty row). Same values as
   /// build_csr_block_tables() on the host. Asynchronous; graph-capturable.
-  /// Errors: throws if block_size < 1.
+  /// Errors: throws if block_size < 1, or differs from the uploaded tables' block_size (naming
+  /// both).
   void build_csr(int32_t block_size, Stream stream = nullptr);
 
   /// Builds query_start (exclusive scan of num_new_tokens, query_start[max_seqs] = total) and
@@ -101,15 +107,20 @@ class DeviceBatchMetadata {
   /// positions, slot = table[pos / bs] * bs + pos % bs; entries past the total are -1.
   /// Shapes: num_new_tokens [max_seqs] int32, device (rows past the batch: 0).
   /// Preconditions (device data): 0 <= num_new_tokens[i] <= context_lens[i], total <=
-  /// max_tokens. Asynchronous; graph-capturable. Errors: throws if block_size < 1 or the
-  /// pointer is null.
+  /// max_tokens. Asynchronous; graph-capturable. Errors: throws if block_size < 1 or differs
+  /// from the uploaded tables' block_size (naming both), or the pointer is null.
   void build_slot_mapping(const int32_t* num_new_tokens, int32_t block_size,
                           Stream stream = nullptr);
 
  private:
+  /// Throws naming both values if `block_size` differs from the uploaded tables' (when known).
+  void check_uploaded_block_size(const char* fn, int32_t block_size) const;
+
   DeviceBatchCapacity capacity_;
   int32_t num_seqs_ = 0;
   int64_t num_slots_ = 0;
+  int32_t block_size_ = 0;  // geometry of the last upload (0 before the first)
+  int32_t num_blocks_ = 0;
   DeviceBuffer tables_;    // block_tables, then context_lens
   DeviceBuffer slots_;     // slot_mapping
   DeviceBuffer scan_;      // query_start, csr_indptr, csr_indices, csr_last_page_len, counts

@@ -16,12 +16,37 @@ namespace pagedkv {
 /// last block are -1; context_lens [num_seqs] in tokens (0 = padding row: output zeros).
 /// Logical block j of sequence i is physical block block_tables[i * max_blocks_per_seq + j];
 /// position p lives at slot block_tables[i * max_blocks_per_seq + p / bs] * bs + p % bs.
+/// Geometry: the view states the block size (and, optionally, the pool size) the tables were
+/// built for, and every attention entry point checks it against the cache view it is given: a
+/// table of 4-token blocks read through a cache of 16-token blocks addresses the wrong tokens
+/// as soon as blocks are not contiguous. Worked example: a manager with block_size 4 and a
+/// HostKVCache with block_size 16 are rejected by paged_decode_attention with a message
+/// naming 4 and 16.
 struct BlockTableView {
   /// [num_seqs, max_blocks_per_seq] row-major physical block ids, -1 past a sequence's blocks.
   const int32_t* block_tables = nullptr;
   const int32_t* context_lens = nullptr;  ///< [num_seqs] tokens per sequence, 0 = padding row
   int32_t num_seqs = 0;                   ///< rows of the batch
   int32_t max_blocks_per_seq = 0;         ///< row width of block_tables, in blocks
+  /// Tokens per block the tables were built for (KVCacheManagerConfig::block_size). Required:
+  /// attention rejects a view whose block_size differs from the cache's (0, unset, included).
+  int32_t block_size = 0;
+  /// Blocks of the pool the ids index (KVCacheManagerConfig::num_blocks); 0 = not stated. When
+  /// set, attention rejects a cache with fewer blocks (ids are range-checked either way).
+  int32_t num_blocks = 0;
+};
+
+/// Non-owning view of explicit per-row key lists (the kept sets of KVCacheManager::kept_tokens),
+/// what paged_attention_over_slots reads.
+/// Shapes: indptr [num_rows + 1] int32, indptr[0] = 0, non-decreasing; slots [indptr[num_rows]]
+/// int64, slot = block_id * block_size + offset.
+/// Geometry: as BlockTableView: block_size is required and must equal the cache's, num_blocks
+/// (0 = not stated) must not exceed it.
+struct SlotListView {
+  std::span<const int32_t> indptr;  ///< [num_rows + 1] offsets into slots
+  std::span<const Slot> slots;      ///< [indptr[num_rows]] slot of each listed key
+  int32_t block_size = 0;           ///< tokens per block the slots were computed with
+  int32_t num_blocks = 0;           ///< blocks of the pool the slots address; 0 = not stated
 };
 
 /// vLLM-style padded block table.
@@ -34,10 +59,15 @@ struct PaddedBlockTables {
   /// [num_seqs, max_blocks_per_seq] row-major physical block ids; -1 past a row's last block.
   std::vector<int32_t> block_tables;
   std::vector<int32_t> context_lens;  ///< [num_seqs] tokens per sequence, 0 = padding row
+  /// Tokens per block the tables were built for (set by build_padded_block_tables).
+  int32_t block_size = 0;
+  /// Blocks of the pool the ids index; 0 = not stated (see BlockTableView::num_blocks).
+  int32_t num_blocks = 0;
 
-  /// View for kernels; valid while this object lives and is not modified.
+  /// View for kernels, geometry included; valid while this object lives and is not modified.
   [[nodiscard]] BlockTableView view() const {
-    return {block_tables.data(), context_lens.data(), num_seqs, max_blocks_per_seq};
+    return {block_tables.data(), context_lens.data(), num_seqs,
+            max_blocks_per_seq,  block_size,          num_blocks};
   }
 };
 
@@ -72,7 +102,8 @@ struct BatchMetadata {
   std::vector<int32_t> query_start;
 };
 
-/// Builds the padded format from per-sequence tables.
+/// Builds the padded format from per-sequence tables; the result's block_size is `block_size`
+/// and its num_blocks 0 (not stated: a caller that knows the pool size sets it afterwards).
 /// Shapes: tables[i] = physical blocks of sequence i in logical order (extra blocks past
 /// ceil(context_lens[i] / block_size) are ignored); context_lens [num_seqs] in tokens.
 /// Errors: throws pagedkv::Error if block_size < 1, sizes differ, a context length is negative,

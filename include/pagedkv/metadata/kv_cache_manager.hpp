@@ -10,6 +10,7 @@
 #include <span>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "pagedkv/metadata/batch_metadata.hpp"
@@ -25,8 +26,9 @@ namespace pagedkv {
 struct KVCacheManagerConfig {
   int32_t num_blocks = 0;   ///< blocks in the pool, >= 1
   int32_t block_size = 16;  ///< tokens per block, >= 1
-  /// Register full blocks of sequences whose token ids are known (add_sequence with a prompt,
-  /// append_tokens) and share them with later prompts of the same prefix.
+  /// Publish full blocks of sequences whose token ids are known (add_sequence with a prompt,
+  /// append_tokens) once commit() says their K/V are written, and share them with later prompts
+  /// of the same prefix.
   bool enable_prefix_caching = false;
   /// Blocks of the host swap pool (swap_out / swap_in); 0 = no swapping.
   int32_t num_host_blocks = 0;
@@ -35,7 +37,8 @@ struct KVCacheManagerConfig {
   /// dip below it, so running sequences can still grow (avoids preemption thrashing).
   double watermark = 0.0;
   /// Longest sequence (tokens) the model supports; 0 = unlimited. Longer prompts are NEVER
-  /// admitted; appending past it throws.
+  /// admitted; appending past it throws. It must be reachable: the constructor rejects a value
+  /// whose sequence could not fit the whole pool even alone (see min_blocks_held()).
   int64_t max_model_len = 0;
   /// Token eviction policy applied to every sequence (see eviction_policy.hpp).
   EvictionPolicyConfig eviction{};
@@ -43,12 +46,14 @@ struct KVCacheManagerConfig {
   bool enable_events = false;
 };
 
-/// Answer of an admission query (can_add_sequence).
+/// Answer of an admission query: can_add_sequence, and the "can it ever fit" queries of the
+/// other operations (append_admission, swap_out_admission, swap_in_admission). A scheduler
+/// retries kLater and drops (or fails) kNever: retrying it would never end.
 enum class Admission : uint8_t {
-  kOk,     ///< add_sequence would succeed now
+  kOk,     ///< the operation would succeed now
   kLater,  ///< not enough blocks now (watermark included); may fit once others finish
-  kNever,  ///< can never fit: longer than max_model_len, or more blocks than the pool minus
-           ///< the watermark
+  kNever,  ///< can never fit, even with every other sequence gone (longer than max_model_len,
+           ///< more blocks than the pool, or no host pool to swap to)
 };
 
 /// "ok", "later", "never".
@@ -79,6 +84,34 @@ struct AddResult {
   /// append.slots [prompt length - num_computed_tokens]: the slots of the positions the prefill
   /// writes; append.copies is empty.
   AppendResult append;
+};
+
+/// How add_sequence admits a prompt; the defaults admit the whole prompt at once.
+struct AddOptions {
+  /// Prefix-cache salt of every block key of the sequence (adapter id, cache salt; 0 = none).
+  uint64_t extra_key = 0;
+  /// Tokens the request may still generate after its prompt (the engine's max_tokens), >= 0:
+  /// admission answers kNever when prompt + max_new_tokens can never fit (max_model_len, or
+  /// blocks the sequence would hold at that length, after token eviction, beyond the pool).
+  /// Nothing is reserved for them. Units: tokens.
+  int64_t max_new_tokens = 0;
+  /// Chunked prefill: blocks are allocated now only for the prefix hits and this many prompt
+  /// tokens after them (clamped to the prompt); the caller appends the rest of the prompt later
+  /// with append_tokens, chunk by chunk as its token budget allows. The prefix hits are still
+  /// computed from the whole prompt (at most (len - 1) / block_size blocks). -1 (default): the
+  /// whole prompt. Units: tokens.
+  int64_t first_chunk_tokens = -1;
+};
+
+/// Answer of lookup_prefix(): what add_sequence would share now, computed without changing
+/// anything (no allocation, no LRU reordering, no reference count, no stats).
+/// Shapes: blocks [num_computed_tokens / block_size].
+struct PrefixLookup {
+  /// Leading prompt tokens add_sequence would skip: a multiple of block_size, at most
+  /// (len - 1) / block_size blocks; 0 without prefix caching.
+  int64_t num_computed_tokens = 0;
+  /// The published blocks that would be shared, in position order.
+  std::vector<BlockId> blocks;
 };
 
 /// Block copies between the device pool and the host swap pool: for swap_out, src is a device
@@ -126,6 +159,14 @@ inline constexpr SeqId kPaddingSeq = -1;
 /// Sequence states: running (blocks in the device pool) or swapped (blocks in the host pool;
 /// only free_sequence, swap_in and read-only queries are allowed).
 ///
+/// Block lifecycle under prefix caching: allocated (add_sequence, append_*) -> written (the
+/// engine ran the forward step) -> published (commit(): a full block whose K/V are written enters
+/// the prefix index) -> cached (its last holder released it; its data stay valid, LRU) ->
+/// evicted (reused for other content). Only published blocks are ever shared with another
+/// prompt. A block is published only under a parent entry that is still in the index, and
+/// removing an entry removes every entry below it, so the index never holds an entry that a
+/// lookup cannot reach (each kStored event names a stored parent, or the root).
+///
 /// Token eviction (config.eviction), see eviction_policy.hpp and docs/memory-policies.md. The
 /// manager asks its EvictionPolicy the same questions under every policy, before every append:
 ///  - the positions no query at or after the first new position sees
@@ -149,8 +190,9 @@ class KVCacheManager {
   /// A manager with an empty pool of config.num_blocks blocks, no sequences, and the eviction
   /// policy config.eviction describes.
   /// Errors: throws pagedkv::Error naming the value if num_blocks < 1, block_size < 1,
-  /// num_host_blocks < 0, watermark outside [0, 1), max_model_len < 0, or the eviction config
-  /// is invalid.
+  /// num_host_blocks < 0, watermark outside [0, 1), max_model_len < 0, the eviction config
+  /// is invalid, or max_model_len is unreachable: min_blocks_held(max_model_len) > num_blocks
+  /// (names both).
   explicit KVCacheManager(const KVCacheManagerConfig& config);
   /// Deep copies (tests snapshot a manager to check that a failed operation changed nothing):
   /// plain values throughout (the shared policy is immutable), so every member is defaulted.
@@ -178,15 +220,65 @@ class KVCacheManager {
   /// Units: len = prompt.size() tokens; blocks.
   [[nodiscard]] Admission can_add_sequence(std::span<const TokenId> prompt,
                                            uint64_t extra_key = 0) const;
+  /// can_add_sequence with options: kOk exactly when add_sequence(seq, prompt, options) would
+  /// succeed now. Blocks needed now: those of the prefix hits plus options.first_chunk_tokens
+  /// prompt tokens (the whole prompt by default), minus the hits. kNever, in addition: when
+  /// len + max_new_tokens > max_model_len (if set), or min_blocks_held(len + max_new_tokens) >
+  /// num_blocks (appends may use the watermark's reserve).
+  /// Errors: throws pagedkv::Error if max_new_tokens < 0 or first_chunk_tokens < -1.
+  [[nodiscard]] Admission can_add_sequence(std::span<const TokenId> prompt,
+                                           const AddOptions& options) const;
 
-  /// Registers `seq` with its prompt: shares the longest cached prefix of full blocks (prefix
+  /// Registers `seq` with its prompt: shares the longest published prefix of full blocks (prefix
   /// caching on; at most (len - 1) / block_size blocks, so one token is always left to
-  /// compute), allocates the rest, registers the new full blocks, counts prefix stats.
+  /// compute), allocates the rest, counts prefix stats. The new blocks are published only once
+  /// commit() says their K/V are written (the hit positions count as committed).
   /// Empty (nothing changed) unless can_add_sequence() is kOk. `extra_key` salts every block
   /// key of this sequence (adapter id, cache salt; 0 = none).
   /// Errors: throws if `seq` exists or is kPaddingSeq.
   [[nodiscard]] std::optional<AddResult> add_sequence(SeqId seq, std::span<const TokenId> prompt,
                                                       uint64_t extra_key = 0);
+  /// add_sequence with options: chunked prefill (first_chunk_tokens: the sequence then holds
+  /// num_computed_tokens + that many tokens; append the rest of the prompt with append_tokens)
+  /// and max_new_tokens for admission. Nothing is published until commit().
+  /// Example (block_size 4, 16-token prompt, first_chunk_tokens 4, nothing cached): slots of
+  /// positions 0..3, one block; then append_tokens(seq, prompt[4..8)), commit(seq, 8), ...
+  /// Errors: as add_sequence, and as can_add_sequence(prompt, options).
+  [[nodiscard]] std::optional<AddResult> add_sequence(SeqId seq, std::span<const TokenId> prompt,
+                                                      const AddOptions& options);
+
+  /// Read-only prefix lookup (vLLM v1's get_computed_blocks, SGLang's match_prefix): the
+  /// published blocks add_sequence(seq, prompt, extra_key) would share now. Allocates no
+  /// block, touches no reference count, LRU order or counter.
+  /// Units: num_computed_tokens in tokens. Cost: O(len) hashing.
+  [[nodiscard]] PrefixLookup lookup_prefix(std::span<const TokenId> prompt,
+                                           uint64_t extra_key = 0) const;
+
+  /// Publish after write: the first `num_tokens` positions of `seq` now have their K/V in the
+  /// cache (call it after each forward step, e.g. with num_tokens(seq)). Full blocks inside
+  /// [0, num_tokens) whose token ids are known are published in position order (prefix caching
+  /// on; kStored events), each only while its parent's entry is in the index. Commits are
+  /// monotone: a num_tokens below num_committed_tokens(seq) changes nothing. Returns the number
+  /// of blocks published by this call.
+  /// Worked example (block_size 4): add_sequence(1, 9-token prompt); commit(1, 4) publishes
+  /// block 0 only; free_sequence(1) then leaves only block 0 findable.
+  /// Errors: throws pagedkv::Error if `seq` is unknown or swapped, or num_tokens is negative or
+  /// greater than num_tokens(seq) (names both).
+  int32_t commit(SeqId seq, int64_t num_tokens);
+  /// Positions of `seq` committed so far (prefix hits count as committed).
+  /// Errors: throws if `seq` is unknown.
+  [[nodiscard]] int64_t num_committed_tokens(SeqId seq) const;
+
+  /// Rollback (speculative decoding rejects draft tokens): keeps the first `num_tokens` tokens
+  /// of `seq` and releases the blocks past the new end, tail first. Released blocks stay
+  /// published if they were (another sequence may use them); the committed count drops to at
+  /// most num_tokens. If the new last block is partially filled and shared or published, the
+  /// next append copies it first (copy-on-write): a block others may read is never written.
+  /// Errors: throws pagedkv::Error if `seq` is unknown or swapped, num_tokens is negative or
+  /// greater than num_tokens(seq), the sequence has evicted heavy-hitter tokens (its table is
+  /// not positional), or token eviction released a block that the query at num_tokens - 1 sees
+  /// (its data are gone). Nothing changes then.
+  void truncate(SeqId seq, int64_t num_tokens);
 
   /// Releases every block of `seq` (tail blocks first, so cached tail blocks are evicted before
   /// the head blocks other prompts are likelier to share) and forgets it. A swapped sequence's
@@ -205,10 +297,18 @@ class KVCacheManager {
   /// max_model_len.
   [[nodiscard]] int32_t blocks_needed_to_append(SeqId seq, int64_t n) const;
 
-  /// True exactly when append_slots(seq, n) would succeed now.
-  /// Errors: throws if `seq` is unknown or swapped, n < 0, or the append would pass
-  /// max_model_len.
-  [[nodiscard]] bool can_append(SeqId seq, int64_t n) const;
+  /// True exactly when append_slots(seq, n + num_lookahead_slots) would succeed now: with a
+  /// look-ahead (vLLM v0's num_lookahead_slots), a successful append of n is guaranteed room for
+  /// that many more slots in the same step. Look-ahead slots past max_model_len are not counted.
+  /// Errors: throws if `seq` is unknown or swapped, n < 0 or num_lookahead_slots < 0, or the
+  /// append of n would pass max_model_len.
+  [[nodiscard]] bool can_append(SeqId seq, int64_t n, int64_t num_lookahead_slots = 0) const;
+
+  /// Whether append_slots(seq, n) can ever succeed: kOk exactly when can_append(seq, n); kNever
+  /// when the blocks `seq` would hold after the append (token eviction and copy-on-write
+  /// included) exceed the whole pool, so no preemption of others can make room; else kLater.
+  /// Errors: as can_append.
+  [[nodiscard]] Admission append_admission(SeqId seq, int64_t n) const;
 
   /// Appends n tokens to `seq` and returns their slots (and any copy-on-write copies). Token
   /// eviction runs first (blocks released, heavy-hitter victims dropped). Token ids are unknown
@@ -266,14 +366,25 @@ class KVCacheManager {
   /// the host pool is short. Counts a preemption.
   /// Errors: throws if `seq` is unknown or already swapped.
   [[nodiscard]] std::optional<SwapResult> swap_out(SeqId seq);
-  /// True exactly when swap_in(seq) would succeed: live blocks <= available - watermark_blocks().
-  /// Errors: throws if `seq` is unknown or not swapped.
-  [[nodiscard]] bool can_swap_in(SeqId seq) const;
+  /// Whether swap_out(seq) can ever succeed: kOk exactly when can_swap_out(seq); kNever without
+  /// a host pool (num_host_blocks 0) or when its live blocks exceed the whole host pool; else
+  /// kLater. Errors: as can_swap_out.
+  [[nodiscard]] Admission swap_out_admission(SeqId seq) const;
+  /// True exactly when swap_in(seq, num_lookahead_slots) would succeed: live blocks plus the
+  /// blocks an append of num_lookahead_slots tokens would then take (vLLM v0's look-ahead, so
+  /// the step's append after a swap-in cannot fail) <= available - watermark_blocks().
+  /// Errors: throws if `seq` is unknown or not swapped, or num_lookahead_slots < 0.
+  [[nodiscard]] bool can_swap_in(SeqId seq, int64_t num_lookahead_slots = 0) const;
+  /// Whether swap_in(seq, num_lookahead_slots) can ever succeed: kOk exactly when can_swap_in;
+  /// kNever when the blocks it needs exceed num_blocks - watermark_blocks(); else kLater.
+  /// Errors: as can_swap_in.
+  [[nodiscard]] Admission swap_in_admission(SeqId seq, int64_t num_lookahead_slots = 0) const;
   /// Restores a swapped sequence: fresh device blocks (ids may differ from before), copies
   /// host -> device, table remapped, host blocks released. Data are bit-identical once the
-  /// copies are done. Empty (nothing changed) when blocks are short.
-  /// Errors: throws if `seq` is unknown or not swapped.
-  [[nodiscard]] std::optional<SwapResult> swap_in(SeqId seq);
+  /// copies are done. Empty (nothing changed) unless can_swap_in(seq, num_lookahead_slots);
+  /// the look-ahead blocks are checked, not allocated.
+  /// Errors: throws if `seq` is unknown or not swapped, or num_lookahead_slots < 0.
+  [[nodiscard]] std::optional<SwapResult> swap_in(SeqId seq, int64_t num_lookahead_slots = 0);
   /// True when `seq` is swapped out. Errors: throws if unknown.
   [[nodiscard]] bool is_swapped(SeqId seq) const;
 
@@ -283,8 +394,11 @@ class KVCacheManager {
   PreemptedSequence preempt(SeqId seq);
 
   /// Drops every prefix-cache registration: cached ref-0 blocks become free, registered blocks
-  /// in use stay with their sequences but are no longer shareable. Returns the number of
-  /// registrations dropped (kRemoved events).
+  /// in use stay with their sequences but are no longer shareable, and nothing a sequence
+  /// computed before the reset is published afterwards: a sequence with committed tokens at the
+  /// reset publishes no block for the rest of its life (K/V computed before a reset, e.g. under
+  /// old weights, and every block after them, which attends to them, are stale).
+  /// Returns the number of registrations dropped (kRemoved events).
   int32_t reset_prefix_cache();
 
   /// Tokens held by `seq` (positions processed, evicted ones included). Errors: throws if unknown.
@@ -307,6 +421,11 @@ class KVCacheManager {
   [[nodiscard]] int32_t num_total_blocks() const { return allocator_.num_blocks(); }
   /// floor(watermark * num_blocks).
   [[nodiscard]] int32_t watermark_blocks() const { return watermark_blocks_; }
+  /// The fewest blocks a sequence of `num_tokens` tokens can hold under the eviction policy: a
+  /// sequence grown one token at a time, after every release token eviction allows
+  /// (ceil(num_tokens / block_size) without eviction). What "can never fit" is measured by.
+  /// Units: tokens in, blocks out. Errors: throws if num_tokens < 0.
+  [[nodiscard]] int64_t min_blocks_held(int64_t num_tokens) const;
   /// Fraction of blocks in use (ref count >= 1), in [0, 1].
   [[nodiscard]] double usage() const;
 
@@ -372,6 +491,10 @@ class KVCacheManager {
     /// num_tokens - 1 sees under `mask`.
     void append_kept(std::span<const BlockId> blocks, int64_t num_tokens, AttentionMask mask,
                      int32_t block_size, KeptTokens& out) const;
+    /// Drops the kept tokens at positions >= n (truncate of a positional table).
+    void truncate(int64_t n) {
+      std::erase_if(tokens_, [n](const Token& k) { return k.position >= n; });
+    }
     /// Adds attention weights to the scores. Errors: throws naming the policy `kind` if the set
     /// is not scored, naming the sizes if weights.size() differs, the weight if one is negative
     /// or not finite.
@@ -408,6 +531,8 @@ class KVCacheManager {
     // Prefix caching: token ids while all are known; per full block its key and the serial of
     // the registered entry holding that content (0: none, the chain stops there).
     bool ids_known = true;
+    int64_t committed = 0;    // positions whose K/V the engine has written (commit())
+    bool publishable = true;  // false once reset_prefix_cache saw K/V of it (computed before)
     std::vector<TokenId> token_ids;
     std::vector<BlockHash> hashes;
     std::vector<uint64_t> serials;
@@ -428,7 +553,15 @@ class KVCacheManager {
   inline std::optional<std::vector<BlockId>> allocate_blocks(int32_t n);
   std::optional<std::vector<BlockId>> allocate_evicting(int32_t n);
   void drop_evicted(BlockId b);
-  void register_full_blocks(Sequence& s);
+  void drop_descendants(BlockId b);
+  [[nodiscard]] bool entry_alive(BlockHash hash, uint64_t serial) const;
+  int32_t register_full_blocks(Sequence& s);
+  [[nodiscard]] Admission never_fits(int64_t len, const AddOptions& options) const;
+  // kv_cache_manager_rollback.cpp (truncate); kv_cache_manager_swap.cpp (lookahead_blocks)
+  void check_truncate(SeqId seq, const Sequence& s, int64_t num_tokens) const;
+  [[nodiscard]] int64_t lookahead_blocks(const Sequence& s, int64_t n) const;
+  // manager_internal.hpp: [first, last) logical blocks an append at position t releases
+  [[nodiscard]] inline std::pair<int64_t, int64_t> released_block_range(int64_t t) const;
   // kv_cache_manager_append.cpp
   AppendPlan plan_append(const Sequence& s, int64_t n, const char* op) const;
   inline void plan_positional(const Sequence& s, int64_t n, AppendPlan& plan) const;

@@ -61,7 +61,8 @@ struct KVCacheEvent {
   /// What happened to the block's prefix-cache registration.
   enum class Kind : uint8_t {
     kStored,   ///< a full block was registered in the prefix cache (hash, parent, tokens set)
-    kRemoved,  ///< a block left the prefix cache without being reused (reset_prefix_cache)
+    kRemoved,  ///< a block left the prefix cache without being reused (reset_prefix_cache, or
+               ///< its parent entry was removed or evicted: nothing could reach it)
     kEvicted,  ///< a cached ref-0 block was evicted (LRU) to be reused for other content
   };
   Kind kind = Kind::kStored;    ///< what happened

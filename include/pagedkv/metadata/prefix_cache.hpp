@@ -44,8 +44,15 @@ inline constexpr BlockHash kRootBlockHash = 0x9E3779B97F4A7C15ull;
 /// to what was stored. At most one block is registered per key; a second block with the same
 /// content stays unregistered (it is freed normally).
 ///
-/// Every operation is O(1) expected: an open-addressing index over the keys, an int32 per pool
-/// block naming its entry, and the entries in one dense array.
+/// Parent links: an entry inserted while its parent entry (parent_hash with parent_serial) is
+/// registered is linked under it, and children() lists the entries linked under a block, so an
+/// owner can remove a whole subtree when a parent goes (KVCacheManager does: no entry is ever
+/// left that a walk from the root cannot reach). erase() unlinks an entry's children (they stay
+/// registered, with no parent link).
+///
+/// Every operation is O(1) expected (erase: plus O(children)): an open-addressing index over the
+/// keys, int32s per pool block naming its entry and its parent and sibling links, and the
+/// entries in one dense array.
 ///
 /// Not internally synchronized.
 class PrefixCache {
@@ -76,9 +83,15 @@ class PrefixCache {
   /// when memory runs out. Either way the cache is left as it was.
   uint64_t insert(BlockId block, Entry entry);
 
-  /// Unregisters `block`; returns its entry, or empty if it was not registered.
+  /// Unregisters `block`; returns its entry, or empty if it was not registered. Entries linked
+  /// under it lose their parent link (they stay registered).
   /// Errors: throws if the id is out of range.
   std::optional<Entry> erase(BlockId block);
+
+  /// Appends to `out` the blocks whose entries are linked under `block`'s entry (inserted while
+  /// it was their registered parent), in no particular order; nothing when `block` is not
+  /// registered. Errors: throws if the id is out of range.
+  void children(BlockId block, std::vector<BlockId>& out) const;
 
   /// Entry of a registered block, or nullptr; the pointer is valid until the next insert() or
   /// erase(). Errors: throws if the id is out of range.
@@ -117,6 +130,7 @@ class PrefixCache {
 
   void check_block(BlockId block, const char* op) const;
   [[nodiscard]] int32_t entry_index(BlockId block) const;  // -1: not registered
+  void unlink_parent(BlockId block);                       // from its parent's child list
 
   int32_t num_blocks_;
   int32_t block_size_;
@@ -126,6 +140,12 @@ class PrefixCache {
   std::vector<int32_t> entry_of_;  // [num_blocks] or empty: index into entries_, -1 = none
   std::vector<Entry> entries_;     // registered entries, dense (erase moves the last one in)
   std::vector<BlockId> block_of_;  // [entries_.size()]: the block of each entry
+  // Parent links, [num_blocks] each (or empty, like entry_of_), -1 = none: the block of the
+  // parent entry, the first child, and the doubly linked list of siblings.
+  std::vector<BlockId> parent_of_;
+  std::vector<BlockId> first_child_;
+  std::vector<BlockId> next_sibling_;
+  std::vector<BlockId> prev_sibling_;
   KeyIndex by_hash_;
 };
 

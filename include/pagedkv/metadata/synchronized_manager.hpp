@@ -83,6 +83,22 @@ class SynchronizedKVCacheManager {
     std::lock_guard lock(mutex_);
     return manager_.add_sequence(seq, prompt, extra_key);
   }
+  /// @copydoc KVCacheManager::add_sequence(SeqId, std::span<const TokenId>, const AddOptions&)
+  [[nodiscard]] std::optional<AddResult> add_sequence(SeqId seq, std::span<const TokenId> prompt,
+                                                      const AddOptions& options) {
+    std::lock_guard lock(mutex_);
+    return manager_.add_sequence(seq, prompt, options);
+  }
+  /// @copydoc KVCacheManager::commit
+  int32_t commit(SeqId seq, int64_t num_tokens) {
+    std::lock_guard lock(mutex_);
+    return manager_.commit(seq, num_tokens);
+  }
+  /// @copydoc KVCacheManager::truncate
+  void truncate(SeqId seq, int64_t num_tokens) {
+    std::lock_guard lock(mutex_);
+    manager_.truncate(seq, num_tokens);
+  }
   /// @copydoc KVCacheManager::free_sequence
   void free_sequence(SeqId seq) {
     std::lock_guard lock(mutex_);
@@ -115,9 +131,9 @@ class SynchronizedKVCacheManager {
     return manager_.swap_out(seq);
   }
   /// @copydoc KVCacheManager::swap_in
-  [[nodiscard]] std::optional<SwapResult> swap_in(SeqId seq) {
+  [[nodiscard]] std::optional<SwapResult> swap_in(SeqId seq, int64_t num_lookahead_slots = 0) {
     std::lock_guard lock(mutex_);
-    return manager_.swap_in(seq);
+    return manager_.swap_in(seq, num_lookahead_slots);
   }
   /// @copydoc KVCacheManager::preempt
   PreemptedSequence preempt(SeqId seq) {
@@ -137,11 +153,43 @@ class SynchronizedKVCacheManager {
 
   // ---- queries: each answer is exact at the moment of the call; another thread may change the
   // state right after, so "query then act" belongs in with_lock() --------------------------------
-  /// @copydoc KVCacheManager::can_add_sequence
+  /// @copydoc KVCacheManager::can_add_sequence(std::span<const TokenId>, uint64_t) const
   [[nodiscard]] Admission can_add_sequence(std::span<const TokenId> prompt,
                                            uint64_t extra_key = 0) const {
     std::lock_guard lock(mutex_);
     return manager_.can_add_sequence(prompt, extra_key);
+  }
+  /// @copydoc KVCacheManager::can_add_sequence(std::span<const TokenId>, const AddOptions&) const
+  [[nodiscard]] Admission can_add_sequence(std::span<const TokenId> prompt,
+                                           const AddOptions& options) const {
+    std::lock_guard lock(mutex_);
+    return manager_.can_add_sequence(prompt, options);
+  }
+  /// @copydoc KVCacheManager::lookup_prefix
+  [[nodiscard]] PrefixLookup lookup_prefix(std::span<const TokenId> prompt,
+                                           uint64_t extra_key = 0) const {
+    std::lock_guard lock(mutex_);
+    return manager_.lookup_prefix(prompt, extra_key);
+  }
+  /// @copydoc KVCacheManager::num_committed_tokens
+  [[nodiscard]] int64_t num_committed_tokens(SeqId seq) const {
+    std::lock_guard lock(mutex_);
+    return manager_.num_committed_tokens(seq);
+  }
+  /// @copydoc KVCacheManager::append_admission
+  [[nodiscard]] Admission append_admission(SeqId seq, int64_t n) const {
+    std::lock_guard lock(mutex_);
+    return manager_.append_admission(seq, n);
+  }
+  /// @copydoc KVCacheManager::swap_out_admission
+  [[nodiscard]] Admission swap_out_admission(SeqId seq) const {
+    std::lock_guard lock(mutex_);
+    return manager_.swap_out_admission(seq);
+  }
+  /// @copydoc KVCacheManager::swap_in_admission
+  [[nodiscard]] Admission swap_in_admission(SeqId seq, int64_t num_lookahead_slots = 0) const {
+    std::lock_guard lock(mutex_);
+    return manager_.swap_in_admission(seq, num_lookahead_slots);
   }
   /// @copydoc KVCacheManager::blocks_needed_to_append
   [[nodiscard]] int32_t blocks_needed_to_append(SeqId seq, int64_t n) const {
@@ -149,9 +197,9 @@ class SynchronizedKVCacheManager {
     return manager_.blocks_needed_to_append(seq, n);
   }
   /// @copydoc KVCacheManager::can_append
-  [[nodiscard]] bool can_append(SeqId seq, int64_t n) const {
+  [[nodiscard]] bool can_append(SeqId seq, int64_t n, int64_t num_lookahead_slots = 0) const {
     std::lock_guard lock(mutex_);
-    return manager_.can_append(seq, n);
+    return manager_.can_append(seq, n, num_lookahead_slots);
   }
   /// @copydoc KVCacheManager::can_swap_out
   [[nodiscard]] bool can_swap_out(SeqId seq) const {
@@ -159,9 +207,9 @@ class SynchronizedKVCacheManager {
     return manager_.can_swap_out(seq);
   }
   /// @copydoc KVCacheManager::can_swap_in
-  [[nodiscard]] bool can_swap_in(SeqId seq) const {
+  [[nodiscard]] bool can_swap_in(SeqId seq, int64_t num_lookahead_slots = 0) const {
     std::lock_guard lock(mutex_);
-    return manager_.can_swap_in(seq);
+    return manager_.can_swap_in(seq, num_lookahead_slots);
   }
   /// @copydoc KVCacheManager::is_swapped
   [[nodiscard]] bool is_swapped(SeqId seq) const {
@@ -230,6 +278,11 @@ class SynchronizedKVCacheManager {
   [[nodiscard]] int32_t watermark_blocks() const {
     std::lock_guard lock(mutex_);
     return manager_.watermark_blocks();
+  }
+  /// @copydoc KVCacheManager::min_blocks_held
+  [[nodiscard]] int64_t min_blocks_held(int64_t num_tokens) const {
+    std::lock_guard lock(mutex_);
+    return manager_.min_blocks_held(num_tokens);
   }
   /// @copydoc KVCacheManager::usage
   [[nodiscard]] double usage() const {

@@ -45,6 +45,8 @@ struct ContiguousKVShape {
 [[nodiscard]] KVLayerView contiguous_paged_view(const ContiguousKVShape& shape, void* k, void* v);
 
 /// The identity block table for a contiguous cache: sequence i -> block i, context_lens copied.
+/// Its geometry is the contiguous view's: block_size max_len, num_blocks num_seqs (a view of
+/// more reserved sequences than rows is accepted; one of fewer is not).
 /// Shapes: context_lens [num_seqs] in tokens; result has max_blocks_per_seq 1 (0 sequences give
 /// an empty table).
 /// Errors: throws pagedkv::Error if a context length is negative or exceeds max_len (naming the

@@ -84,4 +84,16 @@ PAGEDKV_HOST_DEVICE constexpr void layout_strides(KVLayout layout, int64_t block
 /// sink_tokens < 0, scale is not finite, or the view's k or v is null.
 void check_attention_params(const AttentionParams& params, const KVLayerView& cache);
 
+/// Checks that block tables (or slot lists) built for blocks of `block_size` tokens in a pool of
+/// `num_blocks` blocks (0 = not stated) can be read through `cache`: the geometry a
+/// BlockTableView or SlotListView carries, checked where it meets the cache by every attention
+/// entry point (CPU and CUDA), before any id is read. `fn` names the entry point in messages.
+/// Errors: throws pagedkv::Error naming both values if block_size != cache.block_size (an unset
+/// 0 included), or num_blocks > cache.num_blocks (the tables index blocks the cache lacks).
+/// Worked example: tables of a manager with block_size 4 against a cache of block_size 16 ->
+/// "paged_decode_attention: block tables built for block_size 4 but the cache has block_size
+/// 16 ...".
+void check_table_geometry(const char* fn, const KVLayerView& cache, int32_t block_size,
+                          int32_t num_blocks);
+
 }  // namespace pagedkv

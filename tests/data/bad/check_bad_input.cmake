@@ -3,7 +3,9 @@
 # LAST_LINE, a last line matching it after per-row notes), no sanitizer report, no output file
 # left behind (with EXPECTED 0, a positive control: the output file must exist), and no huge allocation (the run gets a memory cap).
 #   cmake -DEXE=path -DARGS=a;b;c [-DEXPECTED=2] [-DREGEX=re] [-DLAST_LINE=ON] [-DOUT_FILE=path]
-#         [-DSTDOUT_EMPTY=ON] [-DSANITIZED=ON] [-DMEMORY_LIMIT_MB=1024] -P check_bad_input.cmake
+#         [-DSTDOUT_EMPTY=ON] [-DSANITIZED=ON] [-DMEMORY_LIMIT_MB=1024] [-DINPUT=path]
+#         -P check_bad_input.cmake
+# INPUT: a file (or device: /dev/zero) fed to the command's stdin.
 if(NOT DEFINED EXPECTED)
   set(EXPECTED 2)
 endif()
@@ -28,8 +30,12 @@ else()
 endif()
 # CLI options stay deterministic and quiet: no progress bars, single-threaded kernels.
 set(ENV{OMP_NUM_THREADS} 1)
-execute_process(COMMAND ${_cmd} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
-                TIMEOUT 120)
+set(_input)
+if(DEFINED INPUT)
+  set(_input INPUT_FILE ${INPUT})
+endif()
+execute_process(COMMAND ${_cmd} ${_input} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                ERROR_VARIABLE err TIMEOUT 120)
 set(_ctx "command: ${EXE} ${ARGS}\nexit code: ${rc}\nstdout:\n${out}\nstderr:\n${err}")
 
 if(NOT rc STREQUAL EXPECTED)

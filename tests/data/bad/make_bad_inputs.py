@@ -200,6 +200,14 @@ OPS_SEEDS = {
              "add 1 5 6 7\nappend 1 n=4\ncan_add 1 2 3\ndump\npreempt 1\nstats\n",
     "window_max_len": "manager blocks=4 block_size=2 policy=window window=2 max_model_len=9\n"
                       "add 1\nappend 1 n=5\ncan_append 1 4\nappend 1 n=4\nfree 1\n",
+    # Issue 16's ops (the worked examples of docs/ops-script.md, comments dropped).
+    "publish_after_write": "manager blocks=8 block_size=4 prefix=on\nadd 1 1 2 3 4 5 6 7 8 9\nfree 1\nadd 2 1 2 3 4 5 6 7 8 9\ncommit 2 4\nfree 2\nlookup 3 1 2 3 4 5 6 7 8 9\nadd 3 1 2 3 4 5 6 7 8 9\n",
+    "no_orphans": "manager blocks=8 block_size=2 prefix=on events=on\nadd 1 1 2 3\ncommit 1 3\nreset_prefix_cache\nappend 1 4\ncommit 1 4\nfree 1\nadd 2 1 2 3 4 5\ncommit 2 5\nfree 2\nadd 3 1 2 3 4 5\nevents\n",
+    "never_or_later": "manager blocks=4 block_size=2\nadd 1 1 2 3\nadd 2 4 5 6\ncan_append 1 2\nappend 1 n=6\ncan_add 1 2 3 max_new=6\ncan_add 1 2 3 max_new=5\nswap_out 1\ncan_swap_out 1\n",
+    "lookahead": "manager blocks=4 block_size=2 host_blocks=4\nadd 1 1 2 3 4\nswap_out 1\nadd 2 5 6 7\ncan_swap_in 1\ncan_swap_in 1 lookahead=1\nswap_in 1 lookahead=1\nfree 2\nswap_in 1 lookahead=1\ncan_append 1 1\ncan_append 1 1 lookahead=4\n",
+    "rollback": "manager blocks=8 block_size=4 prefix=on\nadd 1 1 2 3 4 5 6\ncommit 1 6\nappend 1 7 8 9 10 11\ntruncate 1 7\nfork 1 2\ntruncate 2 5\nappend 2 20\nexpect_error truncate 1 9\ndump\n",
+    "chunked_batch_metadata": "manager blocks=8 block_size=4 prefix=on\nadd 1 1 2 3 4 5 6 7 8 9 10\ncommit 1 10\nadd 2 1 2 3 4 5 6 7 8 9 10 11 12 13 chunk=2\ncommit 2 10\nappend 2 11 12 13\ncommit 2 13\nbatch_metadata 1:1 2:3 -1\n",
+    "expect_error": "manager blocks=4 block_size=2\nadd 1 1 2 3\nexpect_error add 1 4 5\nexpect_error append 1 n=70000\nexpect_error manager blocks=0\ndump\n",
 }
 OPS_BAD = {
     # Parse errors: nothing runs, nothing is printed.
@@ -226,6 +234,23 @@ OPS_BAD = {
     "resume_not_preempted.txt": "manager blocks=4\nadd 1\nresume 1\n",
     "score_without_h2o.txt": "manager blocks=4\nadd 1\nappend 1 n=1\nscore 1 0.5\n",
     "huge_count.txt": "manager blocks=4\nadd 1\nappend 1 n=99999999999999999999\n",
+    # Issue 16, hostile scripts: every one is refused by a documented limit before it allocates.
+    "append_2_pow_31.txt": "manager blocks=262144 block_size=65536\nadd 1\n"
+                           "append 1 n=2147483647\n",
+    "lookahead_over_limit.txt": "manager blocks=4\nadd 1 1 2\ncan_append 1 1 lookahead=1000000\n",
+    "chunk_over_limit.txt": "manager blocks=4\nadd 1 1 2 chunk=65537\n",
+    "batch_over_limit.txt": "manager blocks=4\nadd 1 1\nbatch_metadata 1:65537\n",
+    # 16 copies of a 65536-token sequence hold 2^20 tokens; the 17th is refused.
+    "fork_over_total.txt": "manager blocks=4096 block_size=16\nadd 1\nappend 1 n=65536\n"
+                           + "".join("fork 1 %d\n" % c for c in range(2, 18)),
+    # Preempted token ids stay held for resume: 17 preempted copies are refused too.
+    "preempt_over_total.txt": "manager blocks=4096 block_size=16\nadd 1 1\nappend 1 n=65535\n"
+                              + "".join("fork 1 %d\npreempt %d\n" % (c, c) for c in range(2, 18)),
+    # Each `manager` line of the largest pools costs 2^19 work units: the 33rd exceeds the budget.
+    "work_budget_managers.txt": "manager blocks=262144 host_blocks=262144\n" * 33,
+    "control_bytes.txt": b"manager blocks=4\n\x1b[31mred\x07 1\n",
+    "control_bytes_in_value.txt": b"manager blocks=4\x1b[2J\n",
+    "expect_error_succeeds.txt": "manager blocks=4\nadd 1 1 2\nexpect_error free 1\n",
 }
 write(os.path.join(bad, "ok", "ops.txt"), OPS_OK)
 for name, data in OPS_BAD.items():
