@@ -12,6 +12,9 @@ namespace pagedkv {
 KVCacheManager::AppendPlan KVCacheManager::plan_append(const Sequence& s, int64_t n,
                                                        const char* op) const {
   PAGEDKV_CHECK(n >= 0, "KVCacheManager::{}: token count must be >= 0, got {}", op, n);
+  PAGEDKV_CHECK(n <= kMaxTokensPerCall,
+                "KVCacheManager::{}: {} tokens in one call exceed kMaxTokensPerCall {}", op, n,
+                kMaxTokensPerCall);
   PAGEDKV_CHECK(config_.max_model_len == 0 || s.num_tokens + n <= config_.max_model_len,
                 "KVCacheManager::{}: {} + {} tokens exceed max_model_len {}", op, s.num_tokens, n,
                 config_.max_model_len);
@@ -56,6 +59,9 @@ bool KVCacheManager::can_append(SeqId seq, int64_t n, int64_t num_lookahead_slot
   PAGEDKV_CHECK(num_lookahead_slots >= 0,
                 "KVCacheManager::can_append: num_lookahead_slots must be >= 0, got {}",
                 num_lookahead_slots);
+  PAGEDKV_CHECK(num_lookahead_slots <= kMaxTokensPerCall - std::min(n, kMaxTokensPerCall),
+                "KVCacheManager::can_append: {} + {} look-ahead tokens exceed kMaxTokensPerCall {}",
+                n, num_lookahead_slots, kMaxTokensPerCall);
   AppendPlan plan = plan_append(s, n, "can_append");
   if (num_lookahead_slots > 0) {
     // Look-ahead slots past max_model_len could never be appended: they are not counted.

@@ -169,6 +169,29 @@ TEST(ManagerNever, SwapOutWithoutHostPoolIsNever) {
 
 // ---- item 4: look-ahead slots -----------------------------------------------------------------
 
+// ---- item 9: a request for 2^31 tokens is an error naming the cap, not an allocation --------
+
+TEST(ManagerCallCap, AppendOfTwoToThe31TokensIsRefusedBeforeAllocating) {
+  // 2^18 blocks of 2^16 tokens hold 2^34 tokens: the pool alone would not refuse 2^31.
+  KVCacheManager m({.num_blocks = 1 << 18, .block_size = 1 << 16});
+  m.add_sequence(1);
+  ASSERT_TRUE(m.append_slots(1, 5));
+  const std::string before = observable(m);
+  const int64_t n = int64_t{1} << 31;
+  const auto names_cap = ThrowsMessage<Error>(
+      HasSubstr("2147483648 tokens in one call exceed kMaxTokensPerCall 16777216"));
+  EXPECT_THAT([&] { (void)m.append_slots(1, n); }, names_cap);
+  EXPECT_THAT([&] { (void)m.can_append(1, n); }, names_cap);
+  EXPECT_THAT([&] { (void)m.blocks_needed_to_append(1, n); }, names_cap);
+  EXPECT_THAT([&] { (void)m.append_admission(1, n); }, names_cap);
+  EXPECT_THAT([&] { (void)m.can_append(1, 1, KVCacheManager::kMaxTokensPerCall); },
+              ThrowsMessage<Error>(HasSubstr("1 + 16777216 look-ahead tokens exceed")));
+  EXPECT_EQ(observable(m), before);
+  // At the cap itself the call is an ordinary one: 2^24 tokens need 256 blocks, the pool has them.
+  EXPECT_EQ(m.blocks_needed_to_append(1, KVCacheManager::kMaxTokensPerCall), 256);
+  EXPECT_TRUE(m.can_append(1, KVCacheManager::kMaxTokensPerCall - 1, 1));
+}
+
 TEST(ManagerLookahead, CanAppendCountsTheLookaheadSlots) {
   KVCacheManager m({.num_blocks = 4, .block_size = 2, .max_model_len = 8});
   m.add_sequence(1);

@@ -186,6 +186,10 @@ class KVCacheManager {
  public:
   /// Table entry of a block released by token eviction (block_table() only).
   static constexpr BlockId kNoBlock = -1;
+  /// Most tokens one append call takes (append_*, can_append with its look-ahead, *_admission,
+  /// blocks_needed_to_append): 2^24, a 128 MiB slot list, far above a step's token budget. A
+  /// request for 2^31 tokens is then an error naming the cap, not a 16 GiB allocation attempt.
+  static constexpr int64_t kMaxTokensPerCall = int64_t{1} << 24;
 
   /// A manager with an empty pool of config.num_blocks blocks, no sequences, and the eviction
   /// policy config.eviction describes.
@@ -293,15 +297,16 @@ class KVCacheManager {
 
   /// Blocks that append_slots(seq, n) would take from the pool (copy-on-write included), before
   /// counting blocks that token eviction releases in the same call. Units: n tokens; blocks.
-  /// Errors: throws if `seq` is unknown or swapped, n < 0, or the append would pass
-  /// max_model_len.
+  /// Errors: throws if `seq` is unknown or swapped, n < 0, n > kMaxTokensPerCall, or the append
+  /// would pass max_model_len.
   [[nodiscard]] int32_t blocks_needed_to_append(SeqId seq, int64_t n) const;
 
   /// True exactly when append_slots(seq, n + num_lookahead_slots) would succeed now: with a
   /// look-ahead (vLLM v0's num_lookahead_slots), a successful append of n is guaranteed room for
   /// that many more slots in the same step. Look-ahead slots past max_model_len are not counted.
-  /// Errors: throws if `seq` is unknown or swapped, n < 0 or num_lookahead_slots < 0, or the
-  /// append of n would pass max_model_len.
+  /// Errors: throws if `seq` is unknown or swapped, n < 0 or num_lookahead_slots < 0, n +
+  /// num_lookahead_slots > kMaxTokensPerCall (naming the cap), or the append of n would pass
+  /// max_model_len.
   [[nodiscard]] bool can_append(SeqId seq, int64_t n, int64_t num_lookahead_slots = 0) const;
 
   /// Whether append_slots(seq, n) can ever succeed: kOk exactly when can_append(seq, n); kNever
@@ -314,8 +319,9 @@ class KVCacheManager {
   /// eviction runs first (blocks released, heavy-hitter victims dropped). Token ids are unknown
   /// afterwards, so the sequence stops feeding the prefix cache (use append_tokens for that).
   /// Empty (and nothing changed) when the pool cannot cover all n tokens.
-  /// Units: n in tokens. Errors: throws if `seq` is unknown or swapped, n < 0, or the sequence
-  /// would pass max_model_len.
+  /// Units: n in tokens. Errors: throws if `seq` is unknown or swapped, n < 0, n >
+  /// kMaxTokensPerCall (naming the cap; nothing is allocated), or the sequence would pass
+  /// max_model_len.
   [[nodiscard]] std::optional<AppendResult> append_slots(SeqId seq, int64_t n);
 
   /// append_slots(seq, tokens.size()) that also records the token ids, so blocks that become
