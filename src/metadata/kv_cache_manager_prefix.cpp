@@ -190,8 +190,8 @@ std::optional<AddResult> KVCacheManager::add_sequence(SeqId seq, std::span<const
 }
 
 int32_t KVCacheManager::commit(SeqId seq, int64_t num_tokens) {
-  get_running(seq, "commit");
-  Sequence& s = get(seq, "commit");
+  // One lookup: commit runs once per sequence per step.
+  auto& s = const_cast<Sequence&>(get_running(seq, "commit"));
   PAGEDKV_CHECK(num_tokens >= 0 && num_tokens <= s.num_tokens,
                 "KVCacheManager::commit: {} tokens for sequence {}, which holds {}", num_tokens,
                 seq, s.num_tokens);
