@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -109,13 +110,57 @@ def describe(orig: list[str], mutant: list[str]) -> tuple[int, list[str], list[s
     i2 = ops[-1][2]
     j1 = ops[0][3]
     j2 = ops[-1][4]
+    if i1 == i2 and i1 < len(orig):  # an inserted statement: name the line it goes before
+        return i1 + 1, orig[i1:i1 + 1], mutant[j1:j2] + orig[i1:i1 + 1]
     return i1 + 1, orig[i1:i2], mutant[j1:j2]
 
 
+IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Tokens a mutant may bring in that its original line lacked.
+NEW_WORDS_OK = {"true", "false", "break", "continue", "return", "nullptr"}
+# Operators universalmutator writes that never lex into valid C++ (a <== b is a <= = b).
+# A mangled ++i (+*i, +/i), a cast whose template bracket turned into an operator
+# (static_cast>=int64_t>) and the same of a scope (max<int32_t>=::max).
+BAD_TOKENS = ("<==", ">==", "===", "!==", "+*", "+/", "*+", "/+", "+%", "%+", "-*", "-/", "/-",
+              "%-", "-%", ">=::", "<=::", "!=::")
+BAD_RE = re.compile(r"_cast(?!<)\W|(?:^|[=(,])\s*[/%]")
+# A template's brackets (static_cast<size_t>, std::vector<float>): a mutant that rewrites one
+# into an operator (static_cast<size_t==(, std::vector<float<) does not compile.
+TEMPLATE_RE = re.compile(r"\w<[\w:]+\s*[*&]?>")
+
+
+def loop_lines(lines: list[str]) -> list[bool]:
+    """For each line, whether it sits inside the braces of a for, while, do or switch body: a
+    break or continue inserted anywhere else does not compile."""
+    flags, stack = [], []
+    for line in lines:
+        flags.append(any(stack))
+        code = semantic(line)
+        opener = bool(re.search(r"\b(for|while|do|switch)\b", code))
+        for ch in code:
+            if ch == "{":
+                stack.append(opener)
+                opener = False
+            elif ch == "}" and stack:
+                stack.pop()
+    return flags
+
+
 def is_noise(orig_lines: list[str], new_lines: list[str]) -> bool:
-    """Mutants of comments, of preprocessor lines, or of string literal text only."""
+    """Mutants of comments, of preprocessor lines, or of string literal text only, and mutants
+    that cannot compile: a digit rule applied inside a name or a literal (int64_t ->
+    int(64-1)_t, 0.0f -> 0.(0+1)f leaves a new name behind) or an operator that never lexes."""
     stripped = [line.strip() for line in orig_lines]
     if stripped and all(s.startswith(("//", "#", "*", "/*")) for s in stripped):
+        return True
+    a = " ".join(semantic(x) for x in orig_lines)
+    b = " ".join(semantic(x) for x in new_lines)
+    if set(IDENT_RE.findall(b)) - set(IDENT_RE.findall(a)) - NEW_WORDS_OK:
+        return True
+    if any(t in b and t not in a for t in BAD_TOKENS) or (BAD_RE.search(b) and
+                                                          not BAD_RE.search(a)):
+        return True
+    if "/*" not in b and Counter(TEMPLATE_RE.findall(a)) - Counter(TEMPLATE_RE.findall(b)):
         return True
     return [semantic(x) for x in orig_lines if semantic(x)] == \
         [semantic(x) for x in new_lines if semantic(x)]
@@ -131,6 +176,7 @@ def generate(root: Path, work: Path, mutate: str, files: list[str]) -> dict[str,
         subprocess.run([mutate, str(src), "cpp", "--noCheck", "--mutantDir", str(mdir)],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         orig = src.read_text().splitlines()
+        in_loop = loop_lines(orig)
         seen: set[str] = set()
         kept: list[Mutant] = []
         pat = re.compile(r"\.mutant\.(\d+)\.cpp$")
@@ -144,6 +190,9 @@ def generate(root: Path, work: Path, mutate: str, files: list[str]) -> dict[str,
             if d is None or is_noise(d[1], d[2]):
                 continue
             line, a, b = d
+            if len(b) > len(a) and b[0].strip() in ("break;", "continue;") and \
+                    (line > len(in_loop) or not in_loop[line - 1]):
+                continue  # a break or continue outside any loop: cannot compile
             kept.append(Mutant(rel, int(pat.search(p.name).group(1)), line,
                                collapse(" / ".join(a)), collapse(" / ".join(b)), str(p)))
         out[rel] = kept
