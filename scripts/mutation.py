@@ -354,6 +354,8 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds: start no mutant after this (the rest are reported not run)")
     ap.add_argument("--files", default="", help="regex: only the core sources matching it")
+    ap.add_argument("--match", default="",
+                    help="regex over 'file:line: original ==> mutant': only matching mutants")
     ap.add_argument("--min-kill-rate", type=float, default=None, help="percent; exit 1 below")
     ap.add_argument("--timeout", type=float, default=10.0,
                     help="least per-test timeout, seconds (else 5x the unmutated run)")
@@ -388,6 +390,8 @@ def main() -> int:
                 excluded[rel] = excluded.get(rel, 0) + 1
             else:
                 keep.append(m)
+        if args.match:
+            keep = [m for m in keep if re.search(args.match, f"{m.file}:{m.line}: {m.orig} ==> {m.new}")]
         candidates[rel] = keep
     for e in equivalents:
         if not e["used"] and e["file"] in files:

@@ -366,7 +366,8 @@ TEST_F(AttentionErrors, PrefillQueryStart) {
   const std::vector<int32_t> negative = {0, 2, 1};
   EXPECT_THAT(prefill_error(negative, 1), HasSubstr("negative query count -1"));
   const std::vector<int32_t> short_list = {0, 1};
-  EXPECT_THAT(prefill_error(short_list, 1), HasSubstr("query_start has 2 entries, expected"));
+  EXPECT_THAT(prefill_error(short_list, 1),
+              HasSubstr("query_start has 2 entries, expected num_seqs + 1 = 3"));
   const std::vector<int32_t> offset = {1, 2, 3};
   EXPECT_THAT(prefill_error(offset, 3), HasSubstr("query_start[0] must be 0, got 1"));
   const std::vector<int32_t> ok = {0, 2, 3};

@@ -76,6 +76,12 @@ TEST(AttentionOverSlots, MatchesReferenceSubsetAndReportsProbabilities) {
   bad[0] = 24;
   EXPECT_THAT([&] { paged_attention_over_slots(params, cache.layer(0), indptr, bad, q, out); },
               ThrowsMessage<Error>(HasSubstr("slot 24 (entry 0) out of range [0, 24)")));
+  // A decreasing indptr is rejected by name, before the size checks (rows 0..2, row 1 ends
+  // before it starts): 5 -> 4.
+  const std::vector<int32_t> decreasing{0, 5, 4, static_cast<int32_t>(slots.size())};
+  EXPECT_THAT(
+      [&] { paged_attention_over_slots(params, cache.layer(0), decreasing, slots, q, out); },
+      ThrowsMessage<Error>(HasSubstr("indptr decreases at row 1 (5 -> 4)")));
 }
 
 // ---- end-to-end: decode under each policy vs the reference -------------------------------------

@@ -250,6 +250,8 @@ TEST_P(HostKVCacheTest, ErrorsNameTheValueAndChangeNothing) {
               ThrowsMessage<Error>(HasSubstr("kv head 2 out of range [0, 2)")));
   EXPECT_THAT([&] { (void)cache.read(5, 0, 0, false); },
               ThrowsMessage<Error>(HasSubstr("layer 5")));
+  EXPECT_THAT([&] { (void)cache.read(-1, 0, 0, false); },
+              ThrowsMessage<Error>(HasSubstr("layer -1 out of range")));
   EXPECT_THAT([&] { (void)cache.layer(3); }, ThrowsMessage<Error>(HasSubstr("layer 3")));
 
   // copy_blocks checks every pair before copying any: the valid first pair is not applied.
