@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import hashlib
 import json
 import os
 import random
@@ -65,7 +66,7 @@ TARGETS: dict[str, list[str]] = {
     "src/storage/host_kv_cache.cpp": ["test_host_kv_cache", "test_kv_placement", "test_swap_data"],
 }
 
-STATUSES = ("killed", "timeout", "survived", "build_failed")
+STATUSES = ("killed", "timeout", "survived", "build_failed", "equivalent")
 
 
 @dataclass
@@ -170,17 +171,21 @@ def generate(root: Path, work: Path, mutate: str, files: list[str]) -> dict[str,
     out: dict[str, list[Mutant]] = {}
     for rel in files:
         src = root / rel
-        mdir = work / "mutants" / rel.replace("/", "_")
-        shutil.rmtree(mdir, ignore_errors=True)
-        mdir.mkdir(parents=True)
-        subprocess.run([mutate, str(src), "cpp", "--noCheck", "--mutantDir", str(mdir)],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Cached by content: a later run over the same source reuses the mutant files.
+        digest = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
+        mdir = work / "mutants" / rel.replace("/", "_") / digest
+        if not (mdir / ".complete").exists():
+            shutil.rmtree(mdir.parent, ignore_errors=True)
+            mdir.mkdir(parents=True)
+            subprocess.run([mutate, str(src), "cpp", "--noCheck", "--mutantDir", str(mdir)],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            (mdir / ".complete").touch()
         orig = src.read_text().splitlines()
         in_loop = loop_lines(orig)
         seen: set[str] = set()
         kept: list[Mutant] = []
         pat = re.compile(r"\.mutant\.(\d+)\.cpp$")
-        for p in sorted(mdir.iterdir(), key=lambda q: int(pat.search(q.name).group(1))):
+        for p in sorted(mdir.glob("*.mutant.*.cpp"), key=lambda q: int(pat.search(q.name).group(1))):
             text = p.read_text()
             norm = collapse(text)
             if norm in seen:
@@ -312,7 +317,7 @@ def summarize(ran: list[Mutant], candidates: dict[str, list[Mutant]],
         detected = counts["killed"] + counts["timeout"]
         judged = detected + counts["survived"]
         per_file[rel] = {**counts, "run": sum(counts.values()),
-                         "candidates": len(candidates[rel]), "equivalent": excluded.get(rel, 0),
+                         "candidates": len(candidates[rel]), "listed": excluded.get(rel, 0),
                          "kill_rate": (detected / judged) if judged else None}
     tot = {s: sum(f[s] for f in per_file.values()) for s in STATUSES}
     judged = tot["killed"] + tot["timeout"] + tot["survived"]
@@ -321,19 +326,20 @@ def summarize(ran: list[Mutant], candidates: dict[str, list[Mutant]],
 
 
 def table(summary: dict) -> str:
-    rows = [("file", "cand", "equiv", "run", "killed", "timeout", "survived", "build_failed",
-             "kill rate")]
+    rows = [("file", "mutants", "sampled", "killed", "timeout", "survived", "build_failed",
+             "equivalent", "kill rate")]
     for rel, f in summary["per_file"].items():
         if not f["run"]:
             continue
         rate = "-" if f["kill_rate"] is None else f"{100 * f['kill_rate']:.1f}%"
-        rows.append((rel, str(f["candidates"]), str(f["equivalent"]), str(f["run"]),
-                     str(f["killed"]), str(f["timeout"]), str(f["survived"]),
-                     str(f["build_failed"]), rate))
+        rows.append((rel, str(f["candidates"]), str(f["run"]), str(f["killed"]),
+                     str(f["timeout"]), str(f["survived"]), str(f["build_failed"]),
+                     str(f["equivalent"]), rate))
     t = summary["total"]
     rate = "-" if t["kill_rate"] is None else f"{100 * t['kill_rate']:.1f}%"
-    rows.append(("total", "", "", str(sum(t[s] for s in STATUSES)), str(t["killed"]),
-                 str(t["timeout"]), str(t["survived"]), str(t["build_failed"]), rate))
+    rows.append(("total", "", str(sum(t[s] for s in STATUSES)), str(t["killed"]),
+                 str(t["timeout"]), str(t["survived"]), str(t["build_failed"]),
+                 str(t["equivalent"]), rate))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
                        enumerate(zip(r, widths))) for r in rows]
@@ -385,13 +391,14 @@ def main() -> int:
         for m in ms:
             hit = next((e for e in equivalents if (e["file"], e["orig"], e["new"]) == m.key()),
                        None)
-            if hit:
+            if hit:  # stays in the sample (which the list thus never shifts), is not run
                 hit["used"] = True
                 excluded[rel] = excluded.get(rel, 0) + 1
-            else:
-                keep.append(m)
+                m.status, m.detail = "equivalent", hit["reason"]
+            keep.append(m)
         if args.match:
-            keep = [m for m in keep if re.search(args.match, f"{m.file}:{m.line}: {m.orig} ==> {m.new}")]
+            keep = [m for m in keep
+                    if re.search(args.match, f"{m.file}:{m.line}: {m.orig} ==> {m.new}")]
         candidates[rel] = keep
     for e in equivalents:
         if not e["used"] and e["file"] in files:
@@ -407,7 +414,7 @@ def main() -> int:
         return 0
 
     # The unmutated sources must build and pass, and give each test its timeout.
-    targets_used = sorted({t for m in chosen for t in TARGETS[m.file]})
+    targets_used = sorted({t for m in chosen if not m.status for t in TARGETS[m.file]})
     rc, out = build(build_dir, targets_used, args.jobs, 3600)
     if rc != 0:
         print(out[-4000:])
@@ -436,6 +443,9 @@ def main() -> int:
                 print(f"mutation: budget of {args.budget:.0f} s spent; {len(chosen) - i} "
                       f"mutants not run", flush=True)
                 break
+            if m.status == "equivalent":
+                ran.append(m)
+                continue
             s = time.monotonic()
             src = root / m.file
             try:
