@@ -274,13 +274,20 @@ def run_group(cmd: list[str], timeout: float, cwd: Path | None = None) -> tuple[
         out, _ = proc.communicate(timeout=timeout)
         return proc.returncode, out.decode(errors="replace")
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_group(proc.pid)
         proc.communicate()
         return None, ""
     except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_group(proc.pid)
         proc.wait()
         raise
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # it has exited already
 
 
 def build(build_dir: Path, targets: list[str], jobs: int, timeout: float) -> tuple[int | None, str]:
@@ -387,10 +394,22 @@ def main() -> int:
     candidates: dict[str, list[Mutant]] = {}
     excluded: dict[str, int] = {}
     for rel, ms in generated.items():
+        # An entry matches by its texts; where the same texts occur at several lines of a file
+        # (a `continue` before a closing brace), only the mutant at the entry's line does.
+        by_key: dict[tuple[str, str, str], list[Mutant]] = {}
+        for m in ms:
+            by_key.setdefault(m.key(), []).append(m)
+
+        def entry_for(m: Mutant) -> dict | None:
+            for e in equivalents:
+                if (e["file"], e["orig"], e["new"]) == m.key() and \
+                        (len(by_key[m.key()]) == 1 or e["line"] == m.line):
+                    return e
+            return None
+
         keep = []
         for m in ms:
-            hit = next((e for e in equivalents if (e["file"], e["orig"], e["new"]) == m.key()),
-                       None)
+            hit = entry_for(m)
             if hit:  # stays in the sample (which the list thus never shifts), is not run
                 hit["used"] = True
                 excluded[rel] = excluded.get(rel, 0) + 1
