@@ -91,6 +91,14 @@ TEST(AttentionOverSlots, MatchesReferenceSubsetAndReportsProbabilities) {
         paged_attention_over_slots(params, cache.layer(0), {indptr, slots, 4, 7}, q, out);
       },
       ThrowsMessage<Error>(HasSubstr("index a pool of 7 blocks but the cache has num_blocks 6")));
+  // A decreasing indptr is rejected by name, before the size checks (rows 0..2, row 1 ends
+  // before it starts): 5 -> 4.
+  const std::vector<int32_t> decreasing{0, 5, 4, static_cast<int32_t>(slots.size())};
+  EXPECT_THAT(
+      [&] {
+        paged_attention_over_slots(params, cache.layer(0), {decreasing, slots, 4}, q, out);
+      },
+      ThrowsMessage<Error>(HasSubstr("indptr decreases at row 1 (5 -> 4)")));
 }
 
 // ---- end-to-end: decode under each policy vs the reference -------------------------------------

@@ -60,6 +60,10 @@ TEST(EvictionPolicy, HeavyHitterVictimsHandWorked) {
   EXPECT_THAT(p.select_victims(kept, 5, 1), ElementsAre(1, 3));
   // Within budget: nothing.
   EXPECT_THAT(p.select_victims(std::span(kept).first(3), 3, 1), IsEmpty());
+  // Under budget with every kept token older than the recent window: still nothing (2 kept + 1
+  // new = 3 < 4; positions 0 and 1 are candidates, but no token is in excess).
+  const std::vector<KeptTokenScore> two{{0, 1.0}, {1, 2.0}};
+  EXPECT_THAT(p.select_victims(two, 10, 1), IsEmpty());
   // A prompt longer than the budget (nothing kept yet) evicts nothing: prefill is exact.
   EXPECT_THAT(p.select_victims({}, 0, 10), IsEmpty());
   // Only candidates (outside the recent window) can go: a 3-token append with 4 kept tokens

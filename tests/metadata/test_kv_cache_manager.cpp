@@ -430,6 +430,48 @@ TEST(KVCacheManager, SwapNeedsHostRoomAndRespectsWatermark) {
   m.check_invariants();
 }
 
+TEST(KVCacheManager, SwapCountersAccumulateOverRoundTrips) {
+  // 3 tokens at block_size 2 = 2 blocks; each round trip copies 2 blocks each way.
+  KVCacheManager m({.num_blocks = 4, .block_size = 2, .num_host_blocks = 2});
+  m.add_sequence(1);
+  ASSERT_TRUE(m.append_slots(1, 3));
+  for (int round = 1; round <= 2; ++round) {
+    ASSERT_TRUE(m.swap_out(1));
+    ASSERT_TRUE(m.swap_in(1));
+    EXPECT_EQ(m.stats().swapped_out_blocks, 2 * round);
+    EXPECT_EQ(m.stats().swapped_in_blocks, 2 * round);
+  }
+  m.check_invariants();
+}
+
+TEST(KVCacheManager, SwapInAdmissionCountsBlocksTheLookAheadAppendReleases) {
+  // Sliding window W 4, block_size 2 (the worked example of test_eviction_policy): 9 tokens in
+  // 5 blocks; the next append releases logical blocks 0..2 (positions < 6 are dead). Swapped
+  // in with 1 look-ahead slot it needs 5 blocks plus ceil(10 / 2) - 5 = 0 fresh ones, so a pool
+  // of 6 admits it; counting the 3 released blocks against it would ask for 8.
+  KVCacheManager m({.num_blocks = 6,
+                    .block_size = 2,
+                    .num_host_blocks = 5,
+                    .eviction = {.kind = EvictionKind::kSlidingWindow, .window = 4}});
+  m.add_sequence(1);
+  ASSERT_TRUE(m.append_slots(1, 9));
+  ASSERT_TRUE(m.swap_out(1));
+  EXPECT_TRUE(m.can_swap_in(1, 1));
+  EXPECT_EQ(m.swap_in_admission(1, 1), Admission::kOk);
+  ASSERT_TRUE(m.swap_in(1, 1));
+  ASSERT_TRUE(m.append_slots(1, 1));  // the look-ahead slot really fits
+  EXPECT_EQ(m.num_free_blocks(), 4);  // 6 - 5 + 3 released
+  m.check_invariants();
+}
+
+TEST(KVCacheManager, SequencesListsIdsInAscendingOrder) {
+  // Ids added out of order (and past any small-table bucket order) come back sorted.
+  KVCacheManager m({.num_blocks = 4, .block_size = 2});
+  for (SeqId id : {41, 7, 1000003, 3, 64, 12, 999, 5, 128, 2}) m.add_sequence(id);
+  m.free_sequence(64);
+  EXPECT_THAT(m.sequences(), ElementsAre(2, 3, 5, 7, 12, 41, 128, 999, 1000003));
+}
+
 TEST(KVCacheManager, StatsInvariantsHold) {
   KVCacheManager m({.num_blocks = 8, .block_size = 2, .enable_prefix_caching = true});
   std::vector<TokenId> p{1, 2, 3, 4, 5};

@@ -86,6 +86,33 @@ TEST(PrefixCache, LookupConfirmsContentOnKeyMatch) {
   EXPECT_GT(c.insert(3, {.hash = 42, .tokens = t}), s);
 }
 
+TEST(PrefixCache, EraseDetachesChildrenSoAReusedParentBlockKeepsItsNewChildren) {
+  // Block 1 holds A and block 2 its child B. Erasing A must detach B: block 1 then holds a new
+  // first block C with child D in block 3, and erasing B (no parent any more) must leave C's
+  // child list {3}. A stale link from B to block 1 would unlink B from C's list and lose D.
+  PrefixCache c(4, 2);
+  const std::vector<TokenId> ta{1, 2}, tb{3, 4}, tc{5, 6}, td{7, 8};
+  const BlockHash ha = block_hash(kRootBlockHash, ta, 0);
+  const uint64_t sa = c.insert(1, {.hash = ha, .parent_hash = kRootBlockHash, .tokens = ta});
+  c.insert(2,
+           {.hash = block_hash(ha, tb, 0), .parent_hash = ha, .parent_serial = sa, .tokens = tb});
+  std::vector<BlockId> kids;
+  c.children(1, kids);
+  ASSERT_THAT(kids, ElementsAre(2));
+  ASSERT_TRUE(c.erase(1));
+  const BlockHash hc = block_hash(kRootBlockHash, tc, 0);
+  const uint64_t sc = c.insert(1, {.hash = hc, .parent_hash = kRootBlockHash, .tokens = tc});
+  c.insert(3,
+           {.hash = block_hash(hc, td, 0), .parent_hash = hc, .parent_serial = sc, .tokens = td});
+  ASSERT_TRUE(c.erase(2));
+  kids.clear();
+  c.children(1, kids);
+  EXPECT_THAT(kids, ElementsAre(3));
+  kids.clear();
+  c.children(2, kids);
+  EXPECT_THAT(kids, IsEmpty());
+}
+
 TEST(PrefixCache, RandomInsertEraseMatchesAMapModel) {
   // The key index is open addressing with backward-shift erase and entries are kept dense by
   // moving the last one into a freed place; a std::map model checks every key and block after

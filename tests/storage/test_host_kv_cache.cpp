@@ -231,7 +231,9 @@ TEST_P(HostKVCacheTest, ErrorsNameTheValueAndChangeNothing) {
   const std::vector<Slot> good = {0, 1}, bad = {0, 24};
   EXPECT_THAT([&] { cache.write(3, good, k, v); },
               ThrowsMessage<Error>(HasSubstr("layer 3 out of range [0, 3)")));
-  EXPECT_THAT([&] { cache.write(-1, good, k, v); }, ThrowsMessage<Error>(HasSubstr("layer -1")));
+  // The function's own check names it (read and write also reach layer()'s check, later).
+  EXPECT_THAT([&] { cache.write(-1, good, k, v); },
+              ThrowsMessage<Error>(HasSubstr("HostKVCache::write: layer -1 out of range [0, 3)")));
   // Slot 24 is past 6 blocks x 4; slot 0 (checked first) must not have been written either.
   EXPECT_THAT([&] { cache.write(0, bad, k, v); },
               ThrowsMessage<Error>(HasSubstr("slot 24 of token 1 out of range [0, 24)")));
@@ -250,6 +252,10 @@ TEST_P(HostKVCacheTest, ErrorsNameTheValueAndChangeNothing) {
               ThrowsMessage<Error>(HasSubstr("kv head 2 out of range [0, 2)")));
   EXPECT_THAT([&] { (void)cache.read(5, 0, 0, false); },
               ThrowsMessage<Error>(HasSubstr("layer 5")));
+  EXPECT_THAT([&] { (void)cache.read(-1, 0, 0, false); },
+              ThrowsMessage<Error>(HasSubstr("HostKVCache::read: layer -1 out of range [0, 3)")));
+  EXPECT_THAT([&] { (void)cache.layer(-1); },
+              ThrowsMessage<Error>(HasSubstr("HostKVCache::layer: layer -1 out of range [0, 3)")));
   EXPECT_THAT([&] { (void)cache.layer(3); }, ThrowsMessage<Error>(HasSubstr("layer 3")));
 
   // copy_blocks checks every pair before copying any: the valid first pair is not applied.
