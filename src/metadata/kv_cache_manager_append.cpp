@@ -49,34 +49,43 @@ inline void KVCacheManager::plan_positional(const Sequence& s, int64_t n, Append
       INT32_MAX));
 }
 
-int32_t KVCacheManager::blocks_needed_to_append(SeqId seq, int64_t n) const {
-  return plan_append(get_running(seq, "blocks_needed_to_append"), n, "blocks_needed_to_append")
+// The plan of an append of n tokens plus a look-ahead of k slots: the queries that take a
+// look-ahead (can_append, blocks_needed_to_append, append_admission) answer for this one plan.
+KVCacheManager::AppendPlan KVCacheManager::plan_lookahead(const Sequence& s, int64_t n, int64_t k,
+                                                          const char* op) const {
+  PAGEDKV_CHECK(k >= 0, "KVCacheManager::{}: num_lookahead_slots must be >= 0, got {}", op, k);
+  PAGEDKV_CHECK(k <= kMaxTokensPerCall - std::clamp<int64_t>(n, 0, kMaxTokensPerCall),
+                "KVCacheManager::{}: {} + {} look-ahead tokens exceed kMaxTokensPerCall {}", op, n,
+                k, kMaxTokensPerCall);
+  AppendPlan plan = plan_append(s, n, op);
+  if (k == 0) return plan;
+  // Look-ahead slots past max_model_len could never be appended: they are not counted.
+  const int64_t room =
+      config_.max_model_len > 0 ? config_.max_model_len - s.num_tokens : kMaxTokensPerCall;
+  return plan_append(s, std::max(n, std::min(n + k, room)), op);
+}
+
+int32_t KVCacheManager::blocks_needed_to_append(SeqId seq, int64_t n,
+                                                int64_t num_lookahead_slots) const {
+  return plan_lookahead(get_running(seq, "blocks_needed_to_append"), n, num_lookahead_slots,
+                        "blocks_needed_to_append")
       .fresh;
 }
 
 bool KVCacheManager::can_append(SeqId seq, int64_t n, int64_t num_lookahead_slots) const {
-  const Sequence& s = get_running(seq, "can_append");
-  PAGEDKV_CHECK(num_lookahead_slots >= 0,
-                "KVCacheManager::can_append: num_lookahead_slots must be >= 0, got {}",
-                num_lookahead_slots);
-  PAGEDKV_CHECK(num_lookahead_slots <= kMaxTokensPerCall - std::min(n, kMaxTokensPerCall),
-                "KVCacheManager::can_append: {} + {} look-ahead tokens exceed kMaxTokensPerCall {}",
-                n, num_lookahead_slots, kMaxTokensPerCall);
-  AppendPlan plan = plan_append(s, n, "can_append");
-  if (num_lookahead_slots > 0) {
-    // Look-ahead slots past max_model_len could never be appended: they are not counted.
-    constexpr int64_t kFar = int64_t{1} << 50;
-    const int64_t room = config_.max_model_len > 0 ? config_.max_model_len - s.num_tokens : kFar;
-    const int64_t ahead = n >= kFar ? 0 : std::min(num_lookahead_slots, kFar);
-    const int64_t total = std::max(n, std::min(n + ahead, room));
-    plan = plan_append(s, total, "can_append");
-  }
+  const AppendPlan plan =
+      plan_lookahead(get_running(seq, "can_append"), n, num_lookahead_slots, "can_append");
   return int64_t{plan.fresh} <= int64_t{allocator_.num_available()} + plan.freed;
 }
 
-Admission KVCacheManager::append_admission(SeqId seq, int64_t n) const {
+Admission KVCacheManager::append_admission(SeqId seq, int64_t n,
+                                           int64_t num_lookahead_slots) const {
   const Sequence& s = get_running(seq, "append_admission");
-  const AppendPlan plan = plan_append(s, n, "append_admission");
+  // Past max_model_len no wait makes room: an answer, not an error, for a scheduler's query.
+  if (n >= 0 && config_.max_model_len > 0 && s.num_tokens + n > config_.max_model_len) {
+    return Admission::kNever;
+  }
+  const AppendPlan plan = plan_lookahead(s, n, num_lookahead_slots, "append_admission");
   if (int64_t{plan.fresh} <= int64_t{allocator_.num_available()} + plan.freed) {
     return Admission::kOk;
   }

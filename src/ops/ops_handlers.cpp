@@ -8,6 +8,12 @@ namespace pagedkv::ops {
 
 namespace {
 
+/// True when appending n tokens to `seq` would pass the manager's max_model_len (if set).
+bool past_max_model_len(const KVCacheManager& m, SeqId seq, int64_t n) {
+  const int64_t max_len = m.config().max_model_len;
+  return max_len > 0 && m.num_tokens(seq) + n > max_len;
+}
+
 /// The error name of a failed operation: "never_fits" when it can never succeed, else `later`.
 std::string_view failure_name(Admission a, std::string_view later) {
   return a == Admission::kNever ? "never_fits" : later;
@@ -140,7 +146,10 @@ std::optional<json> op_append(const OpsLine& l, State& st) {
   const size_t old_size = before.size();
   const std::vector<BlockId> old_table =
       can_release ? std::vector<BlockId>(before.begin(), before.end()) : std::vector<BlockId>{};
-  auto r = by_count ? m.append_slots(seq, n) : m.append_tokens(seq, ids);
+  // Past max_model_len the append can never fit: the answer append_admission gives, not a stop.
+  auto r = past_max_model_len(m, seq, n) ? std::nullopt
+           : by_count                    ? m.append_slots(seq, n)
+                                         : m.append_tokens(seq, ids);
   j["ok"] = r.has_value();
   if (!r) {
     const Admission a = m.append_admission(seq, n);
@@ -176,9 +185,13 @@ std::optional<json> op_can_append(const OpsLine& l, State& st) {
   j["seq"] = seq;
   j["n"] = n;
   if (lookahead != 0) j["lookahead"] = lookahead;
-  j["ok"] = m.can_append(seq, n, lookahead);
-  j["blocks_needed"] = m.blocks_needed_to_append(seq, n);
-  j["admission"] = admission_name(m.append_admission(seq, n));
+  // The admission answers past max_model_len too (never); the block count exists only within it.
+  const Admission a = m.append_admission(seq, n, lookahead);
+  j["ok"] = a == Admission::kOk;
+  if (!past_max_model_len(m, seq, n)) {
+    j["blocks_needed"] = m.blocks_needed_to_append(seq, n, lookahead);
+  }
+  j["admission"] = admission_name(a);
   return j;
 }
 

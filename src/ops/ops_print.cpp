@@ -112,8 +112,12 @@ std::optional<json> op_dump(const OpsLine& l, State& st) {
   held.erase(std::unique(held.begin(), held.end()), held.end());
   // Reference count of every block some table holds, in block order (a cached block nobody
   // holds is 0 and is listed under "cached" instead).
+  // ordered_json's operator[] searches its keys linearly; the keys are distinct (held is
+  // deduplicated), so append them to the underlying vector: linear, not quadratic, in blocks.
   json refs = json::object();
-  for (BlockId b : held) refs[std::to_string(b)] = a.ref_count(b);
+  auto& entries = static_cast<json::object_t::Container&>(refs.get_ref<json::object_t&>());
+  entries.reserve(held.size());
+  for (BlockId b : held) entries.emplace_back(std::to_string(b), a.ref_count(b));
   j["ref_counts"] = std::move(refs);
   const std::vector<BlockId> cached = a.cached_lru();
   j["cached"] = cached;

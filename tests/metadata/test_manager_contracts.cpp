@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 #include <optional>
 #include <sstream>
@@ -208,6 +209,42 @@ TEST(ManagerLookahead, CanAppendCountsTheLookaheadSlots) {
               ThrowsMessage<Error>(HasSubstr("num_lookahead_slots must be >= 0, got -1")));
 }
 
+TEST(ManagerLookahead, TheAppendQueriesCountTheSameLookahead) {
+  // 4 blocks of 2 tokens; sequence 1 holds 4 tokens in blocks {0, 1}, 2 blocks free.
+  KVCacheManager m({.num_blocks = 4, .block_size = 2});
+  m.add_sequence(1);
+  ASSERT_TRUE(m.append_slots(1, 4));
+  // 1 + 2 look-ahead: 7 tokens, 4 blocks: 2 new, both free.
+  EXPECT_EQ(m.blocks_needed_to_append(1, 1, 2), 2);
+  EXPECT_TRUE(m.can_append(1, 1, 2));
+  EXPECT_EQ(m.append_admission(1, 1, 2), Admission::kOk);
+  // 1 + 4: 9 tokens, 5 blocks: 3 new, and 5 > the pool of 4 (never, not later).
+  EXPECT_EQ(m.blocks_needed_to_append(1, 1, 4), 3);
+  EXPECT_FALSE(m.can_append(1, 1, 4));
+  EXPECT_EQ(m.append_admission(1, 1, 4), Admission::kNever);
+  // With block 2 taken by another sequence, 1 + 2 needs 2 new blocks and 1 is free: later.
+  m.add_sequence(2);
+  ASSERT_TRUE(m.append_slots(2, 1));
+  EXPECT_EQ(m.append_admission(1, 1, 2), Admission::kLater);
+  EXPECT_EQ(m.append_admission(1, 1), Admission::kOk);
+}
+
+TEST(ManagerNever, AppendPastMaxModelLenIsNeverForTheQueryAndAnErrorForTheAppend) {
+  KVCacheManager m({.num_blocks = 16, .block_size = 2, .max_model_len = 8});
+  m.add_sequence(1);
+  ASSERT_TRUE(m.append_slots(1, 7));
+  EXPECT_EQ(m.append_admission(1, 2), Admission::kNever);  // 9 > 8: no wait helps
+  EXPECT_EQ(m.append_admission(1, 1), Admission::kOk);
+  EXPECT_THAT([&] { (void)m.can_append(1, 2); },
+              ThrowsMessage<Error>(HasSubstr("7 + 2 tokens exceed max_model_len 8")));
+  EXPECT_THAT([&] { (void)m.append_slots(1, 2); },
+              ThrowsMessage<Error>(HasSubstr("7 + 2 tokens exceed max_model_len 8")));
+  // Look-ahead past max_model_len is not counted: 8 tokens fill block 3, nothing new.
+  EXPECT_EQ(m.blocks_needed_to_append(1, 1, 3), 0);
+  EXPECT_TRUE(m.can_append(1, 1, 3));
+  EXPECT_EQ(m.num_tokens(1), 7);
+}
+
 TEST(ManagerLookahead, SwapInReservesRoomForTheStepsAppend) {
   KVCacheManager m({.num_blocks = 4, .block_size = 2, .num_host_blocks = 4});
   m.add_sequence(1);
@@ -326,6 +363,25 @@ TEST(ManagerTruncate, SharedTailIsCopiedForTheWriter) {
   EXPECT_EQ(r->copies[0].dst, 2);
   EXPECT_THAT(r->slots, ElementsAre(10));
   EXPECT_THAT(table_of(m, 1), ElementsAre(0, 1));  // the parent's data untouched
+  m.check_invariants();
+}
+
+TEST(ManagerTruncate, ToZeroUnderAWindowReleasesOnlyTheBlocksStillHeld) {
+  // Window 4, blocks of 2: after 20 one-token appends the table's first entries were released
+  // by the window (kNoBlock); truncating to 0 releases the live ones and skips those.
+  const EvictionPolicyConfig window{.kind = EvictionKind::kSlidingWindow, .window = 4};
+  KVCacheManager m({.num_blocks = 8, .block_size = 2, .eviction = window});
+  m.add_sequence(1);
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(m.append_slots(1, 1));
+  const auto table = table_of(m, 1);
+  ASSERT_EQ(table.size(), 10u);
+  EXPECT_EQ(table[0], KVCacheManager::kNoBlock);
+  const auto live = std::count_if(table.begin(), table.end(), [](BlockId b) { return b >= 0; });
+  EXPECT_EQ(m.allocator().num_free(), 8 - live);
+  m.truncate(1, 0);
+  EXPECT_EQ(m.num_tokens(1), 0);
+  EXPECT_THAT(table_of(m, 1), IsEmpty());
+  EXPECT_EQ(m.allocator().num_free(), 8);
   m.check_invariants();
 }
 

@@ -57,6 +57,14 @@ TEST(BlockHash, DeterministicAndChained) {
   EXPECT_NE(ha, block_hash(kRootBlockHash, std::vector<TokenId>{4, 3, 2, 1}, 0));
 }
 
+TEST(PrefixCache, ConstructorRejectsAnEmptyPoolOrBlock) {
+  EXPECT_THAT([] { PrefixCache(0, 4); },
+              ThrowsMessage<Error>(HasSubstr("PrefixCache: num_blocks must be >= 1, got 0")));
+  EXPECT_THAT([] { PrefixCache(4, 0); },
+              ThrowsMessage<Error>(HasSubstr("PrefixCache: block_size must be >= 1, got 0")));
+  EXPECT_NO_THROW(PrefixCache(1, 1));
+}
+
 TEST(PrefixCache, LookupConfirmsContentOnKeyMatch) {
   PrefixCache c(4, 2);
   const std::vector<TokenId> t{10, 11};

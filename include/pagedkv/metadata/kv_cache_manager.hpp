@@ -186,9 +186,8 @@ class KVCacheManager {
  public:
   /// Table entry of a block released by token eviction (block_table() only).
   static constexpr BlockId kNoBlock = -1;
-  /// Most tokens one append call takes (append_*, can_append with its look-ahead, *_admission,
-  /// blocks_needed_to_append): 2^24, a 128 MiB slot list, far above a step's token budget. A
-  /// request for 2^31 tokens is then an error naming the cap, not a 16 GiB allocation attempt.
+  /// Most tokens one append call or append query takes (look-ahead included): 2^24, a 128 MiB
+  /// slot list; 2^31 tokens is an error naming the cap, not a 16 GiB allocation attempt.
   static constexpr int64_t kMaxTokensPerCall = int64_t{1} << 24;
 
   /// A manager with an empty pool of config.num_blocks blocks, no sequences, and the eviction
@@ -295,11 +294,11 @@ class KVCacheManager {
   /// or equals kPaddingSeq.
   void fork(SeqId parent, SeqId child);
 
-  /// Blocks that append_slots(seq, n) would take from the pool (copy-on-write included), before
-  /// counting blocks that token eviction releases in the same call. Units: n tokens; blocks.
-  /// Errors: throws if `seq` is unknown or swapped, n < 0, n > kMaxTokensPerCall, or the append
-  /// would pass max_model_len.
-  [[nodiscard]] int32_t blocks_needed_to_append(SeqId seq, int64_t n) const;
+  /// Blocks append_slots(seq, n) (with a look-ahead: of n + num_lookahead_slots, as can_append
+  /// counts) takes from the pool, copy-on-write included, before token eviction's releases.
+  /// Units: tokens; blocks. Errors: as can_append.
+  [[nodiscard]] int32_t blocks_needed_to_append(SeqId seq, int64_t n,
+                                                int64_t num_lookahead_slots = 0) const;
 
   /// True exactly when append_slots(seq, n + num_lookahead_slots) would succeed now: with a
   /// look-ahead (vLLM v0's num_lookahead_slots), a successful append of n is guaranteed room for
@@ -309,11 +308,12 @@ class KVCacheManager {
   /// max_model_len.
   [[nodiscard]] bool can_append(SeqId seq, int64_t n, int64_t num_lookahead_slots = 0) const;
 
-  /// Whether append_slots(seq, n) can ever succeed: kOk exactly when can_append(seq, n); kNever
-  /// when the blocks `seq` would hold after the append (token eviction and copy-on-write
-  /// included) exceed the whole pool, so no preemption of others can make room; else kLater.
-  /// Errors: as can_append.
-  [[nodiscard]] Admission append_admission(SeqId seq, int64_t n) const;
+  /// Can append_slots(seq, n) ever succeed: kOk exactly when can_append(seq, n, lookahead);
+  /// kNever past max_model_len (an answer, not an error) or when the blocks seq would hold after
+  /// it (n + counted look-ahead, eviction and copy-on-write included) exceed the pool; else
+  /// kLater. Errors: as can_append, except past max_model_len.
+  [[nodiscard]] Admission append_admission(SeqId seq, int64_t n,
+                                           int64_t num_lookahead_slots = 0) const;
 
   /// Appends n tokens to `seq` and returns their slots (and any copy-on-write copies). Token
   /// eviction runs first (blocks released, heavy-hitter victims dropped). Token ids are unknown
@@ -568,8 +568,8 @@ class KVCacheManager {
   [[nodiscard]] int64_t lookahead_blocks(const Sequence& s, int64_t n) const;
   // manager_internal.hpp: [first, last) logical blocks an append at position t releases
   [[nodiscard]] inline std::pair<int64_t, int64_t> released_block_range(int64_t t) const;
-  // kv_cache_manager_append.cpp
-  AppendPlan plan_append(const Sequence& s, int64_t n, const char* op) const;
+  AppendPlan plan_append(const Sequence& s, int64_t n, const char* op) const;  // _append.cpp
+  AppendPlan plan_lookahead(const Sequence& s, int64_t n, int64_t k, const char* op) const;
   inline void plan_positional(const Sequence& s, int64_t n, AppendPlan& plan) const;
   std::optional<AppendResult> do_append(SeqId seq, int64_t n, std::span<const TokenId> ids,
                                         const char* op);

@@ -177,9 +177,10 @@ class SynchronizedKVCacheManager {
     return manager_.num_committed_tokens(seq);
   }
   /// @copydoc KVCacheManager::append_admission
-  [[nodiscard]] Admission append_admission(SeqId seq, int64_t n) const {
+  [[nodiscard]] Admission append_admission(SeqId seq, int64_t n,
+                                           int64_t num_lookahead_slots = 0) const {
     std::lock_guard lock(mutex_);
-    return manager_.append_admission(seq, n);
+    return manager_.append_admission(seq, n, num_lookahead_slots);
   }
   /// @copydoc KVCacheManager::swap_out_admission
   [[nodiscard]] Admission swap_out_admission(SeqId seq) const {
@@ -192,9 +193,10 @@ class SynchronizedKVCacheManager {
     return manager_.swap_in_admission(seq, num_lookahead_slots);
   }
   /// @copydoc KVCacheManager::blocks_needed_to_append
-  [[nodiscard]] int32_t blocks_needed_to_append(SeqId seq, int64_t n) const {
+  [[nodiscard]] int32_t blocks_needed_to_append(SeqId seq, int64_t n,
+                                                int64_t num_lookahead_slots = 0) const {
     std::lock_guard lock(mutex_);
-    return manager_.blocks_needed_to_append(seq, n);
+    return manager_.blocks_needed_to_append(seq, n, num_lookahead_slots);
   }
   /// @copydoc KVCacheManager::can_append
   [[nodiscard]] bool can_append(SeqId seq, int64_t n, int64_t num_lookahead_slots = 0) const {
