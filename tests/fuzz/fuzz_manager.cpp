@@ -432,12 +432,14 @@ void op_admissions(KVCacheManager& m, ByteReader& in) {
   PAGEDKV_FUZZ_CHECK((so == Admission::kOk) == m.can_swap_out(s), "swap_out_admission");
   PAGEDKV_FUZZ_CHECK(m.host_allocator() != nullptr || so == Admission::kNever,
                      "swap_out without a host pool is not never");
-  Admission a = Admission::kOk;
-  if (outcome_of([&] {
-        a = m.append_admission(s, n);
-        return true;
-      }) == Outcome::kThrew) {
-    return;  // past max_model_len: can_append throws too
+  // Past max_model_len the admission query answers never; the append and can_append throw.
+  const Admission a = m.append_admission(s, n);
+  const int64_t max_len = m.config().max_model_len;
+  if (max_len > 0 && m.num_tokens(s) + n > max_len) {
+    PAGEDKV_FUZZ_CHECK(a == Admission::kNever, "append past max_model_len is not never");
+    PAGEDKV_FUZZ_CHECK(outcome_of([&] { return m.can_append(s, n); }) == Outcome::kThrew,
+                       "can_append past max_model_len did not throw");
+    return;
   }
   PAGEDKV_FUZZ_CHECK((a == Admission::kOk) == m.can_append(s, n), "append_admission");
   if (a == Admission::kNever) {
