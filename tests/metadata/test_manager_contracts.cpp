@@ -12,44 +12,21 @@
 #include <string>
 #include <vector>
 
+#include "common/manager_snapshot.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/metadata/kv_cache_manager.hpp"
 
 namespace pagedkv {
 namespace {
 
+using testing::iota_tokens;
+using testing::observable;
+using testing::table_of;
+
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::ThrowsMessage;
-
-std::vector<TokenId> iota_tokens(int n, TokenId first = 1) {
-  std::vector<TokenId> t(static_cast<size_t>(n));
-  std::iota(t.begin(), t.end(), first);
-  return t;
-}
-
-std::vector<BlockId> table_of(const KVCacheManager& m, SeqId s) {
-  auto t = m.block_table(s);
-  return {t.begin(), t.end()};
-}
-
-// Everything a read-only call must leave alone: tables, ref counts, free ring, LRU, stats.
-std::string observable(const KVCacheManager& m) {
-  std::ostringstream os;
-  for (SeqId s : m.sequences()) {
-    os << s << ':' << m.num_tokens(s) << ':' << m.num_committed_tokens(s);
-    for (BlockId b : m.block_table(s)) os << ' ' << b;
-    os << '\n';
-  }
-  for (BlockId b : m.allocator().free_list()) os << 'f' << b;
-  for (BlockId b : m.allocator().cached_lru()) os << 'c' << b;
-  for (BlockId b = 0; b < m.num_total_blocks(); ++b) os << 'r' << m.allocator().ref_count(b);
-  const KVCacheStats st = m.stats();
-  os << ' ' << st.prefix_query_tokens << ' ' << st.prefix_hit_tokens << ' ' << st.prefix_hits << ' '
-     << st.prefix_misses << ' ' << st.prefix_evictions << ' ' << st.prefix_cached_entries;
-  return os.str();
-}
 
 // ---- item 3: never vs later -------------------------------------------------------------------
 

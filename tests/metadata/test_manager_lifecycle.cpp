@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "common/manager_snapshot.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/metadata/kv_cache_manager.hpp"
 #include "pagedkv/metadata/prefix_cache.hpp"
@@ -16,21 +17,13 @@
 namespace pagedkv {
 namespace {
 
+using testing::iota_tokens;
+using testing::table_of;
+
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::ThrowsMessage;
-
-std::vector<TokenId> iota_tokens(int n, TokenId first = 1) {
-  std::vector<TokenId> t(static_cast<size_t>(n));
-  std::iota(t.begin(), t.end(), first);
-  return t;
-}
-
-std::vector<BlockId> table_of(const KVCacheManager& m, SeqId s) {
-  auto t = m.block_table(s);
-  return {t.begin(), t.end()};
-}
 
 using Kind = KVCacheEvent::Kind;
 

@@ -25,12 +25,15 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/manager_snapshot.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/metadata/kv_cache_manager.hpp"
 #include "pagedkv/metadata/prefix_cache.hpp"
 
 namespace pagedkv {
 namespace {
+
+using testing::observable;
 
 constexpr int64_t kIntact = std::numeric_limits<int64_t>::max();
 
@@ -49,22 +52,6 @@ struct SeqModel {
   int64_t broken_at = kIntact;  // first block index whose published chain is gone
   bool swapped = false;
 };
-
-std::string observable(const KVCacheManager& m) {
-  std::ostringstream os;
-  for (SeqId s : m.sequences()) {
-    os << s << ':' << m.num_tokens(s) << ':' << m.num_committed_tokens(s);
-    for (BlockId b : m.block_table(s)) os << ' ' << b;
-    os << '\n';
-  }
-  for (BlockId b : m.allocator().free_list()) os << 'f' << b;
-  for (BlockId b : m.allocator().cached_lru()) os << 'c' << b;
-  for (BlockId b = 0; b < m.num_total_blocks(); ++b) os << 'r' << m.allocator().ref_count(b);
-  const KVCacheStats st = m.stats();
-  os << ' ' << st.prefix_query_tokens << ' ' << st.prefix_hits << ' ' << st.prefix_misses << ' '
-     << st.prefix_evictions << ' ' << st.prefix_cached_entries;
-  return os.str();
-}
 
 class Harness {
  public:
