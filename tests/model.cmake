@@ -139,12 +139,11 @@ add_test(NAME cli.generate.stories260K_big_bear_512
 set_tests_properties(cli.generate.stories260K_big_bear_512 PROPERTIES LABELS cli
   PASS_REGULAR_EXPRESSION "It was not a ball. It was a ball\n.*agreement: contiguous vs paged: same tokens.*agreement: none vs paged: same tokens.*speedup vs none")
 # The default run's text is the reference runtime's, byte for byte (../shared/reference).
-if(EXISTS ${_shared}/reference/llama2c/p01_once_upon_a_time_n200.stdout)
-  add_test(NAME cli.generate.default_model_matches_reference
-    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli>
-            "-DARGS=generate|--steps|200|--cache|paged|--json"
-            -DREFERENCE=${_shared}/reference/llama2c/p01_once_upon_a_time_n200.stdout
-            "-DSOURCE_REGEX=/models/stories260K.bin$"
-            -P ${CMAKE_CURRENT_SOURCE_DIR}/model/expect_reference_text.cmake)
-  set_tests_properties(cli.generate.default_model_matches_reference PROPERTIES LABELS cli)
-endif()
+pagedkv_add_shared_data_test(NAME cli.generate.default_model_matches_reference
+  FILES ${_shared}/reference/llama2c/p01_once_upon_a_time_n200.stdout
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli>
+          "-DARGS=generate|--steps|200|--cache|paged|--json"
+          -DREFERENCE=${_shared}/reference/llama2c/p01_once_upon_a_time_n200.stdout
+          "-DSOURCE_REGEX=/models/stories260K.bin$"
+          -P ${CMAKE_CURRENT_SOURCE_DIR}/model/expect_reference_text.cmake)
+set_tests_properties(cli.generate.default_model_matches_reference PROPERTIES LABELS cli)

@@ -123,14 +123,14 @@ add_test(NAME cli.memory.csv_explicit_geometry
 set_tests_properties(cli.memory.csv_explicit_geometry PROPERTIES LABELS "cli;sim"
   PASS_REGULAR_EXPRESSION "^table,step,tokens,formula_bytes,[^\n]*\ngrowth,,1,32,32,512,1024,0,0,,\n")
 
-if(EXISTS ${_shared}/traces/AzureLLMInferenceTrace_conv.csv AND EXISTS ${_shared}/models/stories260K.bin)
-  add_test(NAME cli.memory.stories260K_whole_context
-    COMMAND pagedkv_cli memory --preset stories260k --model ${_shared}/models/stories260K.bin)
-  set_tests_properties(cli.memory.stories260K_whole_context PROPERTIES LABELS "cli;sim"
-    PASS_REGULAR_EXPRESSION "2 x 5 x 4 x 8 x 4 = 1280 bytes.*\\| 495 \\| 512 \\| 655360 \\| 655360 \\| 655360 \\| 655360 \\|.*at 496/496 steps; paged == formula rounded up to 16-token blocks at 496/496 steps")
-  add_test(NAME cli.replay.azure_conv_paged16
-    COMMAND pagedkv_cli replay --trace ${_shared}/traces/AzureLLMInferenceTrace_conv.csv
-            --preset llama-2-7b --strategies contiguous-max,paged-16)
-  set_tests_properties(cli.replay.azure_conv_paged16 PROPERTIES LABELS "cli;sim"
-    PASS_REGULAR_EXPRESSION "19366 rows read, 19366 requests, 0 skipped.*1612 requests have prompt \\+ output > max context 4096.*\\| contiguous-max \\| 0.278 \\|.*\\| paged-16 \\| 0.993 \\|")
-endif()
+pagedkv_add_shared_data_test(NAME cli.memory.stories260K_whole_context
+  FILES ${_shared}/models/stories260K.bin
+  COMMAND pagedkv_cli memory --preset stories260k --model ${_shared}/models/stories260K.bin
+  PASS_REGEX "2 x 5 x 4 x 8 x 4 = 1280 bytes.*\\| 495 \\| 512 \\| 655360 \\| 655360 \\| 655360 \\| 655360 \\|.*at 496/496 steps; paged == formula rounded up to 16-token blocks at 496/496 steps")
+pagedkv_add_shared_data_test(NAME cli.replay.azure_conv_paged16
+  FILES ${_shared}/traces/AzureLLMInferenceTrace_conv.csv
+  COMMAND pagedkv_cli replay --trace ${_shared}/traces/AzureLLMInferenceTrace_conv.csv
+          --preset llama-2-7b --strategies contiguous-max,paged-16
+  PASS_REGEX "19366 rows read, 19366 requests, 0 skipped.*1612 requests have prompt \\+ output > max context 4096.*\\| contiguous-max \\| 0.278 \\|.*\\| paged-16 \\| 0.993 \\|")
+set_tests_properties(cli.memory.stories260K_whole_context cli.replay.azure_conv_paged16
+  PROPERTIES LABELS "cli;sim")

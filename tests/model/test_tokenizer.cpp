@@ -55,6 +55,27 @@ TEST(Tokenizer, RendersReferenceIdsToTheRuntimesStdout) {
   }
 }
 
+// The reference runtime's encodings of 42 more texts (tests/data/tokenizer/README.md says which
+// and how they were made), on the committed tokenizer: runs without ../shared.
+TEST(Tokenizer, EncodesTheRuntimesEncodings) {
+  const std::filesystem::path dir =
+      std::filesystem::path(PAGEDKV_SOURCE_DIR) / "tests/data/tokenizer";
+  const auto ref = t::read_json(dir / "llama2c_encodings.json");
+  const Tokenizer tok = Tokenizer::load(
+      (std::filesystem::path(PAGEDKV_SOURCE_DIR) / "models/tok512.bin").string(), 512);
+  const auto& cases = ref.at("cases");
+  ASSERT_EQ(cases.size(), 42u);
+  for (const auto& c : cases) {
+    const auto hex = c.at("text_hex").get<std::string>();
+    std::string text;
+    for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+      text.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+    }
+    EXPECT_EQ(tok.encode(text, true, false), c.at("bos_ids").get<std::vector<TokenId>>())
+        << "text bytes " << hex << " (" << c.at("text").get<std::string>() << ")";
+  }
+}
+
 TEST(Tokenizer, ByteFallbackAndEosAndEmptyText) {
   PAGEDKV_REQUIRE_SHARED();
   const Tokenizer tok = tok512();
