@@ -22,6 +22,10 @@ void reshape_and_cache(const KVLayerView& cache, const NewKV& input, Stream stre
                 "{}: invalid cache view (num_blocks {}, block_size {}, num_kv_heads {}, "
                 "head_dim {})",
                 kFn, cache.num_blocks, cache.block_size, cache.num_kv_heads, cache.head_dim);
+  PAGEDKV_CHECK(!dtype_is_quantized(cache.dtype) && !dtype_is_quantized(input.dtype),
+                "{}: dtype {} (input {}): the 8-bit KV formats are CPU-only for now (CUDA: fp32, "
+                "fp16, bf16)",
+                kFn, dtype_name(cache.dtype), dtype_name(input.dtype));
   if (input.num_tokens == 0) return;
   PAGEDKV_CHECK(cache.k != nullptr && cache.v != nullptr, "{}: cache view has a null pool", kFn);
   PAGEDKV_CHECK(input.k != nullptr && input.v != nullptr && input.slot_mapping != nullptr,

@@ -64,6 +64,10 @@ void check_config_equal(const char* fn, const KVCacheConfig& a, const KVCacheCon
 DeviceKVCache::DeviceKVCache(const KVCacheConfig& config, int32_t num_host_blocks)
     : config_(config), num_host_blocks_(num_host_blocks) {
   validate(config_);
+  PAGEDKV_CHECK(!dtype_is_quantized(config_.dtype),
+                "DeviceKVCache: dtype {}: the 8-bit KV formats are CPU-only for now (CUDA: fp32, "
+                "fp16, bf16)",
+                dtype_name(config_.dtype));
   PAGEDKV_CHECK(num_host_blocks >= 0, "DeviceKVCache: num_host_blocks must be >= 0, got {}",
                 num_host_blocks);
   require_device();

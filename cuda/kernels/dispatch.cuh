@@ -55,11 +55,13 @@ inline void check_launch(const char* what,
 }
 
 /// Calls f(TypeTag<T>{}) with T the device storage type of `dtype` (float, __half or
-/// __nv_bfloat16). Precondition: dtype is a DType enumerator (see dispatch_dtype).
+/// __nv_bfloat16). Precondition: dtype is fp32, fp16 or bf16 (the CUDA storage rejects the
+/// 8-bit dtypes at its boundary: DeviceKVCache, the cache ops).
 template <typename F>
 void dispatch_storage_type(DType dtype, F&& f) {
-  ::pagedkv::detail::dispatch_dtype(
-      dtype, [&](auto tag) { f(TypeTag<typename StorageType<decltype(tag)::value>::type>{}); });
+  ::pagedkv::detail::dispatch_dtype(::pagedkv::detail::kFloatDTypes, dtype, [&](auto tag) {
+    f(TypeTag<typename StorageType<decltype(tag)::value>::type>{});
+  });
 }
 
 template <typename T, size_t N>

@@ -8,9 +8,24 @@ namespace pagedkv {
 namespace {
 // The first entry of a value is its name; the others are accepted aliases.
 constexpr detail::EnumName<DType> kDTypeNames[] = {
-    {DType::kF32, "fp32"}, {DType::kF32, "f32"},   {DType::kF32, "float32"},
-    {DType::kF16, "fp16"}, {DType::kF16, "f16"},   {DType::kF16, "float16"},
-    {DType::kF16, "half"}, {DType::kBF16, "bf16"}, {DType::kBF16, "bfloat16"},
+    {DType::kF32, "fp32"},
+    {DType::kF32, "f32"},
+    {DType::kF32, "float32"},
+    {DType::kF16, "fp16"},
+    {DType::kF16, "f16"},
+    {DType::kF16, "float16"},
+    {DType::kF16, "half"},
+    {DType::kBF16, "bf16"},
+    {DType::kBF16, "bfloat16"},
+    {DType::kFP8E4M3, "fp8_e4m3"},
+    {DType::kFP8E4M3, "fp8"},
+    {DType::kFP8E4M3, "e4m3"},
+    {DType::kFP8E4M3, "float8_e4m3fn"},
+    {DType::kFP8E5M2, "fp8_e5m2"},
+    {DType::kFP8E5M2, "e5m2"},
+    {DType::kFP8E5M2, "float8_e5m2"},
+    {DType::kInt8, "int8"},
+    {DType::kInt8, "i8"},
 };
 }  // namespace
 

@@ -21,20 +21,34 @@ namespace pagedkv::detail {
 template <DType kT>
 using DTypeTag = std::integral_constant<DType, kT>;
 
-/// Calls f(DTypeTag<dtype>{}) and returns what it returns (every branch must return the same
-/// type). Precondition: dtype is a DType enumerator, which the public boundary checks; a value
-/// outside the enum takes the fp32 branch.
+/// A set of dtypes a backend compiles code for (its kernels are instantiated for these only).
+template <DType... kTs>
+struct DTypeSet {};
+/// Every storage dtype (the CPU kernels and storage).
+inline constexpr DTypeSet<DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2,
+                          DType::kInt8>
+    kAllDTypes{};
+/// The 16- and 32-bit float dtypes (the CUDA kernels, which reject the 8-bit ones at their
+/// boundary: cuda/supported_configs.hpp).
+inline constexpr DTypeSet<DType::kF32, DType::kF16, DType::kBF16> kFloatDTypes{};
+
+/// Calls f(DTypeTag<dtype>{}) for the member of `set` equal to dtype and returns what it
+/// returns (every branch must return the same type). Precondition: dtype is in `set`, which the
+/// public boundary checks; any other value takes the first member's branch.
+template <DType kFirst, DType... kRest, typename F>
+constexpr decltype(auto) dispatch_dtype(DTypeSet<kFirst, kRest...>, DType dtype, F&& f) {
+  if constexpr (sizeof...(kRest) > 0) {
+    if (dtype != kFirst && ((dtype == kRest) || ...)) {
+      return dispatch_dtype(DTypeSet<kRest...>{}, dtype, std::forward<F>(f));
+    }
+  }
+  return std::forward<F>(f)(DTypeTag<kFirst>{});
+}
+
+/// dispatch_dtype over every storage dtype.
 template <typename F>
 constexpr decltype(auto) dispatch_dtype(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::kF16:
-      return std::forward<F>(f)(DTypeTag<DType::kF16>{});
-    case DType::kBF16:
-      return std::forward<F>(f)(DTypeTag<DType::kBF16>{});
-    case DType::kF32:
-      break;
-  }
-  return std::forward<F>(f)(DTypeTag<DType::kF32>{});
+  return dispatch_dtype(kAllDTypes, dtype, std::forward<F>(f));
 }
 
 }  // namespace pagedkv::detail

@@ -51,6 +51,18 @@ template <>
 struct HwyElement<DType::kBF16> {
   using type = hwy::bfloat16_t;
 };
+template <>
+struct HwyElement<DType::kFP8E4M3> {
+  using type = Fp8E4M3;
+};
+template <>
+struct HwyElement<DType::kFP8E5M2> {
+  using type = Fp8E5M2;
+};
+template <>
+struct HwyElement<DType::kInt8> {
+  using type = int8_t;
+};
 }  // namespace pagedkv::detail::fast
 #endif  // PAGEDKV_CPU_ATTENTION_HWY_SHARED_
 

@@ -94,13 +94,16 @@ HWY_INLINE void InitItem(DF df, ItemState<T>& st, int32_t part) {
   st.sc = st.acc + R * D;
   st.m = st.sc + R * ts;
   st.l = st.m + R;
-  const V vscale = hn::Set(df, a.scale);
+  // The softmax scale and each kv head's K scale (8-bit formats; 1 otherwise) fold into q.
   for (int32_t t = 0; t < rs.num_q; ++t) {
     const float* src =
         a.q + ((rs.q_row + t) * a.num_heads + static_cast<int64_t>(rs.kv_head) * G) * D;
     float* dst = qs + static_cast<int64_t>(t) * RT * D;
-    for (int64_t i = 0; i < RT * D; i += L) {
-      hn::StoreU(hn::Mul(hn::LoadU(df, src + i), vscale), df, dst + i);
+    for (int32_t h = 0; h < rs.num_kv; ++h) {
+      const V vscale = hn::Set(df, a.scale * a.cache.key_scale(rs.kv_head + h) * kLoadFactor<T>);
+      for (int64_t i = h * G * D; i < (h + 1) * G * D; i += L) {
+        hn::StoreU(hn::Mul(hn::LoadU(df, src + i), vscale), df, dst + i);
+      }
     }
   }
   std::fill(st.acc, st.acc + R * D, 0.0f);
@@ -303,13 +306,18 @@ HWY_INLINE void StoreItem(DF df, const ItemState<T>& st, int32_t part) {
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
   const int64_t D = st.D;
   const int32_t R = st.R;
+  // Each kv head's V scale (8-bit formats; 1 otherwise) folds into the output, or into the
+  // partial accumulator, which the merge combines linearly.
+  const auto v_factor = [&](int32_t r) {
+    return a.cache.value_scale(rs.kv_head + (r % st.RT) / st.G) * kLoadFactor<T>;
+  };
   if (rs.partial_offset < 0) {
     for (int32_t r = 0; r < R; ++r) {
       const int64_t head = static_cast<int64_t>(rs.kv_head) * st.G + r % st.RT;
       float* o = a.out + ((rs.q_row + r / st.RT) * a.num_heads + head) * D;
       const float* ar = st.acc + r * D;
       // A row that saw no key (padding row, empty window) outputs zeros, as the plain kernel.
-      const V vinv = hn::Set(df, st.l[r] == 0.0f ? 0.0f : 1.0f / st.l[r]);
+      const V vinv = hn::Set(df, st.l[r] == 0.0f ? 0.0f : v_factor(r) / st.l[r]);
       for (int64_t d = 0; d < D; d += L) {
         hn::StoreU(hn::Mul(hn::LoadU(df, ar + d), vinv), df, o + d);
       }
@@ -319,7 +327,8 @@ HWY_INLINE void StoreItem(DF df, const ItemState<T>& st, int32_t part) {
       float* dst = a.partial + rs.partial_offset + (static_cast<int64_t>(part) * R + r) * (D + 2);
       dst[0] = st.m[r];
       dst[1] = st.l[r];
-      std::copy(st.acc + r * D, st.acc + (r + 1) * D, dst + 2);
+      const float f = v_factor(r);
+      for (int64_t d = 0; d < D; ++d) dst[2 + d] = st.acc[r * D + d] * f;
     }
   }
 }

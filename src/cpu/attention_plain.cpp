@@ -21,6 +21,8 @@ void attend_row(const KVLayerView& cache, const int32_t* table, int32_t kv_head,
                 float* out) {
   const int32_t head_dim = cache.head_dim;
   const int32_t bs = cache.block_size;
+  // The 8-bit formats' scales fold into the scores (K) and the output (V): x = stored * scale.
+  scale *= cache.key_scale(kv_head);
   float m = -std::numeric_limits<float>::infinity();
   float l = 0.0f;
   std::fill(acc, acc + head_dim, 0.0f);
@@ -54,7 +56,7 @@ void attend_row(const KVLayerView& cache, const int32_t* table, int32_t kv_head,
     std::fill(out, out + head_dim, 0.0f);
     return;
   }
-  const float inv = 1.0f / l;
+  const float inv = cache.value_scale(kv_head) / l;
   for (int32_t d = 0; d < head_dim; ++d) out[d] = acc[d] * inv;
 }
 

@@ -58,13 +58,15 @@ void paged_attention_over_slots(const AttentionParams& params, const KVLayerView
       const float* qh = q.data() + i * row_elems + static_cast<int64_t>(h) * head_dim;
       float* oh = out.data() + i * row_elems + static_cast<int64_t>(h) * head_dim;
       const int32_t kv_head = h / group;
+      const float key_scale = scale * cache.key_scale(kv_head);
+      const float value_scale = cache.value_scale(kv_head);
       float m = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < n; ++j) {
         const int64_t off = cache.slot_offset(slots[begin + j], kv_head);
         float dot = 0.0f;
         for (int32_t d = 0; d < head_dim; ++d)
           dot += qh[d] * load_as_f32(cache.k, cache.dtype, off + d);
-        scores[j] = dot * scale;
+        scores[j] = dot * key_scale;
         m = std::max(m, scores[j]);
       }
       for (int32_t d = 0; d < head_dim; ++d) oh[d] = 0.0f;
@@ -82,6 +84,7 @@ void paged_attention_over_slots(const AttentionParams& params, const KVLayerView
         for (int32_t d = 0; d < head_dim; ++d)
           oh[d] += p * load_as_f32(cache.v, cache.dtype, off + d);
       }
+      for (int32_t d = 0; d < head_dim; ++d) oh[d] *= value_scale;
     }
   }
 }

@@ -28,11 +28,33 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 /// Loads Lanes(df) K/V elements as fp32: fp16/bf16 are widened in registers (vcvtph2ps, or a
-/// 16-bit shift for bf16), so the cache is read at its storage size.
+/// 16-bit shift for bf16), so the cache is read at its storage size. The 8-bit formats widen
+/// too, before their scale (applied per head outside the loop): int8 through int32; fp8 e5m2
+/// is the top byte of the fp16 of equal value; fp8 e4m3's sign, exponent and mantissa shifted
+/// into fp16's fields give its value times 2^-8 (kLoadFactor), subnormals included, with its
+/// one NaN code S.1111.111 mapped to an fp16 NaN.
 template <typename T, class DF>
 HWY_INLINE hn::Vec<DF> LoadF32(DF df, const T* HWY_RESTRICT p) {
   if constexpr (std::is_same_v<T, float>) {
     return hn::LoadU(df, p);
+  } else if constexpr (std::is_same_v<T, int8_t>) {
+    const hn::Rebind<int8_t, DF> d8;
+    const hn::Rebind<int32_t, DF> d32;
+    return hn::ConvertTo(df, hn::PromoteTo(d32, hn::LoadU(d8, p)));
+  } else if constexpr (std::is_same_v<T, Fp8E4M3> || std::is_same_v<T, Fp8E5M2>) {
+    const hn::Rebind<uint8_t, DF> d8;
+    const hn::Rebind<uint16_t, DF> d16;
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    const auto b = hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const uint8_t*>(p)));
+    if constexpr (std::is_same_v<T, Fp8E5M2>) {
+      return hn::PromoteTo(df, hn::BitCast(dh, hn::ShiftLeft<8>(b)));
+    } else {
+      const auto sign = hn::ShiftLeft<8>(hn::And(b, hn::Set(d16, 0x80)));
+      const auto em = hn::And(b, hn::Set(d16, 0x7F));
+      const auto nan = hn::Eq(em, hn::Set(d16, 0x7F));
+      const auto bits = hn::IfThenElse(nan, hn::Set(d16, 0x7E00), hn::ShiftLeft<7>(em));
+      return hn::PromoteTo(df, hn::BitCast(dh, hn::Or(sign, bits)));
+    }
   } else {
     const hn::Rebind<T, DF> dh;
     return hn::PromoteTo(df, hn::LoadU(dh, p));

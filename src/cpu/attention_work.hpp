@@ -8,11 +8,26 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/attention_fast.hpp"
 
 namespace pagedkv::detail::fast {
+
+/// The 8-bit fp formats as the kernel loads them: one byte each, distinct types so that LoadF32
+/// (attention_tile-inl.h) picks each one's widening. int8 loads as int8_t.
+struct Fp8E4M3 {
+  uint8_t bits;
+};
+struct Fp8E5M2 {
+  uint8_t bits;
+};
+/// What LoadF32 returns times this is the stored value: e4m3 widens through fp16 with its
+/// exponent field moved, not re-biased, so it reads 2^-8 of its value; the factor folds into
+/// the per-head scales (KernelArgs::key_scale, value_scale) with the format's own scale.
+template <typename T>
+inline constexpr float kLoadFactor = std::is_same_v<T, Fp8E4M3> ? 256.0f : 1.0f;
 
 /// Keys per tile: the scores of a tile are four AVX-512 vectors; one kv head's K (or V) rows of
 /// a tile (64 x 128 x 2 B = 16 KiB for bf16 head_dim 128) stay in L1 while its rows use them,

@@ -1,8 +1,13 @@
 #include "pagedkv/storage/host_kv_cache.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include "core/check.hpp"
+#include "pagedkv/storage/kv_write.hpp"
 
 namespace pagedkv {
 
@@ -24,7 +29,43 @@ HostKVCache::HostKVCache(const KVCacheConfig& config, const HostMemoryOptions& m
       pool_bytes_(pool_elements(config_) * dtype_size(config_.dtype)),
       // Pools are zeroed (HostBuffer) so that reading an unwritten slot gives 0, not garbage
       // (deterministic tests; fp16/bf16 zero is also all-zero bits).
-      arena_(2 * static_cast<int64_t>(config_.num_layers) * pool_stride(pool_bytes_), memory) {}
+      arena_(2 * static_cast<int64_t>(config_.num_layers) * pool_stride(pool_bytes_), memory),
+      scales_(static_cast<size_t>(2 * int64_t{config_.num_layers} * config_.num_kv_heads), 1.0f),
+      scales_set_(static_cast<size_t>(config_.num_layers), false) {}
+
+std::span<const float> HostKVCache::scales(int32_t layer, bool value) const {
+  PAGEDKV_CHECK(layer >= 0 && layer < config_.num_layers,
+                "HostKVCache::scales: layer {} out of range [0, {})", layer, config_.num_layers);
+  const auto h = static_cast<size_t>(config_.num_kv_heads);
+  return {scales_.data() + (2 * static_cast<size_t>(layer) + (value ? 1 : 0)) * h, h};
+}
+
+void HostKVCache::set_scales(int32_t layer, std::span<const float> k_scale,
+                             std::span<const float> v_scale) {
+  constexpr const char* kFn = "HostKVCache::set_scales";
+  PAGEDKV_CHECK(dtype_is_quantized(config_.dtype), "{}: dtype {} has no scales (8-bit only)", kFn,
+                dtype_name(config_.dtype));
+  PAGEDKV_CHECK(layer >= 0 && layer < config_.num_layers, "{}: layer {} out of range [0, {})", kFn,
+                layer, config_.num_layers);
+  const bool per_head = config_.scale_granularity == KVScaleGranularity::kPerHead;
+  const size_t heads = static_cast<size_t>(config_.num_kv_heads);
+  for (const auto& [name, s] : {std::pair{"k_scale", k_scale}, std::pair{"v_scale", v_scale}}) {
+    PAGEDKV_CHECK(
+        s.size() == 1 || (per_head && s.size() == heads), "{}: {} has {} values, expected 1{}", kFn,
+        name, s.size(),
+        per_head ? " or " + std::to_string(heads) + " (one per kv head)" : " (per-tensor scales)");
+    for (size_t i = 0; i < s.size(); ++i) {
+      PAGEDKV_CHECK(std::isfinite(s[i]) && s[i] > 0.0f,
+                    "{}: {}[{}] is {}: a scale must be finite and > 0", kFn, name, i, s[i]);
+    }
+  }
+  float* dst = scales_.data() + 2 * static_cast<size_t>(layer) * heads;
+  for (size_t h = 0; h < heads; ++h) {
+    dst[h] = k_scale[k_scale.size() == 1 ? 0 : h];
+    dst[heads + h] = v_scale[v_scale.size() == 1 ? 0 : h];
+  }
+  scales_set_[static_cast<size_t>(layer)] = true;
+}
 
 std::byte* HostKVCache::block_ptr(int32_t layer, bool value, int64_t block) const {
   // Arena: one region of 2 pool strides per layer. Separate: layer 0 K pool, layer 0 V pool,
@@ -45,44 +86,43 @@ void HostKVCache::check_block(BlockId block, const char* op) const {
 KVLayerView HostKVCache::layer(int32_t layer) const {
   PAGEDKV_CHECK(layer >= 0 && layer < config_.num_layers,
                 "HostKVCache::layer: layer {} out of range [0, {})", layer, config_.num_layers);
-  return layer_view(config_, block_ptr(layer, false, 0), block_ptr(layer, true, 0));
+  KVLayerView view = layer_view(config_, block_ptr(layer, false, 0), block_ptr(layer, true, 0));
+  if (dtype_is_quantized(config_.dtype)) {
+    view.k_scale = scales(layer, false).data();
+    view.v_scale = scales(layer, true).data();
+  }
+  return view;
 }
 
 void HostKVCache::write(int32_t layer, std::span<const Slot> slot_mapping, std::span<const float> k,
                         std::span<const float> v) {
   PAGEDKV_CHECK(layer >= 0 && layer < config_.num_layers,
                 "HostKVCache::write: layer {} out of range [0, {})", layer, config_.num_layers);
-  const int64_t num_tokens = static_cast<int64_t>(slot_mapping.size());
-  const int64_t token_elems = static_cast<int64_t>(config_.num_kv_heads) * config_.head_dim;
-  const int64_t expected = num_tokens * token_elems;
-  PAGEDKV_CHECK(static_cast<int64_t>(k.size()) == expected,
-                "HostKVCache::write: k has {} elements, expected {} ({} tokens x {} kv heads x {} "
-                "dims)",
-                k.size(), expected, num_tokens, config_.num_kv_heads, config_.head_dim);
-  PAGEDKV_CHECK(static_cast<int64_t>(v.size()) == expected,
-                "HostKVCache::write: v has {} elements, expected {} ({} tokens x {} kv heads x {} "
-                "dims)",
-                v.size(), expected, num_tokens, config_.num_kv_heads, config_.head_dim);
-  const int64_t num_slots = static_cast<int64_t>(config_.num_blocks) * config_.block_size;
-  // All slots are checked before the first store: a failed write changes nothing.
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    PAGEDKV_CHECK(slot_mapping[t] < num_slots,
-                  "HostKVCache::write: slot {} of token {} out of range [0, {})", slot_mapping[t],
-                  t, num_slots);
-  }
-  const KVLayerView view = this->layer(layer);
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    const Slot slot = slot_mapping[t];
-    if (slot < 0) continue;  // padding token
-    for (int32_t h = 0; h < config_.num_kv_heads; ++h) {
-      const int64_t dst = view.slot_offset(slot, h);
-      const int64_t src = t * token_elems + static_cast<int64_t>(h) * config_.head_dim;
-      for (int32_t d = 0; d < config_.head_dim; ++d) {
-        store_from_f32(view.k, config_.dtype, dst + d, k[src + d]);
-        store_from_f32(view.v, config_.dtype, dst + d, v[src + d]);
+  if (dtype_is_quantized(config_.dtype) && !scales_set_[static_cast<size_t>(layer)] &&
+      !slot_mapping.empty()) {
+    // Calibrate on a copy first: a write that then fails its checks leaves the scales unset.
+    const int64_t token_elems = int64_t{config_.num_kv_heads} * config_.head_dim;
+    if (static_cast<int64_t>(k.size()) == static_cast<int64_t>(slot_mapping.size()) * token_elems &&
+        k.size() == v.size()) {
+      const KVScales s = calibrate_kv_scales(config_.dtype, config_.scale_granularity,
+                                             config_.num_kv_heads, config_.head_dim, k, v);
+      const std::vector<float> saved = scales_;
+      const size_t heads = static_cast<size_t>(config_.num_kv_heads);
+      std::copy(s.k.begin(), s.k.end(),
+                scales_.begin() + 2 * static_cast<ptrdiff_t>(layer * heads));
+      std::copy(s.v.begin(), s.v.end(),
+                scales_.begin() + static_cast<ptrdiff_t>((2 * layer + 1) * heads));
+      try {
+        reshape_and_cache(this->layer(layer), slot_mapping, k, v);
+      } catch (...) {
+        scales_ = saved;
+        throw;
       }
+      scales_set_[static_cast<size_t>(layer)] = true;
+      return;
     }
   }
+  reshape_and_cache(this->layer(layer), slot_mapping, k, v);
 }
 
 void HostKVCache::copy_blocks(std::span<const BlockCopy> pairs) {
@@ -117,18 +157,30 @@ std::vector<float> HostKVCache::read(int32_t layer, Slot slot, int32_t kv_head, 
   const void* base = value ? view.v : view.k;
   const int64_t off = view.slot_offset(slot, kv_head);
   std::vector<float> out(static_cast<size_t>(config_.head_dim));
-  for (int32_t d = 0; d < config_.head_dim; ++d) out[d] = load_as_f32(base, config_.dtype, off + d);
+  const float scale = scales(layer, value)[static_cast<size_t>(kv_head)];
+  for (int32_t d = 0; d < config_.head_dim; ++d) {
+    out[d] = load_as_f32(base, config_.dtype, off + d) * scale;
+  }
   return out;
 }
 
 void HostKVCache::fill_blocks(std::span<const BlockId> blocks, float value) {
   for (BlockId b : blocks) check_block(b, "fill_blocks");
-  const int64_t block_elems = pool_elements(config_) / config_.num_blocks;
   for (BlockId b : blocks) {
     for (int32_t l = 0; l < config_.num_layers; ++l) {
+      const KVLayerView view = this->layer(l);
       for (bool is_v : {false, true}) {
-        std::byte* base = block_ptr(l, is_v, b);
-        for (int64_t i = 0; i < block_elems; ++i) store_from_f32(base, config_.dtype, i, value);
+        void* base = is_v ? view.v : view.k;
+        const std::span<const float> s = scales(l, is_v);
+        for (int32_t h = 0; h < config_.num_kv_heads; ++h) {
+          const float stored = dtype_is_quantized(config_.dtype) ? value / s[h] : value;
+          for (int32_t t = 0; t < config_.block_size; ++t) {
+            const int64_t off = view.offset(b, h, t);
+            for (int32_t d = 0; d < config_.head_dim; ++d) {
+              store_from_f32(base, config_.dtype, off + d, stored);
+            }
+          }
+        }
       }
     }
   }

@@ -26,7 +26,7 @@ void validate(const KVCacheConfig& c) {
                 c.num_kv_heads);
   PAGEDKV_CHECK(c.head_dim >= 1, "KVCacheConfig: head_dim must be >= 1, got {}", c.head_dim);
   const auto dtype_raw = static_cast<int>(c.dtype);
-  PAGEDKV_CHECK(dtype_raw >= 0 && dtype_raw <= static_cast<int>(DType::kBF16),
+  PAGEDKV_CHECK(dtype_raw >= 0 && dtype_raw <= static_cast<int>(DType::kInt8),
                 "KVCacheConfig: unknown dtype value {}", dtype_raw);
   const auto layout_raw = static_cast<int>(c.layout);
   PAGEDKV_CHECK(layout_raw >= 0 && layout_raw <= static_cast<int>(KVLayout::kNHD),
@@ -34,6 +34,10 @@ void validate(const KVCacheConfig& c) {
   const auto placement_raw = static_cast<int>(c.placement);
   PAGEDKV_CHECK(placement_raw >= 0 && placement_raw <= static_cast<int>(KVPlacement::kInterleaved),
                 "KVCacheConfig: unknown placement value {}", placement_raw);
+  const auto granularity_raw = static_cast<int>(c.scale_granularity);
+  PAGEDKV_CHECK(
+      granularity_raw >= 0 && granularity_raw <= static_cast<int>(KVScaleGranularity::kPerHead),
+      "KVCacheConfig: unknown scale_granularity value {}", granularity_raw);
   // Four int32 factors can reach 2^124: check every partial product so that pool_elements() and
   // kv_cache_bytes() (which multiply without checks, being constexpr helpers) cannot overflow.
   int64_t n = c.num_blocks;
@@ -45,7 +49,8 @@ void validate(const KVCacheConfig& c) {
                 c.num_blocks, c.block_size, c.num_kv_heads, c.head_dim);
   int64_t bytes = n;
   ok = mul_fits(bytes, dtype_size(c.dtype), &bytes) && mul_fits(bytes, 2, &bytes) &&
-       mul_fits(bytes, c.num_layers, &bytes);
+       mul_fits(bytes, c.num_layers, &bytes) &&
+       bytes <= std::numeric_limits<int64_t>::max() - kv_scale_bytes(c);
   PAGEDKV_CHECK(ok, "KVCacheConfig: {} layers x 2 pools x {} elements of {} overflows int64 bytes",
                 c.num_layers, n, dtype_name(c.dtype));
 }

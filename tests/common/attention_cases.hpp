@@ -103,6 +103,20 @@ inline std::vector<AttentionCase> attention_grid(bool prefill) {
   add_shape(cases, prefill, DType::kF32, KVLayout::kNHD, 64, 16, 2, 2, 33);
   add_shape(cases, prefill, DType::kF16, KVLayout::kNHD, 64, 7, 4, 5, kLongContext);
   add_shape(cases, prefill, DType::kBF16, KVLayout::kNHD, 128, 32, 2, 8, 100);
+  // The 8-bit formats (per-head scales, see make_scenario) on a smaller grid: the dtype only
+  // changes the loads and the scale folding, which these shapes cover (one and several kv
+  // heads per item, partial blocks, long contexts split into partitions, NHD, each SIMD width).
+  for (DType dtype : {DType::kFP8E4M3, DType::kFP8E5M2, DType::kInt8}) {
+    for (int32_t bs : {7, 16}) {
+      for (int32_t group : {1, 5}) {
+        for (int32_t ctx : {bs + 1, kLongContext}) {
+          add_shape(cases, prefill, dtype, KVLayout::kHND, 64, bs, 2, group, ctx);
+        }
+      }
+    }
+    add_shape(cases, prefill, dtype, KVLayout::kNHD, 128, 16, 4, 2, 300);
+    add_shape(cases, prefill, dtype, KVLayout::kHND, 8, 32, 3, 3, 65);
+  }
   return cases;
 }
 

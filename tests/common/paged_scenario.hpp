@@ -103,8 +103,20 @@ inline PagedScenario make_scenario(KVCacheConfig geometry, AttentionParams param
   }
   geometry.num_layers = 2;
   geometry.num_blocks = needed + spare_blocks;
+  if (dtype_is_quantized(geometry.dtype)) geometry.scale_granularity = KVScaleGranularity::kPerHead;
   s.config = geometry;
   s.cache = std::make_unique<HostKVCache>(geometry);
+  if (dtype_is_quantized(geometry.dtype)) {
+    // K/V are uniform in [-1, 1]: per-head scales that differ across heads (and between K and
+    // V) and leave each head's largest value below the format's max, so nothing saturates and
+    // a kernel that applies one head's scale to another is off by 25% or more.
+    std::vector<float> ks, vs;
+    for (int32_t h = 0; h < geometry.num_kv_heads; ++h) {
+      ks.push_back((1.0f + 0.25f * static_cast<float>(h)) / dtype_max_finite(geometry.dtype));
+      vs.push_back((1.5f + 0.5f * static_cast<float>(h)) / dtype_max_finite(geometry.dtype));
+    }
+    for (int32_t l = 0; l < geometry.num_layers; ++l) s.cache->set_scales(l, ks, vs);
+  }
 
   std::mt19937 rng(seed);
   std::vector<BlockId> ids(static_cast<size_t>(geometry.num_blocks));
@@ -168,6 +180,25 @@ inline double rel_error(std::span<const float> out, std::span<const float> ref) 
 /// reference.
 constexpr double kF32MaxAbs = 1e-5;
 constexpr double kLowPrecisionRel = 2e-2;
+
+/// The storage error bound (rel_error vs the unrounded fp32 K/V) of a dtype in these scenarios
+/// (uniform K/V, make_scenario's scales): fp16/bf16 kLowPrecisionRel; the 8-bit formats by
+/// their mantissa (e4m3 3 bits: half an ulp is 2^-4 relative; e5m2 2 bits: 2^-3) and int8 by
+/// its step (scale / 2 against values up to 127 steps), each about 1.5x the worst measured on
+/// the attention grid (0.053, 0.107, 0.012). Not a kernel bound: kernels are held to kF32MaxAbs
+/// against the reference over the same stored values.
+inline double storage_rel_bound(DType dtype) {
+  switch (dtype) {
+    case DType::kFP8E4M3:
+      return 8e-2;
+    case DType::kFP8E5M2:
+      return 1.6e-1;
+    case DType::kInt8:
+      return 2e-2;
+    default:
+      return kLowPrecisionRel;
+  }
+}
 
 /// make_scenario for a test-case struct with the usual fields (block_size, num_kv_heads,
 /// head_dim, dtype, layout, group, window_left, sink_tokens; placement when it has one):

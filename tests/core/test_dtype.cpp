@@ -37,8 +37,9 @@ TEST(DType, ParseAliases) {
 }
 
 TEST(DType, ParseErrorNamesTheStringAndTheAcceptedNames) {
-  EXPECT_THAT([] { (void)parse_dtype("fp8"); },
-              ThrowsMessage<Error>(AllOf(HasSubstr("'fp8'"), HasSubstr("bfloat16"))));
+  EXPECT_THAT([] { (void)parse_dtype("fp4"); },
+              ThrowsMessage<Error>(AllOf(HasSubstr("'fp4'"), HasSubstr("bfloat16"),
+                                         HasSubstr("fp8_e4m3"), HasSubstr("int8"))));
   EXPECT_THAT([] { (void)parse_dtype(""); }, ThrowsMessage<Error>(HasSubstr("''")));
 }
 

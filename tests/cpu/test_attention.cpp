@@ -35,6 +35,7 @@ using testing::sci;
 
 using testing::kF32MaxAbs;
 using testing::kLowPrecisionRel;
+using testing::storage_rel_bound;
 
 /// The public functions (whatever kernel they dispatch to) or the plain kernel directly: the
 /// plain kernel is the oracle faster kernels are compared with, so it must match the
@@ -80,8 +81,8 @@ TEST_P(PagedVsReference, MatchesReference) {
     // Against the unrounded fp32 inputs: the storage rounding error, bounded relatively.
     const double rel_err = rel_error(out, ref_exact);
     RecordProperty("rel_err_vs_fp32_inputs_" + tag, sci(rel_err));
-    EXPECT_LE(rel_err, kLowPrecisionRel);
-    EXPECT_LE(rel_error(out, ref_rounded), kLowPrecisionRel);
+    EXPECT_LE(rel_err, storage_rel_bound(c.dtype));
+    EXPECT_LE(rel_error(out, ref_rounded), storage_rel_bound(c.dtype));
   }
 }
 

@@ -36,6 +36,7 @@ using testing::sci;
 
 using testing::kF32MaxAbs;
 using testing::kLowPrecisionRel;
+using testing::storage_rel_bound;
 
 std::vector<float> run_plain(const PagedScenario& s) {
   std::vector<float> out(s.q.size(), std::numeric_limits<float>::quiet_NaN());
@@ -86,7 +87,7 @@ TEST_P(FastVsPlain, MatchesPlainAndReference) {
     EXPECT_LE(vs_plain, kF32MaxAbs);
     EXPECT_LE(vs_ref, kF32MaxAbs);
     if (c.dtype != DType::kF32) {
-      EXPECT_LE(rel_error(fast, ref_exact), kLowPrecisionRel);
+      EXPECT_LE(rel_error(fast, ref_exact), storage_rel_bound(c.dtype));
     }
   }
 }

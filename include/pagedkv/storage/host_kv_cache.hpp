@@ -35,14 +35,29 @@ class HostKVCache {
   explicit HostKVCache(const KVCacheConfig& config, const HostMemoryOptions& memory = {});
 
   /// reshape_and_cache: writes the K and V of new tokens to their slots in layer `layer`,
-  /// converting fp32 to the storage dtype (round to nearest even).
+  /// converting fp32 to the storage dtype (round to nearest even; 8-bit dtypes: divided by the
+  /// layer's scale and saturated, see dtype.hpp). A quantized layer whose scales were never set
+  /// calibrates them from this first write (calibrate_kv_scales with config.scale_granularity:
+  /// max |x| / format max), as vLLM's calculate_kv_scales does on the first prefill.
   /// Shapes: slot_mapping [num_tokens] int64 (negative = padding, skipped);
   ///         k, v [num_tokens, num_kv_heads, head_dim] fp32.
   /// Errors: throws pagedkv::Error if layer is out of range, k/v sizes differ from
   /// num_tokens * num_kv_heads * head_dim, or a slot is >= num_blocks * block_size; checked
-  /// before anything is written.
+  /// before anything is written (scales included).
   void write(int32_t layer, std::span<const Slot> slot_mapping, std::span<const float> k,
              std::span<const float> v);
+
+  /// Sets the scales of a quantized layer (x = stored * scale): one value each for K and V
+  /// (per tensor; repeated per head), or num_kv_heads values each (config.scale_granularity
+  /// kPerHead only). K/V already stored keep their bytes: set scales before the first write.
+  /// Errors: throws pagedkv::Error if the dtype is not quantized, the layer is out of range,
+  /// a count is neither 1 nor (per head) num_kv_heads, or a scale is not finite and > 0
+  /// (naming it and its index); nothing changes then.
+  void set_scales(int32_t layer, std::span<const float> k_scale, std::span<const float> v_scale);
+  /// The K (value false) or V (true) scales of a layer, [num_kv_heads] (all 1 for the float
+  /// dtypes and for a quantized layer not yet written or set).
+  /// Errors: throws pagedkv::Error on an out-of-range layer.
+  [[nodiscard]] std::span<const float> scales(int32_t layer, bool value) const;
 
   /// Copies whole blocks src -> dst in every layer, K and V (copy-on-write, defragmentation):
   /// the AppendResult::copies of KVCacheManager, before the slots are written.
@@ -52,13 +67,14 @@ class HostKVCache {
   void copy_blocks(std::span<const BlockCopy> pairs);
 
   /// Reads the K (value false) or V (value true) vector of one (slot, kv head) of a layer as
-  /// fp32, for tests and debugging. Shapes: returns [head_dim].
+  /// fp32 (dequantized: stored x scale), for tests and debugging. Shapes: returns [head_dim].
   /// Errors: throws pagedkv::Error on an out-of-range layer, slot (negative included) or head.
   [[nodiscard]] std::vector<float> read(int32_t layer, Slot slot, int32_t kv_head,
                                         bool value) const;
 
   /// Sets every element of the given blocks (all layers, K and V) to `value`, rounded to the
-  /// dtype; tests use NaN to poison reused blocks.
+  /// dtype (quantized: value / scale); tests use NaN to poison reused blocks (int8 has no NaN:
+  /// it stores 0).
   /// Errors: throws pagedkv::Error if an id is out of range (all checked first).
   void fill_blocks(std::span<const BlockId> blocks, float value);
 
@@ -78,7 +94,7 @@ class HostKVCache {
   [[nodiscard]] KVLayerView layer(int32_t layer) const;
   /// The geometry the cache was built with.
   [[nodiscard]] const KVCacheConfig& config() const { return config_; }
-  /// Bytes held by the pools: kv_cache_bytes(config()).
+  /// Bytes held by the pools and scales: kv_cache_bytes(config()).
   [[nodiscard]] int64_t bytes() const { return kv_cache_bytes(config_); }
 
  private:
@@ -89,6 +105,10 @@ class HostKVCache {
   KVCacheConfig config_;
   int64_t pool_bytes_ = 0;
   HostBuffer arena_;
+  /// [num_layers][2 (K, V)][num_kv_heads] scales (1 for the float dtypes).
+  std::vector<float> scales_;
+  /// Per layer: scales set or calibrated (a quantized layer calibrates on its first write).
+  std::vector<bool> scales_set_;
 };
 
 }  // namespace pagedkv

@@ -21,6 +21,13 @@ enum class KVPlacement : uint8_t {
   kInterleaved,
 };
 
+/// How many scales a quantized (8-bit) layer has for K and for V (dtype.hpp: x = stored *
+/// scale). Ignored by the float dtypes.
+enum class KVScaleGranularity : uint8_t {
+  kPerTensor,  ///< one K scale and one V scale per layer (vLLM's k_scale / v_scale)
+  kPerHead,    ///< one per kv head and layer (vLLM's per-head fp8 scales)
+};
+
 /// Geometry of a paged KV cache: num_layers x {K, V} pools of num_blocks blocks.
 /// Every size must be >= 1 (validate()); num_blocks has no usable default and must be set.
 /// Memory: kv_cache_bytes(config).
@@ -34,6 +41,8 @@ struct KVCacheConfig {
   KVLayout layout = KVLayout::kHND;  ///< order of (kv head, token) inside a block
   /// Where a block's K and V live: interleaved (default) or separate pools.
   KVPlacement placement = KVPlacement::kInterleaved;
+  /// Scales of a quantized dtype: per tensor (default) or per kv head.
+  KVScaleGranularity scale_granularity = KVScaleGranularity::kPerTensor;
 };
 
 /// Checks every field: sizes >= 1, dtype / layout / placement a known enumerator, and the
@@ -62,10 +71,19 @@ void validate(const KVCacheConfig& config);
   return 2 * num_layers * num_tokens * num_kv_heads * head_dim * dtype_size(dtype);
 }
 
-/// Total bytes of the pools: kv_bytes_for_tokens(..., num_blocks * block_size).
+/// Bytes of the scales of a quantized dtype, 0 for the float ones: 2 (K, V) x L layers x H_kv
+/// x 4 (fp32), as stored (a per-tensor scale is kept once per kv head, the form the kernels
+/// read: KVLayerView::k_scale).
+[[nodiscard]] constexpr int64_t kv_scale_bytes(const KVCacheConfig& c) {
+  return dtype_is_quantized(c.dtype) ? 2 * int64_t{c.num_layers} * c.num_kv_heads * 4 : 0;
+}
+
+/// Total bytes of the cache: the pools, kv_bytes_for_tokens(..., num_blocks * block_size),
+/// plus kv_scale_bytes(c).
 [[nodiscard]] constexpr int64_t kv_cache_bytes(const KVCacheConfig& c) {
   return kv_bytes_for_tokens(c.num_layers, c.num_kv_heads, c.head_dim, c.dtype,
-                             static_cast<int64_t>(c.num_blocks) * c.block_size);
+                             static_cast<int64_t>(c.num_blocks) * c.block_size) +
+         kv_scale_bytes(c);
 }
 
 }  // namespace pagedkv

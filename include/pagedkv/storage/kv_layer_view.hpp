@@ -45,11 +45,25 @@ struct KVLayerView {
   /// Elements from one token to the next within a block and head: HND head_dim, NHD
   /// num_kv_heads * head_dim.
   int64_t token_stride = 0;
+  /// Quantized dtypes (dtype_is_quantized): the scales of K and of V, [num_kv_heads] fp32 each
+  /// (a per-tensor scale repeated per head): x = stored * k_scale[kv_head]. Required (non-null,
+  /// finite, > 0) for those dtypes; ignored (and may be null) for fp32 / fp16 / bf16.
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;  ///< see k_scale
 
   /// Element offset of (block, kv head, token in block, dim 0) from k (or v), in int64.
   /// Nothing is checked: kernels call it on ids validated at the public boundary.
   PAGEDKV_HOST_DEVICE int64_t offset(int64_t block, int64_t head, int64_t token) const {
     return block * block_stride + head * head_stride + token * token_stride;
+  }
+  /// The factor that turns kv head `head`'s stored K into values: k_scale[head] for a
+  /// quantized dtype, 1 otherwise (kernels fold it into the scores rather than the loads).
+  PAGEDKV_HOST_DEVICE float key_scale(int64_t head) const {
+    return dtype_is_quantized(dtype) ? k_scale[head] : 1.0f;
+  }
+  /// As key_scale, for V (kernels fold it into the output).
+  PAGEDKV_HOST_DEVICE float value_scale(int64_t head) const {
+    return dtype_is_quantized(dtype) ? v_scale[head] : 1.0f;
   }
   /// Element offset of (slot, kv head, dim 0): slot = block * block_size + token.
   /// Precondition: slot >= 0 (padding slots are skipped by the caller; nothing is checked).
@@ -81,7 +95,8 @@ PAGEDKV_HOST_DEVICE constexpr void layout_strides(KVLayout layout, int64_t block
 /// Errors: throws pagedkv::Error if a size (num_heads, num_kv_heads, head_dim, the view's
 /// block_size and num_blocks) is < 1, num_heads is not a multiple of num_kv_heads, num_kv_heads
 /// or head_dim differ from the view's (the message names both values), window_left < -1,
-/// sink_tokens < 0, scale is not finite, or the view's k or v is null.
+/// sink_tokens < 0, scale is not finite, the view's k or v is null, or (quantized dtype) its
+/// k_scale or v_scale is null or holds a scale that is not finite and > 0 (naming it).
 void check_attention_params(const AttentionParams& params, const KVLayerView& cache);
 
 /// Checks that block tables (or slot lists) built for blocks of `block_size` tokens in a pool of

@@ -1,0 +1,46 @@
+#pragma once
+/// @file kv_write.hpp
+/// The host cache write over any KVLayerView (pagedkv's own pools or memory the caller owns),
+/// and the calibration of 8-bit scales.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "pagedkv/dtype.hpp"
+#include "pagedkv/storage/kv_cache_config.hpp"
+#include "pagedkv/storage/kv_layer_view.hpp"
+#include "pagedkv/types.hpp"
+
+namespace pagedkv {
+
+/// reshape_and_cache (vLLM's name) on host memory: writes the K and V of new tokens to their
+/// slots of `cache`, converting fp32 to cache.dtype with round to nearest even; for a quantized
+/// dtype stored = Q(x / scale[kv_head]) with saturation (dtype.hpp).
+/// Shapes: slot_mapping [num_tokens] int64 (negative = padding, skipped);
+///         k, v [num_tokens, num_kv_heads, head_dim] fp32, rows contiguous.
+/// Errors: throws pagedkv::Error if k / v sizes differ from num_tokens * num_kv_heads *
+/// head_dim, a slot is >= cache.num_blocks * cache.block_size, the view has a null pool, or
+/// (quantized) a null or non-finite / non-positive scale (naming it); all checked before
+/// anything is written, so a failed write changes nothing.
+void reshape_and_cache(const KVLayerView& cache, std::span<const Slot> slot_mapping,
+                       std::span<const float> k, std::span<const float> v);
+
+/// Scales of one layer (K and V), [num_kv_heads] each.
+struct KVScales {
+  std::vector<float> k;
+  std::vector<float> v;
+};
+
+/// Calibrates the scales of a quantized `dtype` from a batch of K/V (the first prefill, as
+/// vLLM's calculate_kv_scales does): scale = max |x| / dtype_max_finite(dtype), over the whole
+/// batch (kPerTensor, then repeated per head) or per kv head (kPerHead). Non-finite elements
+/// are left out of the max; a max of 0 (or no finite element) gives scale 1.
+/// Shapes: k, v [num_tokens, num_kv_heads, head_dim] fp32; returns [num_kv_heads] each.
+/// Errors: throws pagedkv::Error if dtype is not quantized, num_kv_heads or head_dim < 1, or
+/// the sizes are not a multiple of num_kv_heads * head_dim or differ from each other.
+[[nodiscard]] KVScales calibrate_kv_scales(DType dtype, KVScaleGranularity granularity,
+                                           int32_t num_kv_heads, int32_t head_dim,
+                                           std::span<const float> k, std::span<const float> v);
+
+}  // namespace pagedkv

@@ -1,0 +1,120 @@
+#include "pagedkv/storage/kv_write.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "core/check.hpp"
+#include "core/dtype_dispatch.hpp"
+
+namespace pagedkv {
+
+namespace {
+
+void check_scales(const char* fn, const KVLayerView& c) {
+  PAGEDKV_CHECK(c.k_scale != nullptr && c.v_scale != nullptr,
+                "{}: a {} cache needs k_scale and v_scale (k_scale={}, v_scale={})", fn,
+                dtype_name(c.dtype), static_cast<const void*>(c.k_scale),
+                static_cast<const void*>(c.v_scale));
+  for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+    for (const float* s : {c.k_scale, c.v_scale}) {
+      PAGEDKV_CHECK(std::isfinite(s[h]) && s[h] > 0.0f,
+                    "{}: {} of kv head {} is {}: a scale must be finite and > 0", fn,
+                    s == c.k_scale ? "k_scale" : "v_scale", h, s[h]);
+    }
+  }
+}
+
+/// The stores of a checked write; kT folds the dtype switch out of the element loop.
+template <DType kT>
+void store_tokens(const KVLayerView& c, std::span<const Slot> slots, const float* k,
+                  const float* v) {
+  const int64_t token_elems = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  for (size_t t = 0; t < slots.size(); ++t) {
+    if (slots[t] < 0) continue;  // padding token
+    for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+      const int64_t dst = c.slot_offset(slots[t], h);
+      const int64_t src = static_cast<int64_t>(t) * token_elems + int64_t{h} * c.head_dim;
+      // 1 / scale once per head: the quantized store multiplies (the kernels multiply back).
+      const float ik = dtype_is_quantized(kT) ? 1.0f / c.k_scale[h] : 1.0f;
+      const float iv = dtype_is_quantized(kT) ? 1.0f / c.v_scale[h] : 1.0f;
+      for (int32_t d = 0; d < c.head_dim; ++d) {
+        store_from_f32(c.k, kT, dst + d, dtype_is_quantized(kT) ? k[src + d] * ik : k[src + d]);
+        store_from_f32(c.v, kT, dst + d, dtype_is_quantized(kT) ? v[src + d] * iv : v[src + d]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void reshape_and_cache(const KVLayerView& cache, std::span<const Slot> slot_mapping,
+                       std::span<const float> k, std::span<const float> v) {
+  constexpr const char* kFn = "reshape_and_cache";
+  const int64_t num_tokens = static_cast<int64_t>(slot_mapping.size());
+  const int64_t token_elems = static_cast<int64_t>(cache.num_kv_heads) * cache.head_dim;
+  const int64_t expected = num_tokens * token_elems;
+  PAGEDKV_CHECK(static_cast<int64_t>(k.size()) == expected,
+                "{}: k has {} elements, expected {} ({} tokens x {} kv heads x {} dims)", kFn,
+                k.size(), expected, num_tokens, cache.num_kv_heads, cache.head_dim);
+  PAGEDKV_CHECK(static_cast<int64_t>(v.size()) == expected,
+                "{}: v has {} elements, expected {} ({} tokens x {} kv heads x {} dims)", kFn,
+                v.size(), expected, num_tokens, cache.num_kv_heads, cache.head_dim);
+  const int64_t num_slots = static_cast<int64_t>(cache.num_blocks) * cache.block_size;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    PAGEDKV_CHECK(slot_mapping[t] < num_slots, "{}: slot {} of token {} out of range [0, {})",
+                  kFn, slot_mapping[t], t, num_slots);
+  }
+  if (num_tokens == 0) return;
+  PAGEDKV_CHECK(cache.k != nullptr && cache.v != nullptr,
+                "{}: cache view has a null K or V pool (k={}, v={})", kFn, cache.k, cache.v);
+  if (dtype_is_quantized(cache.dtype)) check_scales(kFn, cache);
+  detail::dispatch_dtype(cache.dtype, [&](auto tag) {
+    store_tokens<decltype(tag)::value>(cache, slot_mapping, k.data(), v.data());
+  });
+}
+
+KVScales calibrate_kv_scales(DType dtype, KVScaleGranularity granularity, int32_t num_kv_heads,
+                             int32_t head_dim, std::span<const float> k,
+                             std::span<const float> v) {
+  constexpr const char* kFn = "calibrate_kv_scales";
+  PAGEDKV_CHECK(dtype_is_quantized(dtype), "{}: dtype {} has no scales (8-bit dtypes only)", kFn,
+                dtype_name(dtype));
+  PAGEDKV_CHECK(num_kv_heads >= 1 && head_dim >= 1,
+                "{}: num_kv_heads {} and head_dim {} must be >= 1", kFn, num_kv_heads, head_dim);
+  const int64_t token_elems = int64_t{num_kv_heads} * head_dim;
+  PAGEDKV_CHECK(k.size() == v.size() && static_cast<int64_t>(k.size()) % token_elems == 0,
+                "{}: k has {} and v {} elements; both must be the same multiple of {} (kv heads "
+                "x head_dim)",
+                kFn, k.size(), v.size(), token_elems);
+  const auto max_abs = [&](std::span<const float> x, int32_t head) {
+    float m = 0.0f;
+    for (size_t i = static_cast<size_t>(head) * head_dim; i < x.size();
+         i += static_cast<size_t>(token_elems)) {
+      for (int32_t d = 0; d < head_dim; ++d) {
+        const float a = std::fabs(x[i + d]);
+        if (std::isfinite(a)) m = std::max(m, a);
+      }
+    }
+    return m;
+  };
+  KVScales s;
+  for (int kv = 0; kv < 2; ++kv) {
+    const std::span<const float> x = kv == 0 ? k : v;
+    std::vector<float> maxes(static_cast<size_t>(num_kv_heads));
+    for (int32_t h = 0; h < num_kv_heads; ++h) maxes[h] = max_abs(x, h);
+    if (granularity == KVScaleGranularity::kPerTensor) {
+      std::fill(maxes.begin(), maxes.end(), *std::max_element(maxes.begin(), maxes.end()));
+    }
+    // A subnormal max would divide to 0: the smallest normal float keeps the scale valid.
+    for (float& m : maxes) {
+      m = m > 0.0f ? std::max(m / dtype_max_finite(dtype), std::numeric_limits<float>::min())
+                   : 1.0f;
+    }
+    (kv == 0 ? s.k : s.v) = std::move(maxes);
+  }
+  return s;
+}
+
+}  // namespace pagedkv
