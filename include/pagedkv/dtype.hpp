@@ -175,6 +175,7 @@ inline uint8_t f32_to_fp8(float f) {
   const float a = std::fabs(f);
   const float max = fp8_to_f32<F>(F::kMaxCode);
   if (a >= max) return static_cast<uint8_t>(sign | F::kMaxCode);
+  if (a == 0.0f) return sign;  // frexp(0) has no binade
   // The quantum of a's binade, never below the subnormal quantum 2^(1 - bias - man).
   int e2 = 0;
   (void)std::frexp(a, &e2);  // a = f x 2^e2, f in [0.5, 1)
