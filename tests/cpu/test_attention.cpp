@@ -192,7 +192,7 @@ TEST(PagedAttention, DecodeEqualsPrefillWithOneQueryPerSequence) {
   EXPECT_EQ(decode, prefill);
 }
 
-TEST(PagedAttention, EmptyBatchIsANoOp) {
+TEST(PagedAttention, EmptyBatchWritesNothingButStillChecksSizes) {
   KVCacheConfig config;
   config.num_blocks = 1;
   HostKVCache cache(config);
@@ -200,8 +200,17 @@ TEST(PagedAttention, EmptyBatchIsANoOp) {
   const std::vector<int32_t> qs = {0};
   BlockTableView empty;  // no rows, but the geometry is still the cache's (issue 16)
   empty.block_size = config.block_size;
-  paged_decode_attention(params, cache.layer(0), empty, {}, {});
-  paged_prefill_attention(params, cache.layer(0), empty, qs, {}, {});
+  // The outputs are zero-length prefixes of sentinel buffers: nothing past them is written.
+  std::vector<float> out(4, 7.0f);
+  paged_decode_attention(params, cache.layer(0), empty, {}, std::span(out).first(0));
+  paged_prefill_attention(params, cache.layer(0), empty, qs, {}, std::span(out).first(0));
+  EXPECT_EQ(out, std::vector<float>(4, 7.0f));
+  // Zero rows still go through the size checks: a non-empty out is refused, naming 0 rows.
+  EXPECT_THAT([&] { paged_decode_attention(params, cache.layer(0), empty, {}, out); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("out has 4 elements, expected 0 (0 rows")));
+  EXPECT_THAT([&] { paged_prefill_attention(params, cache.layer(0), empty, qs, {}, out); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("out has 4 elements, expected 0 (0 rows")));
+  EXPECT_EQ(out, std::vector<float>(4, 7.0f));
 }
 
 TEST(PagedAttention, ExplicitScaleIsUsed) {
@@ -335,8 +344,14 @@ TEST_F(AttentionErrors, UnusedTableEntriesAreNotChecked) {
   table[s_.max_blocks_per_seq + 1] = 12345;
   BlockTableView view = s_.view();
   view.block_tables = table.data();
-  std::vector<float> out(s_.q.size());
-  EXPECT_NO_THROW(paged_decode_attention(s_.params, s_.layer(), view, s_.q, out));
+  std::vector<float> out(s_.q.size(), std::numeric_limits<float>::quiet_NaN());
+  paged_decode_attention(s_.params, s_.layer(), view, s_.q, out);
+  // Bit-identical to the run over the clean table, and the reference's answer: the entry was
+  // neither checked nor read.
+  std::vector<float> clean(s_.q.size(), std::numeric_limits<float>::quiet_NaN());
+  paged_decode_attention(s_.params, s_.layer(), s_.view(), s_.q, clean);
+  EXPECT_EQ(out, clean);
+  EXPECT_LE(max_abs_diff(out, s_.reference(true)), kF32MaxAbs);
 }
 
 TEST_F(AttentionErrors, ContextLongerThanTable) {
