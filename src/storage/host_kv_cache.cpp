@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/check.hpp"
+#include "storage/host_kv_cache_ops.hpp"
 
 namespace pagedkv {
 
@@ -18,6 +19,35 @@ int64_t pool_stride(int64_t pool_bytes) {
 }
 
 }  // namespace
+
+void detail::write_slots(const KVLayerView& cache, std::span<const Slot> slot_mapping,
+                         std::span<const float> k, std::span<const float> v) {
+  const int64_t token_elems = static_cast<int64_t>(cache.num_kv_heads) * cache.head_dim;
+  for (int64_t t = 0; t < static_cast<int64_t>(slot_mapping.size()); ++t) {
+    const Slot slot = slot_mapping[t];
+    if (slot < 0) continue;  // padding token
+    for (int32_t h = 0; h < cache.num_kv_heads; ++h) {
+      const int64_t dst = cache.slot_offset(slot, h);
+      const int64_t src = t * token_elems + static_cast<int64_t>(h) * cache.head_dim;
+      for (int32_t d = 0; d < cache.head_dim; ++d) {
+        store_from_f32(cache.k, cache.dtype, dst + d, k[src + d]);
+        store_from_f32(cache.v, cache.dtype, dst + d, v[src + d]);
+      }
+    }
+  }
+}
+
+void detail::copy_block(const KVLayerView& cache, int64_t src, int64_t dst) {
+  // A block's K (and V) is contiguous in every layout and placement (block is the outermost
+  // dimension); offsets in bytes are int64 like the element offsets.
+  const int64_t esize = dtype_size(cache.dtype);
+  const int64_t bytes = int64_t{cache.block_size} * cache.num_kv_heads * cache.head_dim * esize;
+  for (void* pool : {cache.k, cache.v}) {
+    auto* base = static_cast<std::byte*>(pool);
+    std::memcpy(base + cache.offset(dst, 0, 0) * esize, base + cache.offset(src, 0, 0) * esize,
+                static_cast<size_t>(bytes));
+  }
+}
 
 HostKVCache::HostKVCache(const KVCacheConfig& config, const HostMemoryOptions& memory)
     : config_((validate(config), config)),
@@ -70,19 +100,7 @@ void HostKVCache::write(int32_t layer, std::span<const Slot> slot_mapping, std::
                   "HostKVCache::write: slot {} of token {} out of range [0, {})", slot_mapping[t],
                   t, num_slots);
   }
-  const KVLayerView view = this->layer(layer);
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    const Slot slot = slot_mapping[t];
-    if (slot < 0) continue;  // padding token
-    for (int32_t h = 0; h < config_.num_kv_heads; ++h) {
-      const int64_t dst = view.slot_offset(slot, h);
-      const int64_t src = t * token_elems + static_cast<int64_t>(h) * config_.head_dim;
-      for (int32_t d = 0; d < config_.head_dim; ++d) {
-        store_from_f32(view.k, config_.dtype, dst + d, k[src + d]);
-        store_from_f32(view.v, config_.dtype, dst + d, v[src + d]);
-      }
-    }
-  }
+  detail::write_slots(this->layer(layer), slot_mapping, k, v);
 }
 
 void HostKVCache::copy_blocks(std::span<const BlockCopy> pairs) {
@@ -90,17 +108,9 @@ void HostKVCache::copy_blocks(std::span<const BlockCopy> pairs) {
     check_block(p.src, "copy_blocks(src)");
     check_block(p.dst, "copy_blocks(dst)");
   }
-  // A block's K (and V) is contiguous in every layout and placement (block is the outermost
-  // dimension).
-  const int64_t per_block = pool_bytes_ / config_.num_blocks;
   for (const BlockCopy& p : pairs) {
     if (p.src == p.dst) continue;  // memcpy onto itself is undefined; the result is the same
-    for (int32_t l = 0; l < config_.num_layers; ++l) {
-      for (bool value : {false, true}) {
-        std::memcpy(block_ptr(l, value, p.dst), block_ptr(l, value, p.src),
-                    static_cast<size_t>(per_block));
-      }
-    }
+    for (int32_t l = 0; l < config_.num_layers; ++l) detail::copy_block(layer(l), p.src, p.dst);
   }
 }
 
