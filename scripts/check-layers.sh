@@ -14,7 +14,7 @@ rules=(
   "include/pagedkv/*.hpp src/core:$vocab"
   "include/pagedkv/metadata src/metadata:$vocab|pagedkv/metadata/[a-z_]+\.hpp|metadata/[a-z_]+\.hpp"
   "include/pagedkv/reference src/reference:$vocab|pagedkv/reference/[a-z_]+\.hpp"
-  "include/pagedkv/storage src/storage:$vocab|pagedkv/(metadata|storage)/[a-z_]+\.hpp"
+  "include/pagedkv/storage src/storage:$vocab|pagedkv/(metadata|storage)/[a-z_]+\.hpp|storage/[a-z_]+\.hpp"
   "include/pagedkv/cpu src/cpu:$vocab|pagedkv/(metadata|storage|cpu)/[a-z_]+\.hpp|cpu/[a-z_-]+\.(hpp|h)"
   "include/pagedkv/cuda cuda:$vocab|pagedkv/(metadata|storage|cuda)/[a-z_]+\.hpp|cuda/[a-z_/]+\.hpp|[a-z_]+\.cuh"
   "src/model:$vocab|$api|model/[a-z_]+\.hpp"

@@ -8,6 +8,7 @@
 
 #include "core/check.hpp"
 #include "pagedkv/storage/kv_write.hpp"
+#include "storage/host_kv_cache_ops.hpp"
 
 namespace pagedkv {
 
@@ -23,6 +24,18 @@ int64_t pool_stride(int64_t pool_bytes) {
 }
 
 }  // namespace
+
+void detail::copy_block(const KVLayerView& cache, int64_t src, int64_t dst) {
+  // A block's K (and V) is contiguous in every layout and placement (block is the outermost
+  // dimension); offsets in bytes are int64 like the element offsets.
+  const int64_t esize = dtype_size(cache.dtype);
+  const int64_t bytes = int64_t{cache.block_size} * cache.num_kv_heads * cache.head_dim * esize;
+  for (void* pool : {cache.k, cache.v}) {
+    auto* base = static_cast<std::byte*>(pool);
+    std::memcpy(base + cache.offset(dst, 0, 0) * esize, base + cache.offset(src, 0, 0) * esize,
+                static_cast<size_t>(bytes));
+  }
+}
 
 HostKVCache::HostKVCache(const KVCacheConfig& config, const HostMemoryOptions& memory)
     : config_((validate(config), config)),
@@ -130,17 +143,9 @@ void HostKVCache::copy_blocks(std::span<const BlockCopy> pairs) {
     check_block(p.src, "copy_blocks(src)");
     check_block(p.dst, "copy_blocks(dst)");
   }
-  // A block's K (and V) is contiguous in every layout and placement (block is the outermost
-  // dimension).
-  const int64_t per_block = pool_bytes_ / config_.num_blocks;
   for (const BlockCopy& p : pairs) {
     if (p.src == p.dst) continue;  // memcpy onto itself is undefined; the result is the same
-    for (int32_t l = 0; l < config_.num_layers; ++l) {
-      for (bool value : {false, true}) {
-        std::memcpy(block_ptr(l, value, p.dst), block_ptr(l, value, p.src),
-                    static_cast<size_t>(per_block));
-      }
-    }
+    for (int32_t l = 0; l < config_.num_layers; ++l) detail::copy_block(layer(l), p.src, p.dst);
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include "core/check.hpp"
 #include "core/dtype_dispatch.hpp"
+#include "storage/host_kv_cache_ops.hpp"
 
 namespace pagedkv {
 
@@ -63,21 +64,25 @@ void reshape_and_cache(const KVLayerView& cache, std::span<const Slot> slot_mapp
                 v.size(), expected, num_tokens, cache.num_kv_heads, cache.head_dim);
   const int64_t num_slots = static_cast<int64_t>(cache.num_blocks) * cache.block_size;
   for (int64_t t = 0; t < num_tokens; ++t) {
-    PAGEDKV_CHECK(slot_mapping[t] < num_slots, "{}: slot {} of token {} out of range [0, {})",
-                  kFn, slot_mapping[t], t, num_slots);
+    PAGEDKV_CHECK(slot_mapping[t] < num_slots, "{}: slot {} of token {} out of range [0, {})", kFn,
+                  slot_mapping[t], t, num_slots);
   }
   if (num_tokens == 0) return;
   PAGEDKV_CHECK(cache.k != nullptr && cache.v != nullptr,
                 "{}: cache view has a null K or V pool (k={}, v={})", kFn, cache.k, cache.v);
   if (dtype_is_quantized(cache.dtype)) check_scales(kFn, cache);
-  detail::dispatch_dtype(cache.dtype, [&](auto tag) {
+  detail::write_slots(cache, slot_mapping, k, v);
+}
+
+void detail::write_slots(const KVLayerView& cache, std::span<const Slot> slot_mapping,
+                         std::span<const float> k, std::span<const float> v) {
+  dispatch_dtype(cache.dtype, [&](auto tag) {
     store_tokens<decltype(tag)::value>(cache, slot_mapping, k.data(), v.data());
   });
 }
 
 KVScales calibrate_kv_scales(DType dtype, KVScaleGranularity granularity, int32_t num_kv_heads,
-                             int32_t head_dim, std::span<const float> k,
-                             std::span<const float> v) {
+                             int32_t head_dim, std::span<const float> k, std::span<const float> v) {
   constexpr const char* kFn = "calibrate_kv_scales";
   PAGEDKV_CHECK(dtype_is_quantized(dtype), "{}: dtype {} has no scales (8-bit dtypes only)", kFn,
                 dtype_name(dtype));

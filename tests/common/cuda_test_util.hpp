@@ -1,7 +1,7 @@
 #pragma once
-// Test helpers of the CUDA backend's tests (tests/cuda/test_cuda_*.cpp): the device guard, the
-// precision bounds of DESIGN.md, a NaN-filled output buffer, and host caches to compare device
-// storage with (random contents, every byte, placement names).
+// Test helpers of the CUDA backend's tests (tests/cuda/test_cuda_*.cpp): the device guard, a
+// NaN-filled output buffer, and host caches to compare device storage with (random contents,
+// every byte, placement names). The precision bound is common/attention_bound.hpp's.
 
 #include <gtest/gtest.h>
 
@@ -27,10 +27,6 @@
   } while (0)
 
 namespace pagedkv::testing {
-
-/// DESIGN.md "Precision": fp32 max abs error; fp16/bf16 relative error (max-norm ratio).
-inline constexpr double kCudaF32MaxAbs = 1e-5;
-inline constexpr double kCudaLowPrecisionRel = 2e-2;
 
 /// Output buffer filled with NaN, so a row a kernel forgets to write fails every comparison.
 inline std::vector<float> nan_filled(size_t n) {

@@ -32,7 +32,7 @@ using testing::rel_error;
 using testing::scenario_from_case;
 using testing::SeqSpec;
 
-using testing::kF32MaxAbs;
+using testing::kAttentionMaxAbs;
 using testing::kLowPrecisionRel;
 
 struct SpanCase {
@@ -90,7 +90,7 @@ TEST_P(SpanVsReference, MatchesReference) {
   } else {
     paged_decode_attention(s.params, s.layer(), s.view(), s.q, out);
   }
-  EXPECT_LE(max_abs_diff(out, s.reference(/*rounded=*/true)), kF32MaxAbs);
+  EXPECT_LE(max_abs_diff(out, s.reference(/*rounded=*/true)), kAttentionMaxAbs);
   const std::vector<float> ref = s.reference(/*rounded=*/true);
   if (c.dtype != DType::kF32) {
     EXPECT_LE(rel_error(out, s.reference(/*rounded=*/false)), kLowPrecisionRel);
@@ -109,7 +109,7 @@ TEST_P(SpanVsReference, MatchesReference) {
     std::vector<float> fast(s.q.size(), std::numeric_limits<float>::quiet_NaN());
     detail::fast_paged_prefill_attention(s.params, s.layer(), s.view(), s.query_start, s.q, fast,
                                          v);
-    EXPECT_LE(max_abs_diff(fast, ref), kF32MaxAbs);
+    EXPECT_LE(max_abs_diff(fast, ref), kAttentionMaxAbs);
   }
 }
 

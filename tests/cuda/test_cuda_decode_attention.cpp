@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/attention_bound.hpp"
 #include "common/cuda_test_util.hpp"
 #include "common/error_message.hpp"
 #include "common/paged_scenario.hpp"
@@ -303,7 +304,6 @@ TEST(DecodeRejection, TableGeometryMismatchFailsOnTheHost) {
 
 using testing::max_abs_diff;
 using testing::PagedScenario;
-using testing::rel_error;
 using testing::scenario_from_case;
 using testing::SeqSpec;
 
@@ -337,16 +337,14 @@ PagedScenario scenario_for(const GpuCase& c, uint32_t seed) {
   return scenario_from_case(c, std::move(seqs), seed);
 }
 
-void expect_close(DType dtype, const std::vector<float>& out, const std::vector<float>& ref,
-                  const std::string& what) {
-  const double abs_err = max_abs_diff(out, ref);
-  if (dtype == DType::kF32) {
-    EXPECT_LE(abs_err, testing::kCudaF32MaxAbs) << what;
-  } else {
-    EXPECT_LE(rel_error(out, ref), testing::kCudaLowPrecisionRel) << what;
-    // Same rounded K/V on both sides: only the summation order differs.
-    EXPECT_LE(abs_err, 1e-4) << what;
-  }
+/// `ref` is the CPU kernel on the cache the device copy was uploaded from: the same stored K/V,
+/// fp32 q and out on both sides, so only the order of fp32 operations differs and every dtype
+/// gets the fp32 bound, element by element (common/attention_bound.hpp says why and what it
+/// catches: one key dropped at context 32768, a window off by one).
+void expect_close(const PagedScenario& s, const std::vector<float>& out,
+                  const std::vector<float>& ref, const std::string& what) {
+  EXPECT_TRUE(testing::attention_within(out, ref, int64_t{s.params.num_heads} * s.params.head_dim))
+      << what;
 }
 
 class CudaDecodeVsCpu : public ::testing::TestWithParam<GpuCase> {};
@@ -365,8 +363,7 @@ TEST_P(CudaDecodeVsCpu, MatchesCpuPagedDecode) {
 
   std::vector<float> automatic = testing::nan_filled(s.q.size());
   runner.decode(s.params, device.layer(PagedScenario::kLayer), s.view(), s.q, automatic);
-  expect_close(c.dtype, automatic, cpu,
-               "auto plan " + std::to_string(runner.last_plan().num_splits));
+  expect_close(s, automatic, cpu, "auto plan " + std::to_string(runner.last_plan().num_splits));
   if (max_ctx >= 4097 && c.contexts.size() <= 8) {
     EXPECT_TRUE(runner.last_plan().split_k()) << "a long context at a small batch must split";
   }
@@ -374,14 +371,14 @@ TEST_P(CudaDecodeVsCpu, MatchesCpuPagedDecode) {
   std::vector<float> one_pass = testing::nan_filled(s.q.size());
   runner.decode(s.params, device.layer(PagedScenario::kLayer), s.view(), s.q, one_pass,
                 DecodePlan{});
-  expect_close(c.dtype, one_pass, cpu, "one pass");
+  expect_close(s, one_pass, cpu, "one pass");
 
   // A forced split count whose chunks are not tile multiples and leave short rows with empty
   // splits (lse = -inf in the merge).
   std::vector<float> split = testing::nan_filled(s.q.size());
   runner.decode(s.params, device.layer(PagedScenario::kLayer), s.view(), s.q, split,
                 make_split_plan(max_ctx, 13));
-  expect_close(c.dtype, split, cpu, "13 splits");
+  expect_close(s, split, cpu, "13 splits");
 }
 
 std::vector<GpuCase> supported_grid() {
@@ -531,7 +528,7 @@ TEST_P(CudaContiguousDecode, SameBodyAsPaged) {
     std::vector<float> contiguous = testing::nan_filled(s.q.size());
     runner.decode(s.params, device.layer(PagedScenario::kLayer), s.view(), s.q, paged, plan);
     runner.decode_contiguous(s.params, dense.view, s.context_lens, s.q, contiguous, plan);
-    expect_close(c.dtype, contiguous, cpu, "contiguous vs CPU");
+    expect_close(s, contiguous, cpu, "contiguous vs CPU");
     // Same kernel body, same tiles, same order: the two layouts agree to rounding noise.
     EXPECT_LE(max_abs_diff(contiguous, paged), 1e-6);
   }
@@ -554,7 +551,7 @@ std::vector<GpuCase> contiguous_cases() {
 INSTANTIATE_TEST_SUITE_P(Layouts, CudaContiguousDecode,
                          ::testing::ValuesIn(named(contiguous_cases)), param_name);
 
-TEST(CudaDecode, ZeroSequencesIsANoOp) {
+TEST(CudaDecode, ZeroSequencesWritesNothing) {
   PAGEDKV_REQUIRE_CUDA_DEVICE();
   KVCacheConfig config;
   config.num_blocks = 4;
@@ -565,8 +562,16 @@ TEST(CudaDecode, ZeroSequencesIsANoOp) {
   params.head_dim = 64;
   BlockTableView empty;
   empty.block_size = config.block_size;
+  // Null q and out are fine for zero rows; with a real out buffer, no byte of it changes.
   paged_decode_attention(params, device.layer(0), empty, nullptr, nullptr);
+  const std::vector<float> sentinel(64, 7.0f);
+  DeviceBuffer out(64 * 4);
+  out.upload(std::span<const float>(sentinel));
+  paged_decode_attention(params, device.layer(0), empty, nullptr, out.as<float>());
   synchronize(nullptr);
+  std::vector<float> back(64, 0.0f);
+  out.download(std::span<float>(back));
+  EXPECT_EQ(back, sentinel);
 }
 
 #else  // !PAGEDKV_WITH_CUDA

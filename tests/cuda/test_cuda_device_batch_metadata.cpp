@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/attention_bound.hpp"
 #include "common/cuda_test_util.hpp"
 #include "common/error_message.hpp"
 #include "common/paged_scenario.hpp"
@@ -258,8 +259,8 @@ TEST(DeviceBatchMetadata, GraphCapturedDecodeReplaysWithNewMetadata) {
     std::vector<float> cpu(qs.size());
     paged_decode_attention(params, s.layer(), m.padded.view(), qs, cpu);
     const std::vector<float> head(got.begin(), got.begin() + static_cast<int64_t>(qs.size()));
-    EXPECT_LE(testing::rel_error(head, cpu), testing::kCudaLowPrecisionRel);
-    EXPECT_LE(testing::max_abs_diff(head, cpu), 1e-4);
+    // Same stored K/V, fp32 q and out on both sides: the fp32 bound (common/attention_bound.hpp).
+    EXPECT_TRUE(testing::attention_within(head, cpu, row));
     // Capacity rows past the batch are padding rows: zeros.
     EXPECT_TRUE(std::all_of(got.begin() + static_cast<int64_t>(qs.size()), got.end(),
                             [](float x) { return x == 0.0f; }));

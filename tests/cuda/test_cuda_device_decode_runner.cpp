@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/attention_bound.hpp"
 #include "common/cuda_test_util.hpp"
 #include "common/error_message.hpp"
 #include "common/paged_scenario.hpp"
@@ -63,11 +64,9 @@ TEST(DeviceDecodeRunner, PrefillMatchesCpuPrefill) {
     std::vector<float> gpu = testing::nan_filled(s.q.size());
     runner.prefill(s.params, device.layer(PagedScenario::kLayer), s.view(), s.query_start, s.q,
                    gpu);
-    if (dtype == DType::kF32) {
-      EXPECT_LE(testing::max_abs_diff(gpu, cpu), testing::kCudaF32MaxAbs);
-    } else {
-      EXPECT_LE(testing::rel_error(gpu, cpu), testing::kCudaLowPrecisionRel);
-    }
+    // The CPU kernel read the cache the device copy came from (same stored K/V; q and out fp32
+    // on both sides): the fp32 bound for every dtype, element by element.
+    EXPECT_TRUE(testing::attention_within(gpu, cpu, int64_t{s.params.num_heads} * d));
   }
 }
 

@@ -162,9 +162,14 @@ TEST(ReferenceAttention, PrefillRowsEqualDecodeOverTheirPrefix) {
   }
 }
 
-TEST(ReferenceAttention, NoQueriesIsANoOp) {
-  std::vector<float> out;
-  reference_attention(one_head(1.0f), {}, kK, kV, 2, out);
+TEST(ReferenceAttention, NoQueriesWritesNothingButStillChecksOut) {
+  // Zero query rows: the empty output (a zero-length prefix of a sentinel buffer) is all it may
+  // write, and a non-empty out is still refused by the size check.
+  std::vector<float> sentinel(2, 7.0f);
+  reference_attention(one_head(1.0f), {}, kK, kV, 2, std::span(sentinel).first(0));
+  EXPECT_THAT(sentinel, ElementsAre(7.0f, 7.0f));
+  EXPECT_THAT([&] { reference_attention(one_head(1.0f), {}, kK, kV, 2, sentinel); },
+              ThrowsMessage<Error>(HasSubstr("out has 2 elements, q has 0")));
 }
 
 TEST(ReferenceAttention, ErrorsNameTheValue) {

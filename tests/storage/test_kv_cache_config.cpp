@@ -28,7 +28,32 @@ KVCacheConfig valid() {
   return c;
 }
 
-TEST(KVCacheConfig, ValidConfigPasses) { EXPECT_NO_THROW(validate(valid())); }
+TEST(KVCacheConfig, ValidConfigsPassWithTheirSizes) {
+  // Every dtype, layout and placement enumerator is accepted (the range checks end at the last
+  // one), and the sizes follow: 2 layers x 2 pools x (10 x 16 x 4 x 128 = 81920) elements.
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (KVLayout layout : {KVLayout::kHND, KVLayout::kNHD}) {
+      for (KVPlacement placement : {KVPlacement::kSeparate, KVPlacement::kInterleaved}) {
+        KVCacheConfig c = valid();
+        c.dtype = dtype;
+        c.layout = layout;
+        c.placement = placement;
+        EXPECT_NO_THROW(validate(c));
+        EXPECT_EQ(pool_elements(c), 81920);
+        EXPECT_EQ(kv_cache_bytes(c), dtype == DType::kF32 ? 1310720 : 655360);
+      }
+    }
+  }
+  // Every field at its minimum 1: one fp32 element per pool, 2 pools = 8 bytes.
+  const KVCacheConfig one{.num_layers = 1,
+                          .num_blocks = 1,
+                          .block_size = 1,
+                          .num_kv_heads = 1,
+                          .head_dim = 1,
+                          .dtype = DType::kF32};
+  EXPECT_NO_THROW(validate(one));
+  EXPECT_EQ(kv_cache_bytes(one), 8);
+}
 
 TEST(KVCacheConfig, EachFieldBelowOneIsNamed) {
   auto expect_error = [](KVCacheConfig c, const char* message) {
