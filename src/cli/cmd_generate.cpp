@@ -25,6 +25,7 @@
 #include "model/llama.hpp"
 #include "model/tokenizer.hpp"
 #include "pagedkv/cuda/device.hpp"
+#include "pagedkv/dtype.hpp"
 #include "pagedkv/error.hpp"
 
 namespace pagedkv::cli {
@@ -67,6 +68,7 @@ struct Options {
   std::string cache = "all";
   std::string device = "cpu";
   int32_t block_size = 16;
+  std::string kv_dtype = "fp32";
   bool json = false;
 };
 
@@ -206,11 +208,12 @@ void print_human(const Options& o, const std::string& model_desc, const std::str
   fmt::print("model: {}\n", model_desc);
   fmt::print(
       "run:   {} prompt{}, {} positions per sequence (prompt included), {}, block size "
-      "{}, fp32 KV{}\n\n",
+      "{}, {} paged KV{}\n\n",
       prompts.size(), prompts.size() == 1 ? "" : "s", steps,
       o.temperature == 0.0f ? std::string("greedy (temperature 0)")
                             : fmt::format("temperature {} seed {}", o.temperature, o.seed),
-      o.block_size, device_desc.empty() ? "" : fmt::format("; paged cache on {}", device_desc));
+      o.block_size, dtype_name(parse_dtype(o.kv_dtype)),
+      device_desc.empty() ? "" : fmt::format("; paged cache on {}", device_desc));
 
   const auto& seqs = runs.front().result.seqs;
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -301,7 +304,7 @@ void print_json(const Options& o, const model::LlamaConfig& cfg, const std::stri
   j["temperature"] = o.temperature;
   j["seed"] = o.seed;
   j["block_size"] = o.block_size;
-  j["kv_dtype"] = "fp32";
+  j["kv_dtype"] = std::string(dtype_name(parse_dtype(o.kv_dtype)));
   j["device"] = o.device;
   if (!device_desc.empty()) j["device_name"] = device_desc;
   j["notices"] = notices;
@@ -420,6 +423,7 @@ void run_generate(const Options& o) {
   g.temperature = o.temperature;
   g.seed = o.seed;
   g.block_size = o.block_size;
+  g.kv_dtype = parse_dtype(o.kv_dtype);  // validated by the option's check
   const int64_t logit_bytes = static_cast<int64_t>(prompts.size()) * steps * cfg.vocab_size * 4;
   g.record_logits = modes.size() > 1 && logit_bytes <= kMaxLogitBytes;
 
@@ -526,6 +530,19 @@ void add_generate_command(CLI::App& app) {
   sub->add_option("--block-size", opts->block_size, "tokens per KV block (paged mode)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--kv-dtype", opts->kv_dtype,
+                  "storage dtype of the paged cache: fp32, fp16, bf16, fp8_e4m3, fp8_e5m2 or int8 "
+                  "(8-bit: per-tensor scales calibrated on the prefill; CPU only); contiguous and "
+                  "none stay fp32, so --cache all shows where the paged run departs from them")
+      ->capture_default_str()
+      ->check([](const std::string& s) {
+        try {
+          (void)parse_dtype(s);
+          return std::string();
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+      });
   sub->add_flag("--json", opts->json, "print one JSON object instead of text and tables");
   sub->callback([opts] { run_generate(*opts); });
 }

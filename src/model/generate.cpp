@@ -117,7 +117,8 @@ PagePool size_page_pool(const LlamaConfig& c, int64_t num_seqs, CacheMode mode,
                             num_seqs, opt.steps, pool.blocks));
   }
   pool.block_bytes =
-      kv_bytes_for_tokens(c.n_layers, c.n_kv_heads, c.head_size(), DType::kF32, opt.block_size);
+      kv_bytes_for_tokens(c.n_layers, c.n_kv_heads, c.head_size(),
+                          mode == CacheMode::kPaged ? opt.kv_dtype : DType::kF32, opt.block_size);
   if (mode != CacheMode::kContiguous && pool.blocks * pool.block_bytes > kMaxPoolBytes) {
     throw Error(
         fmt::format("generate: the page pool would take {} bytes ({} sequences x {} "
@@ -189,8 +190,10 @@ GenerateResult generate(LlamaModel& model, const std::vector<std::vector<TokenId
   const auto num_seqs = static_cast<int64_t>(prompts.size());
   const int32_t vocab = c.vocab_size;
   const PagePool pool = size_page_pool(c, num_seqs, mode, opt);
-  auto backend = make_kv_backend(
-      mode, model.backend_config(opt.block_size, static_cast<int32_t>(pool.blocks)), opt.device);
+  KVBackendConfig backend_config =
+      model.backend_config(opt.block_size, static_cast<int32_t>(pool.blocks));
+  if (mode == CacheMode::kPaged) backend_config.kv_dtype = opt.kv_dtype;
+  auto backend = make_kv_backend(mode, backend_config, opt.device);
 
   GenerateResult result;
   RunStats& st = result.stats;

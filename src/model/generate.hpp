@@ -27,6 +27,9 @@ struct GenerateOptions {
   bool record_logits = false;  ///< keep the logits of every forwarded position
   /// Where the cache lives; Device::kCuda only with the paged mode (make_kv_backend).
   Device device = Device::kCpu;
+  /// Storage dtype of the paged mode's KV (the contiguous and none modes stay fp32, so a run of
+  /// all three measures what an 8-bit or 16-bit paged cache changes).
+  DType kv_dtype = DType::kF32;
 };
 
 struct SequenceOutput {

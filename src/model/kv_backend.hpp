@@ -55,6 +55,9 @@ struct KVBackendConfig {
   int32_t block_size = 16;  ///< tokens per block (paged and none)
   /// Pool size of the paged and none modes, blocks; the caller sizes it for the whole run.
   int32_t num_blocks = 1;
+  /// Storage dtype of the paged mode's pools (the 8-bit ones calibrate their per-tensor scales
+  /// on the first prefill, HostKVCache::write); the other modes keep fp32.
+  DType kv_dtype = DType::kF32;
 };
 
 /// One forward step's attention for a batch of sequences.

@@ -42,10 +42,10 @@ inline AttentionParams attention_params(const KVBackendConfig& c) {
   return p;
 }
 
-/// fp32 HND pools of the default placement for the backend's geometry.
+/// HND pools of c.kv_dtype in the default placement for the backend's geometry.
 inline KVCacheConfig storage_config(const KVBackendConfig& c) {
   return KVCacheConfig{c.num_layers, c.num_blocks, c.block_size,  c.num_kv_heads,
-                       c.head_dim,   DType::kF32,  KVLayout::kHND};
+                       c.head_dim,   c.kv_dtype,   KVLayout::kHND};
 }
 
 /// The paged backends' begin_step bookkeeping: manager.append_slots for every sequence, handing
@@ -63,7 +63,7 @@ class PagedBackend : public KVBackend {
       : params_(attention_params(c)),
         manager_(KVCacheManagerConfig{c.num_blocks, c.block_size}),
         cache_(storage_config(c)),
-        block_bytes_(kv_bytes_for_tokens(c.num_layers, c.num_kv_heads, c.head_dim, DType::kF32,
+        block_bytes_(kv_bytes_for_tokens(c.num_layers, c.num_kv_heads, c.head_dim, c.kv_dtype,
                                          c.block_size)) {}
 
   CacheMode mode() const override { return CacheMode::kPaged; }

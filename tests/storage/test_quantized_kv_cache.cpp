@@ -191,8 +191,8 @@ TEST(QuantizedKVCache, ReshapeAndCacheOnExternalMemory) {
   reshape_and_cache(view, std::vector<Slot>{6}, k, v);
   const int64_t h0 = view.slot_offset(6, 0);
   const int64_t h1 = view.slot_offset(6, 1);
-  EXPECT_EQ(kmem[h0], f32_to_e5m2(4.0f));   // 1 / 0.25
-  EXPECT_EQ(kmem[h1], f32_to_e5m2(1.0f));   // 4 / 4
+  EXPECT_EQ(kmem[h0], f32_to_e5m2(4.0f));  // 1 / 0.25
+  EXPECT_EQ(kmem[h1], f32_to_e5m2(1.0f));  // 4 / 4
   EXPECT_EQ(kmem[h1 + 2], f32_to_e5m2(3.0f));
   EXPECT_EQ(vmem[h1 + 2], 0x7B);  // 114688 saturates to 57344
   EXPECT_EQ(kmem[h0 + 3], 0xAA);  // the next token's slot is untouched
