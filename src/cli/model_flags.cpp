@@ -14,7 +14,8 @@ void add_model_flags(CLI::App& sub, ModelFlags& flags, const ModelFlagsHelp& hel
       ->check(CLI::Range(1, 1 << 16));
   sub.add_option("--head-dim", flags.head_dim, "override: head dimension" + symbol("D"))
       ->check(CLI::Range(1, 1 << 16));
-  sub.add_option("--dtype", flags.dtype, "override: KV dtype (fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, int8)");
+  sub.add_option("--dtype", flags.dtype,
+                 "override: KV dtype (fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, int8)");
   sub.add_option("--max-context", flags.max_context, help.max_context)
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 32));
 }
