@@ -28,8 +28,8 @@ void reshape_and_cache(const KVLayerView& cache, std::span<const Slot> slot_mapp
 
 /// Scales of one layer (K and V), [num_kv_heads] each.
 struct KVScales {
-  std::vector<float> k;
-  std::vector<float> v;
+  std::vector<float> k;  ///< K scales, [num_kv_heads]
+  std::vector<float> v;  ///< V scales, [num_kv_heads]
 };
 
 /// Calibrates the scales of a quantized `dtype` from a batch of K/V (the first prefill, as
