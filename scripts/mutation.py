@@ -63,7 +63,10 @@ TARGETS: dict[str, list[str]] = {
     "src/cpu/attention_plain.cpp": CPU_TESTS,
     "src/cpu/attention_work.cpp": CPU_TESTS + ["test_attention_fast"],
     "src/cpu/attention_slots.cpp": ["test_token_eviction"],
-    "src/storage/host_kv_cache.cpp": ["test_host_kv_cache", "test_kv_placement", "test_swap_data"],
+    "src/storage/host_kv_cache.cpp": ["test_host_kv_cache", "test_kv_placement", "test_swap_data",
+                                      "test_quantized_kv_cache"],
+    "src/storage/kv_write.cpp": ["test_host_kv_cache", "test_quantized_kv_cache",
+                                 "test_large_offsets", "test_quantized_paths"],
 }
 
 STATUSES = ("killed", "timeout", "survived", "build_failed", "equivalent")
