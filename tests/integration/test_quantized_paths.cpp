@@ -112,8 +112,8 @@ TEST_P(QuantizedPaths, ForkCopyOnWriteSwapAndAttend) {
   for (size_t i = 0; i < q.size(); ++i) q[i] = std::cos(0.3f * static_cast<float>(i));
   std::vector<int32_t> table(t2b.begin(), t2b.end());
   const std::vector<int32_t> lens = {ctx};
-  const BlockTableView view{table.data(), lens.data(), 1, static_cast<int32_t>(table.size()), kBs,
-                            8};
+  const BlockTableView view{
+      table.data(), lens.data(), 1, static_cast<int32_t>(table.size()), kBs, 8};
   for (int32_t l = 0; l < 2; ++l) {
     std::vector<float> ks, vs;
     for (int32_t p = 0; p < ctx; ++p) {

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "pagedkv/error.hpp"
@@ -130,6 +131,20 @@ TEST(QuantizedKVCache, FirstWriteCalibratesPerTensorOrPerHead) {
                                          std::vector<float>{kNaN, 3, -INFINITY, 1});
   EXPECT_THAT(z.k, ElementsAre(1.0f));
   EXPECT_THAT(z.v, ElementsAre(3.0f / 127));
+  const std::vector<float> none;
+  for (auto [heads, dim] : {std::pair{0, 2}, std::pair{1, 0}}) {
+    EXPECT_THAT(
+        [&] {
+          (void)calibrate_kv_scales(DType::kInt8, KVScaleGranularity::kPerTensor, heads, dim, none,
+                                    none);
+        },
+        ThrowsMessage<Error>(HasSubstr("must be >= 1")));
+  }
+  EXPECT_THAT(
+      [&] {
+        (void)calibrate_kv_scales(DType::kF16, KVScaleGranularity::kPerTensor, 1, 2, none, none);
+      },
+      ThrowsMessage<Error>(HasSubstr("dtype fp16 has no scales")));
 }
 
 TEST(QuantizedKVCache, BadScalesAreRejectedNamingThemAndChangeNothing) {
@@ -200,6 +215,11 @@ TEST(QuantizedKVCache, ReshapeAndCacheOnExternalMemory) {
   view.v_scale = bad;
   EXPECT_THAT([&] { reshape_and_cache(view, std::vector<Slot>{0}, k, v); },
               ThrowsMessage<Error>(HasSubstr("v_scale of kv head 1 is 0")));
+  const float negative[] = {-0.5f, 1.0f};
+  view.v_scale = vs;
+  view.k_scale = negative;
+  EXPECT_THAT([&] { reshape_and_cache(view, std::vector<Slot>{0}, k, v); },
+              ThrowsMessage<Error>(HasSubstr("k_scale of kv head 0 is -0.5")));
   EXPECT_EQ(kmem[static_cast<size_t>(view.slot_offset(0, 0))], 0xAA);
 }
 
