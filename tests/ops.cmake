@@ -31,4 +31,11 @@ if(TARGET pagedkv_cli)
                    sh $<TARGET_FILE:pagedkv_cli>)
   set_tests_properties(ops.cli_invalid_line_exits_2 PROPERTIES LABELS "cli;ops"
     PASS_REGULAR_EXPRESSION "pagedkv ops: line 3: unknown op 'bogus'")
+  # An explicitly empty path is an error (exit 2), not stdin: stdin here holds a valid script,
+  # which must not run.
+  add_test(NAME ops.cli_empty_path_exits_2
+           COMMAND sh -c "printf 'manager blocks=1\nstats\n' | \"$1\" ops '' 2>&1; test $? -eq 2"
+                   sh $<TARGET_FILE:pagedkv_cli>)
+  set_tests_properties(ops.cli_empty_path_exits_2 PROPERTIES LABELS "cli;ops"
+    PASS_REGULAR_EXPRESSION "^pagedkv ops: the script path is empty[^\n]*\n$")
 endif()

@@ -19,8 +19,13 @@ void add_ops_command(CLI::App& app) {
       "ops",
       "Run a script of KV-cache manager operations (one per line: manager, add, append, fork, "
       "free, swap_out, swap_in, preempt, ...) and print JSON results; see docs/ops-script.md.");
-  cmd->add_option("script", *path, "Script file; '-' or none reads stdin");
-  cmd->callback([path] {
+  CLI::Option* script = cmd->add_option("script", *path, "Script file; '-' or none reads stdin");
+  cmd->callback([path, script] {
+    // An empty path given explicitly (`pagedkv ops ''`, an unset shell variable) is a mistake,
+    // not a request for stdin, which would then wait on a terminal.
+    if (script->count() > 0 && path->empty()) {
+      throw Error("the script path is empty (give a file, or '-' for stdin)");
+    }
     // Read with the limits checked as bytes arrive, parse everything (a syntax error anywhere
     // runs nothing), then run line by line, printing each result as it comes: memory is the
     // script's bytes plus the manager, never the whole output.
