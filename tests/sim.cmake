@@ -132,5 +132,11 @@ pagedkv_add_shared_data_test(NAME cli.replay.azure_conv_paged16
   COMMAND pagedkv_cli replay --trace ${_shared}/traces/AzureLLMInferenceTrace_conv.csv
           --preset llama-2-7b --strategies contiguous-max,paged-16
   PASS_REGEX "19366 rows read, 19366 requests, 0 skipped.*1612 requests have prompt \\+ output > max context 4096.*\\| contiguous-max \\| 0.278 \\|.*\\| paged-16 \\| 0.993 \\|")
+# A preset too short for the trace: the rejection is said on stderr with the presets that fit.
+pagedkv_add_shared_data_test(NAME cli.replay.warns_when_preset_rejects_over_1pct
+  FILES ${_shared}/traces/AzureLLMInferenceTrace_conv.csv
+  COMMAND ${CMAKE_COMMAND} -E env sh -c "\"$1\" replay --trace \"$2\" --preset llama-2-7b --strategies paged-16 --limit 3000 --no-progress 2>&1 >/dev/null"
+          sh $<TARGET_FILE:pagedkv_cli> ${_shared}/traces/AzureLLMInferenceTrace_conv.csv
+  PASS_REGEX "^pagedkv replay: warning: 217 of 3000 requests \\(7.2%\\) have prompt \\+ output > the max context 4096 of llama-2-7b and are rejected; the longest needs 7979 positions \\(presets that hold it: llama-3-8b, llama-3.1-8b, llama-3.1-70b, mistral-7b, qwen2.5-7b\\)\n$")
 set_tests_properties(cli.memory.stories260K_whole_context cli.replay.azure_conv_paged16
-  PROPERTIES LABELS "cli;sim")
+  cli.replay.warns_when_preset_rejects_over_1pct PROPERTIES LABELS "cli;sim")

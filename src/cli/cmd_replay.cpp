@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -26,6 +27,29 @@
 namespace pagedkv::cli {
 
 namespace {
+
+/// More than 1% of the trace rejected for its length: say so on stderr, with how long the
+/// longest request is and which presets hold it, so that a wrong preset cannot pass unnoticed.
+void warn_rejected(const sim::Trace& trace, const sim::ModelPreset& model, int64_t rejected,
+                   int64_t max_context) {
+  const auto total = static_cast<int64_t>(trace.requests.size());
+  if (total == 0 || rejected * 100 <= total) return;
+  int64_t longest = 0;
+  for (const sim::TraceRequest& r : trace.requests) {
+    longest = std::max(longest, r.prompt_tokens + r.output_tokens);
+  }
+  std::string fits;
+  for (const sim::ModelPreset& p : sim::model_presets()) {
+    if (p.max_context >= longest) fits += (fits.empty() ? "" : ", ") + p.name;
+  }
+  fmt::print(
+      stderr,
+      "pagedkv replay: warning: {} of {} requests ({:.1f}%) have prompt + output > the "
+      "max context {} of {} and are rejected; the longest needs {} positions ({})\n",
+      rejected, total, 100.0 * static_cast<double>(rejected) / static_cast<double>(total),
+      max_context, model.name, longest,
+      fits.empty() ? "no preset holds it: raise --max-context" : "presets that hold it: " + fits);
+}
 
 struct Options {
   std::string trace_path;
@@ -141,6 +165,7 @@ void run_replay(const Options& o) {
   }
   if (!results.empty()) {
     const sim::ReplayResult& r0 = results.front();
+    warn_rejected(trace, model, r0.rejected_too_long, config.max_context);
     if (r0.rejected_too_long > 0) {
       fmt::print(
           "{} requests have prompt + output > max context {} and are rejected by every "

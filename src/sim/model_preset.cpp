@@ -15,8 +15,8 @@ namespace {
 
 // Numbers from each model's released config.json (Hugging Face) or paper, as cited in `source`.
 // head_dim = hidden_size / num_attention_heads in every case here.
-const std::array<ModelPreset, 7>& table() {
-  static const std::array<ModelPreset, 7> presets = {{
+const std::array<ModelPreset, 9>& table() {
+  static const std::array<ModelPreset, 9> presets = {{
       {"gpt2", "GPT-2 small (124M)", 12, 12, 12, 64, DType::kF32, 1024, 0,
        "Radford et al. 2019; HF openai-community/gpt2 config.json: n_layer 12, n_head 12, "
        "n_embd 768, n_positions 1024 (fp32 checkpoint)"},
@@ -26,6 +26,14 @@ const std::array<ModelPreset, 7>& table() {
       {"llama-3-8b", "Llama-3-8B", 32, 32, 8, 128, DType::kBF16, 8192, 0,
        "Meta Llama 3 model card; HF meta-llama/Meta-Llama-3-8B config.json: 32 layers, "
        "32 heads, 8 kv heads, hidden 4096, max_position_embeddings 8192, bfloat16"},
+      {"llama-3.1-8b", "Llama-3.1-8B", 32, 32, 8, 128, DType::kBF16, 131072, 0,
+       "Dubey et al. 2024 (The Llama 3 Herd of Models), Table 3: 32 layers, model dim 4096, "
+       "32 heads, 8 kv heads, context 128K; HF meta-llama/Llama-3.1-8B config.json: "
+       "max_position_embeddings 131072, bfloat16"},
+      {"llama-3.1-70b", "Llama-3.1-70B", 80, 64, 8, 128, DType::kBF16, 131072, 0,
+       "Dubey et al. 2024 (The Llama 3 Herd of Models), Table 3: 80 layers, model dim 8192, "
+       "64 heads, 8 kv heads, context 128K; HF meta-llama/Llama-3.1-70B config.json: "
+       "max_position_embeddings 131072, bfloat16"},
       {"mistral-7b", "Mistral-7B v0.1", 32, 32, 8, 128, DType::kBF16, 8192, 4096,
        "Jiang et al. 2023 (Mistral 7B), Table 1: 32 layers, 32 heads, 8 kv heads, head_dim "
        "128, window_size 4096, context_len 8192; bfloat16 checkpoint"},

@@ -29,8 +29,8 @@ struct ModelPreset {
   std::string source;          ///< where the numbers come from
 };
 
-/// Every built-in preset, in a fixed order: gpt2, llama-2-7b, llama-3-8b, mistral-7b,
-/// qwen2.5-7b, builtin, stories260k.
+/// Every built-in preset, in a fixed order: gpt2, llama-2-7b, llama-3-8b, llama-3.1-8b,
+/// llama-3.1-70b, mistral-7b, qwen2.5-7b, builtin, stories260k.
 [[nodiscard]] std::span<const ModelPreset> model_presets();
 
 /// The preset called `name` (case-insensitive; "_" and "-" are interchangeable).

@@ -33,13 +33,15 @@ TEST_P(Presets, BytesPerTokenMatchTheFormula) {
 
 INSTANTIATE_TEST_SUITE_P(
     Published, Presets,
-    ::testing::Values(Expected{"gpt2", 2 * 12 * 12 * 64 * 4, 1024, 0},           // 72 KiB
-                      Expected{"llama-2-7b", 2 * 32 * 32 * 128 * 2, 4096, 0},    // 512 KiB
-                      Expected{"llama-3-8b", 2 * 32 * 8 * 128 * 2, 8192, 0},     // 128 KiB
-                      Expected{"mistral-7b", 2 * 32 * 8 * 128 * 2, 8192, 4096},  // 128 KiB
-                      Expected{"qwen2.5-7b", 2 * 28 * 4 * 128 * 2, 32768, 0},    // 56 KiB
-                      Expected{"builtin", 2 * 4 * 4 * 64 * 4, 512, 0},           // 8 KiB
-                      Expected{"stories260k", 2 * 5 * 4 * 8 * 4, 512, 0}),       // 1.25 KiB
+    ::testing::Values(Expected{"gpt2", 2 * 12 * 12 * 64 * 4, 1024, 0},             // 72 KiB
+                      Expected{"llama-2-7b", 2 * 32 * 32 * 128 * 2, 4096, 0},      // 512 KiB
+                      Expected{"llama-3-8b", 2 * 32 * 8 * 128 * 2, 8192, 0},       // 128 KiB
+                      Expected{"llama-3.1-8b", 2 * 32 * 8 * 128 * 2, 131072, 0},   // 128 KiB
+                      Expected{"llama-3.1-70b", 2 * 80 * 8 * 128 * 2, 131072, 0},  // 320 KiB
+                      Expected{"mistral-7b", 2 * 32 * 8 * 128 * 2, 8192, 4096},    // 128 KiB
+                      Expected{"qwen2.5-7b", 2 * 28 * 4 * 128 * 2, 32768, 0},      // 56 KiB
+                      Expected{"builtin", 2 * 4 * 4 * 64 * 4, 512, 0},             // 8 KiB
+                      Expected{"stories260k", 2 * 5 * 4 * 8 * 4, 512, 0}),         // 1.25 KiB
     [](const ::testing::TestParamInfo<Expected>& info) {
       std::string n = info.param.name;
       for (char& c : n) {
