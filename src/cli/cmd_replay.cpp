@@ -60,6 +60,7 @@ struct Options {
   int64_t max_batch_tokens = 8192;
   int32_t max_seqs = 256;
   double watermark = 0.01;
+  double rate_scale = 1.0;
   int64_t limit = 0;
   bool strict = false;
   bool json = false;
@@ -104,6 +105,7 @@ void run_replay(const Options& o) {
   config.max_batch_tokens = o.max_batch_tokens;
   config.max_seqs = o.max_seqs;
   config.watermark = o.watermark;
+  config.rate_scale = o.rate_scale;
   sim::validate(config);
 
   std::vector<sim::Strategy> strategies;
@@ -155,10 +157,13 @@ void run_replay(const Options& o) {
       sim::format_bytes(static_cast<double>(config.kv_bytes_per_token)));
   fmt::print(
       "KV budget: {} = {} token positions; max context {} tokens; step {} ms, {} tokens/"
-      "step, {} seqs max, watermark {}\n",
+      "step, {} seqs max, watermark {}{}\n",
       sim::format_bytes(static_cast<double>(config.kv_memory_bytes)),
       config.kv_memory_bytes / config.kv_bytes_per_token, config.max_context, config.step_ms,
-      config.max_batch_tokens, config.max_seqs, config.watermark);
+      config.max_batch_tokens, config.max_seqs, config.watermark,
+      config.rate_scale == 1.0
+          ? std::string()
+          : fmt::format("; request rate x{} (--rate-scale)", config.rate_scale));
   fmt::print("{}\n", sim::format_trace_summary(trace));
   if (o.limit > 0 && trace.requests.size() == static_cast<size_t>(o.limit)) {
     fmt::print("replaying the first {} requests (--limit)\n", o.limit);
@@ -214,6 +219,11 @@ void add_replay_command(CLI::App& app) {
   sub->add_option("--watermark", opts->watermark, "fraction of blocks paged admission keeps free")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.99));
+  sub->add_option("--rate-scale", opts->rate_scale,
+                  "request-rate multiplier: arrival times are divided by it (2 = twice the "
+                  "trace's rate)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber & CLI::Range(1e-6, 1e6));
   sub->add_option("--limit", opts->limit, "replay only the first N requests (0 = all)")
       ->check(CLI::NonNegativeNumber);
   sub->add_flag("--strict", opts->strict,

@@ -228,11 +228,45 @@ class Scheduler {
                        delays_.end());
       res_.queue_p99_steps = static_cast<double>(delays_[rank - 1]);
     }
+    res_.ttft_p50_ms = nearest_rank(ttft_, 0.50);
+    res_.ttft_p99_ms = nearest_rank(ttft_, 0.99);
+    res_.tpot_p50_ms = nearest_rank(tpot_, 0.50);
+    res_.tpot_p99_ms = nearest_rank(tpot_, 0.99);
+    res_.normalized_latency_s = norm_n_ > 0 ? norm_sum_ / static_cast<double>(norm_n_) : 0.0;
+    const double seconds = static_cast<double>(step_) * config_.step_ms / 1000.0;
+    if (seconds > 0) {
+      res_.throughput_rps = static_cast<double>(res_.completed) / seconds;
+      res_.output_tokens_per_s = static_cast<double>(res_.generated_tokens) / seconds;
+    }
+  }
+
+  /// Nearest-rank percentile q of v (reordered), 0 when empty.
+  static double nearest_rank(std::vector<double>& v, double q) {
+    if (v.empty()) return 0.0;
+    const auto rank =
+        std::max<size_t>(1, static_cast<size_t>(std::ceil(q * static_cast<double>(v.size()))));
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(rank - 1), v.end());
+    return v[rank - 1];
   }
 
  private:
+  double arrival_ms(size_t i) const { return reqs_[i].arrival_ms / config_.rate_scale; }
   int64_t arrival_step(size_t i) const {
-    return static_cast<int64_t>(std::floor(reqs_[i].arrival_ms / config_.step_ms));
+    return static_cast<int64_t>(std::floor(arrival_ms(i) / config_.step_ms));
+  }
+  /// End of step s, simulated ms.
+  double end_ms(int64_t s) const { return static_cast<double>(s + 1) * config_.step_ms; }
+
+  /// The latency of a finished request (this step): TTFT, TPOT, normalized latency.
+  void record_latency(const Active& r) {
+    const double e2e = end_ms(step_) - arrival_ms(r.index);
+    const double ttft = end_ms(r.first_token_step) - arrival_ms(r.index);
+    ttft_.push_back(ttft);
+    if (r.output >= 2) tpot_.push_back((e2e - ttft) / static_cast<double>(r.output - 1));
+    if (r.output >= 1) {
+      norm_sum_ += e2e / static_cast<double>(r.output) / 1000.0;
+      ++norm_n_;
+    }
   }
 
   /// Nothing runs or waits: jump to the next arrival, sampling the idle steps in O(1).
@@ -336,8 +370,13 @@ class Scheduler {
   void sample_and_retire() {
     acc_.sample(step_, 1, static_cast<int64_t>(running_.size()),
                 static_cast<int64_t>(waiting_.size()), pool_->live(), pool_->reserved());
+    for (Active& r : running_) {
+      const bool delivered = r.output > 0 ? r.generated >= 1 : r.computed >= r.target;
+      if (r.first_token_step < 0 && delivered) r.first_token_step = step_;
+    }
     std::erase_if(running_, [&](Active& r) {
       if (r.computed < r.target || r.generated < r.output) return false;
+      record_latency(r);
       pool_->release(r);
       ++res_.completed;
       ++done_;
@@ -354,7 +393,11 @@ class Scheduler {
   std::deque<Active> waiting_;
   std::vector<Active> running_;
   std::vector<int64_t> delays_;  ///< first admission step - arrival step, per admitted request
-  size_t cursor_ = 0;            ///< next trace request to arrive
+  std::vector<double> ttft_;     ///< ms, per completed request
+  std::vector<double> tpot_;     ///< ms, per completed request with output >= 2
+  double norm_sum_ = 0;          ///< s per token, summed over completed requests with output >= 1
+  int64_t norm_n_ = 0;
+  size_t cursor_ = 0;  ///< next trace request to arrive
   int64_t step_ = 0;
   int64_t done_ = 0;  ///< requests finished or rejected
 };
@@ -378,6 +421,8 @@ void validate(const ReplayConfig& c) {
   PAGEDKV_CHECK(c.series_points >= 2, "replay: series points must be >= 2, got {}",
                 c.series_points);
   PAGEDKV_CHECK(c.vocab_size >= 4, "replay: vocab size must be >= 4, got {}", c.vocab_size);
+  PAGEDKV_CHECK(c.rate_scale > 0 && std::isfinite(c.rate_scale),
+                "replay: rate scale must be > 0 and finite, got {}", c.rate_scale);
 }
 
 ReplayResult replay(const Trace& trace, const ReplayConfig& config, const Strategy& strategy,

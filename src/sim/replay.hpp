@@ -68,6 +68,9 @@ struct ReplayConfig {
   double watermark = 0.01;          ///< paged admission keeps this fraction of blocks free
   int32_t series_points = 400;      ///< time-series resolution of the plots (buckets, >= 2)
   int32_t vocab_size = 32000;       ///< synthesized token ids lie in [3, vocab_size)
+  /// Request-rate multiplier: arrival times are divided by it (2 = the trace's requests arrive
+  /// twice as fast, 0.5 = half as fast); > 0 and finite.
+  double rate_scale = 1.0;
 };
 
 /// Checks every field. Errors: throws pagedkv::Error naming the field and value.
@@ -116,7 +119,20 @@ struct ReplayResult {
   int64_t prefix_hit_tokens = 0;
   double prefix_hit_rate = 0;
   int64_t prefix_evictions = 0;
-  double wall_seconds = 0;  ///< host time the simulation took
+  /// Latency and throughput in simulated time (a step lasts step_ms; a token is delivered at the
+  /// end of the step that computed it). TTFT: arrival to the first output token (to the end of
+  /// the prefill for output 0); TPOT: (end-to-end - TTFT) / (output - 1), requests with output
+  /// >= 2; normalized latency: end-to-end / output tokens, mean over requests with output >= 1,
+  /// in s per token (the metric of Kwon et al., SOSP 2023, sec. 6.2). Percentiles nearest-rank
+  /// over completed requests; 0 when none qualifies.
+  double ttft_p50_ms = 0;
+  double ttft_p99_ms = 0;
+  double tpot_p50_ms = 0;
+  double tpot_p99_ms = 0;
+  double normalized_latency_s = 0;
+  double throughput_rps = 0;       ///< completed requests / simulated seconds (all steps)
+  double output_tokens_per_s = 0;  ///< generated tokens / simulated seconds
+  double wall_seconds = 0;         ///< host time the simulation took
   std::vector<SeriesPoint> series;
 };
 

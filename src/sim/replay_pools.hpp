@@ -32,7 +32,8 @@ struct Active {
   int64_t generated = 0;  // output tokens so far
   int64_t reserved = 0;   // contiguous: positions reserved at admission
   bool admitted_once = false;
-  std::vector<TokenId> tokens;  // prefix caching: ids of [0, target) while waiting
+  int64_t first_token_step = -1;  // step whose end delivered the first output token
+  std::vector<TokenId> tokens;    // prefix caching: ids of [0, target) while waiting
 };
 
 /// A memory strategy: admission, decode growth and release of requests' KV positions. Tracks

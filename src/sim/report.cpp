@@ -37,17 +37,19 @@ std::string format_trace_summary(const Trace& t) {
 std::string format_replay_table(std::span<const ReplayResult> results) {
   std::string out =
       "| strategy | util mean | util p5 | frag | peak conc | mean conc | preempt | tok/step | "
-      "gen/step | queue mean | queue p99 | prefix hit | done | rejected | steps | wall s |\n"
+      "gen/step | queue mean | queue p99 | prefix hit | done | rejected | steps | wall s | "
+      "TTFT p50 ms | TPOT p50 ms | norm lat s/tok | req/s |\n"
       "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-      "| ---: | ---: | ---: |\n";
+      "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
   for (const ReplayResult& r : results) {
     out += fmt::format(
         "| {} | {:.3f} | {:.3f} | {:.3f} | {} | {:.1f} | {} | {:.1f} | {:.2f} | {:.1f} | {:.0f} | "
-        "{:.3f} | {} | {} | {} | {:.2f} |\n",
+        "{:.3f} | {} | {} | {} | {:.2f} | {:.0f} | {:.1f} | {:.3f} | {:.2f} |\n",
         r.strategy, r.util_mean, r.util_p5, r.frag_mean, r.peak_concurrency, r.mean_concurrency,
         r.preemptions, r.tokens_per_step, r.generated_per_step, r.queue_mean_steps,
         r.queue_p99_steps, r.prefix_hit_rate, r.completed,
-        r.rejected_too_long + r.rejected_too_large, r.steps, r.wall_seconds);
+        r.rejected_too_long + r.rejected_too_large, r.steps, r.wall_seconds, r.ttft_p50_ms,
+        r.tpot_p50_ms, r.normalized_latency_s, r.throughput_rps);
   }
   return out;
 }
@@ -68,7 +70,8 @@ nlohmann::json replay_to_json(const Trace& trace, const ModelPreset& model,
                  {"step_ms", config.step_ms},
                  {"max_batch_tokens", config.max_batch_tokens},
                  {"max_seqs", config.max_seqs},
-                 {"watermark", config.watermark}};
+                 {"watermark", config.watermark},
+                 {"rate_scale", config.rate_scale}};
   json problems = json::array();
   for (const TraceProblem& p : trace.problems) problems.push_back(p.message);
   j["trace"] = {{"source", trace.source},
@@ -110,6 +113,13 @@ nlohmann::json replay_to_json(const Trace& trace, const ModelPreset& model,
               {"prefix_hit_tokens", r.prefix_hit_tokens},
               {"prefix_evictions", r.prefix_evictions},
               {"prefix_hit_rate", r.prefix_hit_rate},
+              {"ttft_p50_ms", r.ttft_p50_ms},
+              {"ttft_p99_ms", r.ttft_p99_ms},
+              {"tpot_p50_ms", r.tpot_p50_ms},
+              {"tpot_p99_ms", r.tpot_p99_ms},
+              {"normalized_latency_s", r.normalized_latency_s},
+              {"throughput_rps", r.throughput_rps},
+              {"output_tokens_per_s", r.output_tokens_per_s},
               {"wall_seconds", r.wall_seconds}};
     if (with_series) {
       json series = json::array();

@@ -83,6 +83,50 @@ TEST(Replay, ContiguousExactHandWorked) {
   expect_conservation(r);
 }
 
+// The latency of the same run (step_ms 1: a token computed in step s is delivered at s + 1 ms).
+//   r0: first token in step 1 -> TTFT 2 ms; done in step 2 -> e2e 3 ms; TPOT (3 - 2) / 1 = 1.
+//   r1: admitted at 3, first token in step 4 -> TTFT 5; done in step 5 -> e2e 6; TPOT 1.
+//   r2 (O1): first token and done in step 4 -> TTFT 5, e2e 5; no TPOT (one output token).
+// TTFT {2, 5, 5}: p50 5 (rank 2), p99 5; normalized latency (3/2 + 6/2 + 5/1) / 3 ms per token;
+// throughput 3 requests and 5 tokens over 6 ms.
+TEST(Replay, LatencyAndThroughputHandWorked) {
+  const Trace t = make_trace({{0, 4, 2}, {0, 4, 2}, {0, 3, 1}});
+  const ReplayResult r = replay(t, one_byte_per_token(10), {StrategyKind::kContiguousExact, 0});
+  EXPECT_DOUBLE_EQ(r.ttft_p50_ms, 5.0);
+  EXPECT_DOUBLE_EQ(r.ttft_p99_ms, 5.0);
+  EXPECT_DOUBLE_EQ(r.tpot_p50_ms, 1.0);
+  EXPECT_DOUBLE_EQ(r.tpot_p99_ms, 1.0);
+  EXPECT_NEAR(r.normalized_latency_s, (1.5 + 3.0 + 5.0) / 3 / 1000, 1e-15);
+  EXPECT_DOUBLE_EQ(r.throughput_rps, 3 / 0.006);
+  EXPECT_DOUBLE_EQ(r.output_tokens_per_s, 5 / 0.006);
+}
+
+// --rate-scale 2 halves every arrival time: r1 at 8 ms arrives at 4 ms (step 4) instead.
+//   rate 1: r0 (P2, O1) steps 0-1; idle until r1 at step 8: steps 8-9.  10 steps, TTFT 2, 2
+//   rate 2: r1 arrives at step 4: steps 4-5.                               6 steps, TTFT 2, 2
+// Fractional arrivals keep their fraction: r1 at 9 ms / 2 = 4.5 ms -> step 4, TTFT 6 - 4.5 = 1.5.
+TEST(Replay, RateScaleDividesArrivalTimes) {
+  const Trace t = make_trace({{0, 2, 1}, {8, 2, 1}});
+  ReplayConfig c = one_byte_per_token(10);
+  const ReplayResult r1 = replay(t, c, {StrategyKind::kContiguousExact, 0});
+  EXPECT_EQ(r1.steps, 10);
+  EXPECT_DOUBLE_EQ(r1.ttft_p99_ms, 2.0);
+  c.rate_scale = 2.0;
+  const ReplayResult r2 = replay(t, c, {StrategyKind::kContiguousExact, 0});
+  EXPECT_EQ(r2.steps, 6);
+  EXPECT_DOUBLE_EQ(r2.ttft_p99_ms, 2.0);
+  EXPECT_DOUBLE_EQ(r2.throughput_rps, 2 / 0.006);
+  const ReplayResult r3 =
+      replay(make_trace({{0, 2, 1}, {9, 2, 1}}), c, {StrategyKind::kContiguousExact, 0});
+  EXPECT_DOUBLE_EQ(r3.ttft_p50_ms, 1.5);  // {1.5, 2}: rank 1
+  c.rate_scale = 0.0;
+  EXPECT_THAT(
+      [&] {
+        (void)replay(t, c, {StrategyKind::kContiguousExact, 0});
+      },
+      ::testing::ThrowsMessage<Error>(HasSubstr("rate scale must be > 0")));
+}
+
 // Contiguous-max reserves max_context (here 6) per request: only one of two fits in 10.
 TEST(Replay, ContiguousMaxReservesTheMaximum) {
   ReplayConfig c = one_byte_per_token(10);
