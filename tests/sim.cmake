@@ -138,5 +138,14 @@ pagedkv_add_shared_data_test(NAME cli.replay.warns_when_preset_rejects_over_1pct
   COMMAND ${CMAKE_COMMAND} -E env sh -c "\"$1\" replay --trace \"$2\" --preset llama-2-7b --strategies paged-16 --limit 3000 --no-progress 2>&1 >/dev/null"
           sh $<TARGET_FILE:pagedkv_cli> ${_shared}/traces/AzureLLMInferenceTrace_conv.csv
   PASS_REGEX "^pagedkv replay: warning: 217 of 3000 requests \\(7.2%\\) have prompt \\+ output > the max context 4096 of llama-2-7b and are rejected; the longest needs 7979 positions \\(presets that hold it: llama-3-8b, llama-3.1-8b, llama-3.1-70b, mistral-7b, qwen2.5-7b\\)\n$")
+# A rate sweep with an SLO: paged serves the trace's own rate within 0.1 s/token at 8 GiB, the
+# 4096-position reservations of contiguous-max never do.
+pagedkv_add_shared_data_test(NAME cli.replay.sweep_max_rate_at_slo
+  FILES ${_shared}/traces/AzureLLMInferenceTrace_conv.csv
+  COMMAND pagedkv_cli replay --trace ${_shared}/traces/AzureLLMInferenceTrace_conv.csv
+          --preset llama-3-8b --kv-memory 8GiB --strategies contiguous-max,paged-16
+          --rates 0.5,1,2 --slo-norm-latency 0.1 --no-progress
+  PASS_REGEX "SLO: normalized latency <= 0.1 s/token.*\\| x1 \\| paged-16 \\| 5.51 \\|.*\\| met \\|.*max rate meeting the SLO: contiguous-max: none of the swept rates\nmax rate meeting the SLO: paged-16: x1 ")
 set_tests_properties(cli.memory.stories260K_whole_context cli.replay.azure_conv_paged16
-  cli.replay.warns_when_preset_rejects_over_1pct PROPERTIES LABELS "cli;sim")
+  cli.replay.warns_when_preset_rejects_over_1pct cli.replay.sweep_max_rate_at_slo
+  PROPERTIES LABELS "cli;sim")

@@ -10,8 +10,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/commands.hpp"
@@ -21,6 +24,7 @@
 #include "sim/replay.hpp"
 #include "sim/report.hpp"
 #include "sim/svg.hpp"
+#include "sim/sweep.hpp"
 #include "sim/trace.hpp"
 #include "sim/units.hpp"
 
@@ -61,6 +65,9 @@ struct Options {
   int32_t max_seqs = 256;
   double watermark = 0.01;
   double rate_scale = 1.0;
+  std::vector<double> rates;  // a sweep when non-empty
+  std::optional<double> slo_norm_latency_s, slo_ttft_p99_ms, slo_tpot_p99_ms;
+  int threads = 0;  // sweep threads; 0 = the machine's
   int64_t limit = 0;
   bool strict = false;
   bool json = false;
@@ -93,6 +100,55 @@ class ProgressBar {
   bool enabled_;
   bool drawn_ = false;
 };
+
+/// --rates: every (rate, strategy) run, the sweep table, the highest rate meeting the SLO per
+/// strategy, and the two sweep plots.
+void run_sweep(const Options& o, const sim::ModelPreset& model, const sim::ReplayConfig& config,
+               const std::vector<sim::Strategy>& strategies, const sim::Trace& trace) {
+  const sim::Slo slo{o.slo_norm_latency_s, o.slo_ttft_p99_ms, o.slo_tpot_p99_ms};
+  const int threads = o.threads > 0
+                          ? o.threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const bool bar = !o.no_progress && !o.json && isatty(STDERR_FILENO) != 0;
+  const auto points = sim::sweep(trace, config, strategies, o.rates, threads, [&](int d, int n) {
+    if (bar) fmt::print(stderr, "\rsweep: {}/{} runs", d, n);
+  });
+  if (bar) fmt::print(stderr, "\r{:40}\r", "");
+  const double span_s = trace.requests.back().arrival_ms / 1000.0;
+  const double base_rps = span_s > 0 ? static_cast<double>(trace.requests.size()) / span_s : 0.0;
+  if (!o.svg_path.empty()) {
+    const std::string title = fmt::format(
+        "{}, {}, {}", model.display, std::filesystem::path(o.trace_path).filename().string(),
+        sim::format_bytes(static_cast<double>(config.kv_memory_bytes)));
+    sim::write_text_file(o.svg_path, sim::render_svg(sim::sweep_panels(points, base_rps, title)));
+  }
+  const auto best = sim::max_rate_at_slo(points, slo);
+  if (o.json) {
+    nlohmann::json j;
+    j["trace_rps"] = base_rps;
+    j["slo"] = slo.describe();
+    for (const sim::SweepPoint& p : points) {
+      nlohmann::json r = sim::replay_to_json(trace, model, config, std::span(&p.result, 1), false);
+      j["points"].push_back({{"rate_scale", p.rate_scale}, {"result", r["strategies"][0]}});
+    }
+    for (const auto& [name, rate] : best) j["max_rate_at_slo"][name] = rate;
+    fmt::print("{}\n", j.dump(2));
+    return;
+  }
+  fmt::print("model: {}; KV budget {}; trace {} ({} requests, {:.2f} requests/s at rate x1)\n",
+             model.display, sim::format_bytes(static_cast<double>(config.kv_memory_bytes)),
+             trace.source, trace.requests.size(), base_rps);
+  fmt::print("SLO: {}\n\n{}\n", slo.describe(), sim::format_sweep_table(points, slo));
+  for (const auto& [name, rate] : best) {
+    if (rate > 0) {
+      fmt::print("max rate meeting the SLO: {}: x{} ({:.2f} requests/s)\n", name, rate,
+                 rate * base_rps);
+    } else {
+      fmt::print("max rate meeting the SLO: {}: none of the swept rates\n", name);
+    }
+  }
+  if (!o.svg_path.empty()) fmt::print("\nplot: {}\n", o.svg_path);
+}
 
 void run_replay(const Options& o) {
   const sim::ModelPreset model = resolve_model(o.model);
@@ -133,6 +189,10 @@ void run_replay(const Options& o) {
                             o.trace_path, trace.rows_read, trace.rows_skipped));
   }
 
+  if (!o.rates.empty()) {
+    run_sweep(o, model, config, strategies, trace);
+    return;
+  }
   ProgressBar bar(!o.no_progress && !o.json);
   std::vector<sim::ReplayResult> results;
   for (const sim::Strategy& s : strategies) {
@@ -224,6 +284,22 @@ void add_replay_command(CLI::App& app) {
                   "trace's rate)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber & CLI::Range(1e-6, 1e6));
+  sub->add_option("--rates", opts->rates,
+                  "sweep: replay at each of these rate multipliers (e.g. 0.5,1,2,4) per "
+                  "strategy, in parallel, and report latency, throughput and the highest rate "
+                  "meeting the SLO")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber & CLI::Range(1e-6, 1e6));
+  sub->add_option("--slo-norm-latency", opts->slo_norm_latency_s,
+                  "sweep SLO: mean normalized latency (end-to-end / output tokens) <= S s/token")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--slo-ttft-p99-ms", opts->slo_ttft_p99_ms, "sweep SLO: TTFT p99 <= MS")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--slo-tpot-p99-ms", opts->slo_tpot_p99_ms, "sweep SLO: TPOT p99 <= MS")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--threads", opts->threads, "sweep threads (0 = one per core)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 256));
   sub->add_option("--limit", opts->limit, "replay only the first N requests (0 = all)")
       ->check(CLI::NonNegativeNumber);
   sub->add_flag("--strict", opts->strict,

@@ -1,0 +1,62 @@
+#pragma once
+/// @file sweep.hpp
+/// Request-rate sweeps: one replay per (rate, strategy), run in parallel, with the highest rate
+/// per strategy that meets a latency target -- the experiment behind the vLLM paper's
+/// throughput figures (Kwon et al., SOSP 2023, sec. 6.2: normalized latency vs request rate).
+
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "sim/replay.hpp"
+#include "sim/strategy.hpp"
+#include "sim/svg.hpp"
+#include "sim/trace.hpp"
+
+namespace pagedkv::sim {
+
+/// A latency target; unset fields are not checked. A run meets it when every set bound holds.
+struct Slo {
+  std::optional<double> normalized_latency_s;  ///< mean end-to-end / output tokens, s per token
+  std::optional<double> ttft_p99_ms;
+  std::optional<double> tpot_p99_ms;
+  /// True when `r` meets every set bound (and completed at least one request).
+  [[nodiscard]] bool met_by(const ReplayResult& r) const;
+  /// "normalized latency <= 0.1 s/token, TTFT p99 <= 2000 ms", or "none".
+  [[nodiscard]] std::string describe() const;
+};
+
+/// One point of a sweep.
+struct SweepPoint {
+  double rate_scale = 1;
+  ReplayResult result;
+};
+
+/// Replays `trace` for every rate in `rates` (config.rate_scale replaced) and every strategy,
+/// on up to `threads` threads (each run is independent and deterministic, so the result does
+/// not depend on the thread count). Returns points in (strategy, rate) order: strategy-major,
+/// rates as given. `progress(done, total)` is called after each run, from the calling thread.
+/// Errors: throws pagedkv::Error if rates is empty or holds a rate that is not > 0 and finite
+/// (naming it), or as replay() does.
+[[nodiscard]] std::vector<SweepPoint> sweep(const Trace& trace, const ReplayConfig& config,
+                                            std::span<const Strategy> strategies,
+                                            std::span<const double> rates, int threads,
+                                            const std::function<void(int, int)>& progress = {});
+
+/// Per strategy, the highest swept rate whose run meets `slo` (0 when none does), in the order
+/// of the strategies' first appearance in `points`.
+[[nodiscard]] std::vector<std::pair<std::string, double>> max_rate_at_slo(
+    std::span<const SweepPoint> points, const Slo& slo);
+
+/// The sweep as a markdown table: rate, strategy, req/s, output tok/s, TTFT p50/p99, TPOT
+/// p50/p99, normalized latency, preemptions, util mean, and whether the SLO is met.
+[[nodiscard]] std::string format_sweep_table(std::span<const SweepPoint> points, const Slo& slo);
+
+/// Two panels: normalized latency vs request rate (one line per strategy, as the paper plots
+/// it; rates as multiples of `base_rps`, the trace's own rate), and throughput vs rate.
+[[nodiscard]] std::vector<SvgPanel> sweep_panels(std::span<const SweepPoint> points,
+                                                 double base_rps, const std::string& title);
+
+}  // namespace pagedkv::sim

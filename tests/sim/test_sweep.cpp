@@ -1,0 +1,103 @@
+// Tests for src/sim/sweep.hpp: rate sweeps over a hand-worked trace (each point equals a single
+// replay at that rate), the SLO and the highest rate meeting it, thread-count independence,
+// and bad rates.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "pagedkv/error.hpp"
+#include "sim/replay.hpp"
+#include "sim/sweep.hpp"
+#include "sim_test_util.hpp"
+
+namespace pagedkv::sim {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::one_byte_per_token;
+
+// Four requests (P4, O4) 5 ms apart; 8 positions of memory, step 1 ms. At rate x1 each finishes
+// (steps 0-4) before the next arrives: TTFT 2 ms, normalized latency 5 / 4 ms per token. At x4
+// all four arrive within 4 ms and queue for memory, so latency grows with the rate.
+Trace four_requests() {
+  Trace t;
+  t.source = "hand";
+  for (int i = 0; i < 4; ++i) {
+    TraceRequest q;
+    q.arrival_ms = 5.0 * i;
+    q.prompt_tokens = 4;
+    q.output_tokens = 4;
+    q.line = i + 1;
+    t.requests.push_back(q);
+  }
+  t.rows_read = 4;
+  return t;
+}
+
+TEST(Sweep, EachPointIsTheReplayAtItsRate) {
+  const Trace t = four_requests();
+  const ReplayConfig c = one_byte_per_token(8);
+  const std::vector<Strategy> strategies = {{StrategyKind::kContiguousExact, 0},
+                                            {StrategyKind::kPaged, 4}};
+  const std::vector<double> rates = {1, 4};
+  const auto points = sweep(t, c, strategies, rates, 2);
+  ASSERT_EQ(points.size(), 4u);
+  for (size_t i = 0; i < points.size(); ++i) {
+    ReplayConfig ci = c;
+    ci.rate_scale = rates[i % 2];
+    const ReplayResult want = replay(t, ci, strategies[i / 2]);
+    EXPECT_EQ(points[i].rate_scale, rates[i % 2]);
+    EXPECT_EQ(points[i].result.strategy, want.strategy);
+    EXPECT_EQ(points[i].result.steps, want.steps);
+    EXPECT_DOUBLE_EQ(points[i].result.normalized_latency_s, want.normalized_latency_s);
+  }
+  // Hand-worked x1: no queueing, TTFT 2 ms, e2e 5 ms for 4 tokens.
+  EXPECT_DOUBLE_EQ(points[0].result.ttft_p99_ms, 2.0);
+  EXPECT_NEAR(points[0].result.normalized_latency_s, 5.0 / 4 / 1000, 1e-15);
+  EXPECT_GT(points[1].result.normalized_latency_s, points[0].result.normalized_latency_s);
+}
+
+TEST(Sweep, SloAndMaxRate) {
+  const Trace t = four_requests();
+  const std::vector<Strategy> strategies = {{StrategyKind::kContiguousExact, 0}};
+  const std::vector<double> rates = {0.5, 1, 2, 4};
+  const auto points = sweep(t, one_byte_per_token(8), strategies, rates, 1);
+  Slo slo;
+  slo.normalized_latency_s = 5.0 / 4 / 1000;  // exactly x1's: met at 0.5 and 1
+  auto best = max_rate_at_slo(points, slo);
+  ASSERT_EQ(best.size(), 1u);
+  EXPECT_EQ(best[0].first, "contiguous-exact");
+  EXPECT_EQ(best[0].second, 1.0);
+  slo.normalized_latency_s = 1e-9;  // nothing meets it
+  EXPECT_EQ(max_rate_at_slo(points, slo)[0].second, 0.0);
+  EXPECT_EQ(Slo{}.describe(), "none");
+  const Slo both{0.1, 2000.0, std::nullopt};
+  EXPECT_EQ(both.describe(), "normalized latency <= 0.1 s/token, TTFT p99 <= 2000 ms");
+  EXPECT_THAT(format_sweep_table(points, slo), HasSubstr("| x0.5 | contiguous-exact |"));
+}
+
+TEST(Sweep, ThreadCountDoesNotChangeResults) {
+  const Trace t = four_requests();
+  const std::vector<Strategy> strategies = {{StrategyKind::kPaged, 2}, {StrategyKind::kPaged, 4}};
+  const std::vector<double> rates = {0.7, 1.3, 3};
+  const auto a = sweep(t, one_byte_per_token(8), strategies, rates, 1);
+  const auto b = sweep(t, one_byte_per_token(8), strategies, rates, 4);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].result.steps, b[i].result.steps);
+    EXPECT_EQ(a[i].result.preemptions, b[i].result.preemptions);
+    EXPECT_DOUBLE_EQ(a[i].result.ttft_p99_ms, b[i].result.ttft_p99_ms);
+  }
+}
+
+TEST(Sweep, BadRatesThrowNamingThem) {
+  const Trace t = four_requests();
+  const std::vector<Strategy> s = {{StrategyKind::kPaged, 4}};
+  const std::vector<double> bad = {1, -2};
+  EXPECT_THAT([&] { (void)sweep(t, one_byte_per_token(8), s, bad, 1); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("rate -2 must be > 0")));
+  EXPECT_THAT([&] { (void)sweep(t, one_byte_per_token(8), s, std::vector<double>{}, 1); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("no rate given")));
+}
+
+}  // namespace
+}  // namespace pagedkv::sim
