@@ -48,7 +48,7 @@ TEST(CompareRuns, IdenticalRunsAgreeWithZeroDifference) {
 
 TEST(CompareRuns, TokenDivergenceIsLocatedAndOnlyRowsBeforeItCompared) {
   GenerateResult b = base();
-  b.seqs[1].ids[2] = 4;            // sequence 1 samples 4 where a sampled 9
+  b.seqs[1].ids[2] = 4;              // sequence 1 samples 4 where a sampled 9
   b.seqs[1].logits[1 * 3 + 0] = 99;  // row 1 predicted ids[2]: it differs, and is compared
   const Agreement g = compare_runs(base(), b);
   EXPECT_FALSE(g.same_tokens);

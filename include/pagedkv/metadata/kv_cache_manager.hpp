@@ -452,14 +452,14 @@ class KVCacheManager {
   /// The configuration the manager was built with.
   [[nodiscard]] const KVCacheManagerConfig& config() const { return config_; }
 
-  /// Checks every invariant (ref count of each block == number of tables holding it; free +
-  /// used + cached == total; each table has exactly ceil(tokens / block_size) entries for
-  /// positional sequences; prefix entries only on cached blocks; host pool counts; stats
-  /// invariants). O(total blocks + total tokens). Errors: throws pagedkv::Error describing the
-  /// first violation.
+  /// Checks every invariant: the pools' and the prefix index's own (their check_invariants);
+  /// each block's ref count == tables holding it; each positional table has ceil(tokens /
+  /// block_size) entries; prefix entries only on cached blocks; host pool counts; stats. O(total
+  /// blocks + total tokens). Errors: throws pagedkv::Error describing the first violation.
   void check_invariants() const;
 
  private:
+  friend struct test_hooks::ManagerCorruptor;
   struct Sequence;
   struct AppendPlan;  // src/metadata/manager_internal.hpp
 
