@@ -4,6 +4,7 @@
 // classes befriend this struct by a forward declaration; nothing here is reachable from the
 // library, and no production path knows of it.
 
+#include <cstddef>
 #include <cstdint>
 
 #include "pagedkv/metadata/kv_cache_manager.hpp"
@@ -32,11 +33,33 @@ struct ManagerCorruptor {
   }
   /// Points entry i at another block in the entry -> block map only.
   static void set_entry_block(PrefixCache& p, int32_t i, BlockId b) { p.block_of_[i] = b; }
+  static void set_entry_serial(PrefixCache& p, BlockId b, uint64_t serial) {
+    p.entries_[p.entry_of_[b]].serial = serial;
+  }
+  static void resize_entry_tokens(PrefixCache& p, BlockId b, size_t n) {
+    p.entries_[p.entry_of_[b]].tokens.resize(n);
+  }
+  /// The index of block b's entry (-1: none), what set_entry_block takes.
+  static int32_t entry_index(const PrefixCache& p, BlockId b) { return p.entry_of_[b]; }
+  /// The serial the next insert hands out (every registered serial is below it).
+  static uint64_t next_serial(const PrefixCache& p) { return p.next_serial_; }
   static void set_parent_of(PrefixCache& p, BlockId b, BlockId parent) { p.parent_of_[b] = parent; }
 
   // ---- KVCacheManager ----
   static void set_table_entry(KVCacheManager& m, SeqId s, size_t j, BlockId b) {
     m.seqs_.at(s).blocks[j] = b;
+  }
+  /// Heavy hitters: kept token i of sequence s now claims `position` at (entry, offset).
+  static void set_kept_token(KVCacheManager& m, SeqId s, size_t i, int64_t position, int32_t entry,
+                             int32_t offset) {
+    auto& k = m.seqs_.at(s).kept.tokens_.at(i);
+    k.position = position;
+    k.entry = entry;
+    k.offset = offset;
+  }
+  static void erase_kept_token(KVCacheManager& m, SeqId s, size_t i) {
+    auto& tokens = m.seqs_.at(s).kept.tokens_;
+    tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(i));
   }
   static void set_num_tokens(KVCacheManager& m, SeqId s, int64_t n) {
     m.seqs_.at(s).num_tokens = n;
