@@ -43,9 +43,9 @@ MANAGER_TESTS = ["test_kv_cache_manager", "test_manager_contracts", "test_manage
 CPU_TESTS = ["test_attention", "test_attention_spans"]
 TARGETS: dict[str, list[str]] = {
     "src/metadata/block_allocator.cpp": ["test_block_allocator", "test_kv_cache_manager",
-                                         "test_abort_safety"],
+                                         "test_abort_safety", "test_check_invariants"],
     "src/metadata/prefix_cache.cpp": ["test_prefix_cache", "test_kv_cache_manager",
-                                      "test_manager_lifecycle"],
+                                      "test_manager_lifecycle", "test_check_invariants"],
     "src/metadata/kv_cache_manager.cpp": MANAGER_TESTS,
     "src/metadata/kv_cache_manager_append.cpp": MANAGER_TESTS,
     "src/metadata/kv_cache_manager_prefix.cpp": MANAGER_TESTS + ["test_prefix_cache"],
@@ -58,7 +58,7 @@ TARGETS: dict[str, list[str]] = {
     "src/metadata/eviction_policy.cpp": ["test_eviction_policy", "test_kv_cache_manager",
                                          "test_manager_contracts"],
     "src/metadata/kept_set.cpp": ["test_eviction_policy", "test_kv_cache_manager",
-                                  "test_token_eviction"],
+                                  "test_token_eviction", "test_check_invariants"],
     "src/cpu/attention.cpp": CPU_TESTS,
     "src/cpu/attention_plain.cpp": CPU_TESTS,
     "src/cpu/attention_work.cpp": CPU_TESTS + ["test_attention_fast"],

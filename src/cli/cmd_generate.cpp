@@ -252,7 +252,11 @@ void print_human(const Options& o, const std::string& model_desc, const std::str
                                  ? std::string("logits not compared")
                                  : fmt::format("max |logit diff| {:.3g} over {} positions",
                                                g.max_abs_logit_diff, g.positions_compared);
-    if (g.same_tokens) {
+    if (!g.same_lengths) {
+      fmt::print(
+          "agreement: {} vs {}: lengths DIFFER (sequence {}) with no token to explain it, {}\n",
+          c.label, first, g.length_seq, diff);
+    } else if (g.same_tokens) {
       fmt::print("agreement: {} vs {}: same tokens, {}\n", c.label, first, diff);
     } else {
       fmt::print("agreement: {} vs {}: tokens DIFFER (sequence {}, token {}), {}{}\n", c.label,
@@ -349,6 +353,8 @@ void print_json(const Options& o, const model::LlamaConfig& cfg, const std::stri
                      {"same_tokens", g.same_tokens},
                      {"diverge_sequence", g.diverge_seq},
                      {"diverge_index", g.diverge_index},
+                     {"same_lengths", g.same_lengths},
+                     {"length_sequence", g.length_seq},
                      {"max_abs_logit_diff", g.max_abs_logit_diff},
                      {"positions_compared", g.positions_compared},
                      {"ok", c.ok}});
@@ -439,7 +445,9 @@ void run_generate(const Options& o) {
   for (size_t i = 1; i < runs.size(); ++i) {
     Check c{run_label(runs[i]), model::compare_runs(runs[i].result, runs[0].result), true};
     const bool logits_ok = c.agreement.max_abs_logit_diff <= kLogitTolerance;
-    c.ok = logits_ok && (c.agreement.same_tokens || c.agreement.max_abs_logit_diff >= 0);
+    // A length mismatch that no sampled token explains fails however well the logits agree.
+    c.ok = logits_ok && c.agreement.same_lengths &&
+           (c.agreement.same_tokens || c.agreement.max_abs_logit_diff >= 0);
     all_ok = all_ok && c.ok;
     checks.push_back(c);
   }
@@ -452,8 +460,8 @@ void run_generate(const Options& o) {
   std::fflush(stdout);
   if (!all_ok) {
     fmt::print(stderr,
-               "pagedkv generate: internal error: the cache modes disagree beyond the logit "
-               "tolerance {}\n",
+               "pagedkv generate: internal error: the cache modes disagree (logits beyond the "
+               "tolerance {}, or lengths that no token explains)\n",
                kLogitTolerance);
     throw ExitStatus{1};
   }

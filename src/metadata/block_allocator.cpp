@@ -216,4 +216,48 @@ std::vector<BlockId> BlockAllocator::cached_lru() const {
   return ids;
 }
 
+void BlockAllocator::check_invariants() const {
+  const int32_t n = num_blocks();
+  PAGEDKV_CHECK(free_size_ >= 0 && free_size_ <= n && free_head_ >= 0 && free_head_ < n,
+                "invariant: free list of {} blocks from ring index {} in a pool of {}", free_size_,
+                free_head_, n);
+  std::vector<uint8_t> listed(n, 0);  // 1: on the free list, 2: on the LRU list
+  for (int32_t k = 0, i = free_head_; k < free_size_; ++k, i = i + 1 == n ? 0 : i + 1) {
+    const BlockId id = free_ring_[i];
+    PAGEDKV_CHECK(id >= 0 && id < n, "invariant: free-list entry {} is block id {} out of range", k,
+                  id);
+    PAGEDKV_CHECK(!listed[id], "invariant: block {} is on the free list twice (entry {})", id, k);
+    PAGEDKV_CHECK(ref_[id] == 0 && !cached_[id],
+                  "invariant: free-list entry {} is block {} with ref count {} and cached flag {}",
+                  k, id, ref_[id], cached_[id] != 0);
+    listed[id] = 1;
+  }
+  BlockId prev = -1;
+  int32_t count = 0;
+  for (BlockId id = lru_.head; id >= 0; prev = id, id = next_[id], ++count) {
+    PAGEDKV_CHECK(id < n, "invariant: LRU link after block {} is block id {} out of range", prev,
+                  id);
+    PAGEDKV_CHECK(!listed[id],
+                  "invariant: LRU block {} is already on the {} list (a cycle or a "
+                  "block on both lists)",
+                  id, listed[id] == 1 ? "free" : "LRU");
+    PAGEDKV_CHECK(prev_[id] == prev, "invariant: LRU block {} links back to {} but follows {}", id,
+                  prev_[id], prev);
+    PAGEDKV_CHECK(ref_[id] == 0 && cached_[id],
+                  "invariant: LRU block {} has ref count {} and cached flag {}", id, ref_[id],
+                  cached_[id] != 0);
+    listed[id] = 2;
+  }
+  PAGEDKV_CHECK(count == lru_.size && prev == lru_.tail,
+                "invariant: LRU list walks {} blocks to tail {}, but records size {} and tail {}",
+                count, prev, lru_.size, lru_.tail);
+  for (BlockId id = 0; id < n; ++id) {
+    PAGEDKV_CHECK(ref_[id] >= 0, "invariant: block {} has ref count {}", id, ref_[id]);
+    PAGEDKV_CHECK(ref_[id] > 0 || listed[id],
+                  "invariant: block {} has ref count 0 but is on neither the free nor the LRU list "
+                  "(cached flag {})",
+                  id, cached_[id] != 0);
+  }
+}
+
 }  // namespace pagedkv

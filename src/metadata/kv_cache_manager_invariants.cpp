@@ -7,6 +7,10 @@
 namespace pagedkv {
 
 void KVCacheManager::check_invariants() const {
+  // The parts' own structure first (list links, index entries): the checks below read them.
+  allocator_.check_invariants();
+  if (host_) host_->check_invariants();
+  prefix_.check_invariants();
   const int32_t total = allocator_.num_blocks();
   PAGEDKV_CHECK(allocator_.num_free() + allocator_.num_used() + allocator_.num_cached() == total,
                 "invariant: free {} + used {} + cached {} != total {}", allocator_.num_free(),

@@ -232,4 +232,44 @@ void PrefixCache::children(BlockId block, std::vector<BlockId>& out) const {
   for (BlockId c = first_child_[block]; c >= 0; c = next_sibling_[c]) out.push_back(c);
 }
 
+void PrefixCache::check_invariants() const {
+  const auto num_entries = static_cast<int32_t>(entries_.size());
+  PAGEDKV_CHECK(
+      static_cast<int32_t>(block_of_.size()) == num_entries && by_hash_.size() == num_entries,
+      "invariant: prefix index has {} entries, {} entry blocks and {} keys", num_entries,
+      block_of_.size(), by_hash_.size());
+  for (int32_t i = 0; i < num_entries; ++i) {
+    const BlockId b = block_of_[i];
+    const Entry& e = entries_[i];
+    PAGEDKV_CHECK(b >= 0 && b < num_blocks_ && entry_of_[b] == i,
+                  "invariant: prefix entry {} is recorded for block {}, which maps to entry {}", i,
+                  b, b >= 0 && b < num_blocks_ ? entry_of_[b] : -1);
+    const std::optional<BlockId> found = by_hash_.find(e.hash);
+    PAGEDKV_CHECK(found == b, "invariant: prefix key {:#018x} of block {} finds block {}", e.hash,
+                  b, found.value_or(-1));
+    PAGEDKV_CHECK(static_cast<int64_t>(e.tokens.size()) == block_size_ && e.serial >= 1 &&
+                      e.serial < next_serial_,
+                  "invariant: prefix entry of block {} has {} tokens (block size {}) and serial {} "
+                  "(next {})",
+                  b, e.tokens.size(), block_size_, e.serial, next_serial_);
+  }
+  const auto mapped =
+      std::count_if(entry_of_.begin(), entry_of_.end(), [](int32_t i) { return i >= 0; });
+  PAGEDKV_CHECK(mapped == num_entries, "invariant: {} blocks map to a prefix entry, {} entries",
+                mapped, num_entries);
+  for (BlockId p = 0; p < static_cast<BlockId>(first_child_.size()); ++p) {
+    BlockId prev = -1;
+    int32_t steps = 0;
+    for (BlockId c = first_child_[p]; c >= 0; prev = c, c = next_sibling_[c]) {
+      PAGEDKV_CHECK(c < num_blocks_ && ++steps <= num_entries && parent_of_[c] == p &&
+                        prev_sibling_[c] == prev && entry_of_[c] >= 0,
+                    "invariant: block {} in the child list of block {} (after {}) is not a "
+                    "registered child linked back to it",
+                    c, p, prev);
+    }
+    PAGEDKV_CHECK(first_child_[p] < 0 || entry_of_[p] >= 0,
+                  "invariant: unregistered block {} has children", p);
+  }
+}
+
 }  // namespace pagedkv

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "model/tokenizer.hpp"
@@ -267,12 +268,49 @@ GenerateResult generate(LlamaModel& model, const std::vector<std::vector<TokenId
   return result;
 }
 
+namespace {
+
+/// |x - y| for the agreement check: a NaN on one side only is a difference, and an infinite
+/// one, so no tolerance accepts it (std::max would silently drop a NaN).
+double logit_diff(float x, float y) {
+  if (x == y || (std::isnan(x) && std::isnan(y))) return 0.0;  // x == y: equal infinities too
+  const double d = std::abs(static_cast<double>(x) - static_cast<double>(y));
+  return std::isnan(d) ? std::numeric_limits<double>::infinity() : d;
+}
+
+/// Rows of a sequence's logits ([positions_run, vocab]): their vocabulary, 0 when the size is
+/// not positions_run whole rows.
+size_t logits_vocab(const SequenceOutput& s) {
+  if (s.positions_run <= 0) return 0;
+  const auto rows = static_cast<size_t>(s.positions_run);
+  return s.logits.size() % rows == 0 ? s.logits.size() / rows : 0;
+}
+
+/// The lengths of sa and sb are explained by their ids (`same` = length of the common prefix):
+/// equal ids need equal positions and stop reason; a strict prefix needs the shorter run to
+/// have stopped on BOS where the other sampled a token; a divergence inside both leaves the
+/// lengths after it free.
+bool lengths_explained(const SequenceOutput& sa, const SequenceOutput& sb, size_t same) {
+  const bool a_ends = same == sa.ids.size();
+  const bool b_ends = same == sb.ids.size();
+  if (a_ends && b_ends) {
+    return sa.positions_run == sb.positions_run && sa.stopped_on_bos == sb.stopped_on_bos;
+  }
+  if (a_ends) return sa.stopped_on_bos;
+  if (b_ends) return sb.stopped_on_bos;
+  return true;
+}
+
+}  // namespace
+
 Agreement compare_runs(const GenerateResult& a, const GenerateResult& b) {
   Agreement g;
   if (a.seqs.size() != b.seqs.size()) {
     g.same_tokens = false;
+    g.same_lengths = false;
     g.diverge_seq = static_cast<int64_t>(std::min(a.seqs.size(), b.seqs.size()));
     g.diverge_index = 0;
+    g.length_seq = g.diverge_seq;
     return g;
   }
   bool logits = true;
@@ -290,21 +328,27 @@ Agreement compare_runs(const GenerateResult& a, const GenerateResult& b) {
       g.diverge_seq = static_cast<int64_t>(i);
       g.diverge_index = static_cast<int64_t>(same);
     }
+    bool lengths_ok = lengths_explained(sa, sb, same);
     if (sa.logits.empty() || sb.logits.empty()) {
       logits = false;
-      continue;
-    }
-    // Row p depends on ids[0..p]: comparable while those agree.
-    const size_t vocab = sa.logits.size() / static_cast<size_t>(sa.positions_run);
-    const auto rows =
-        std::min<int64_t>({static_cast<int64_t>(same), sa.positions_run, sb.positions_run});
-    for (int64_t p = 0; p < rows; ++p) {
-      for (size_t v = 0; v < vocab; ++v) {
-        const size_t at = static_cast<size_t>(p) * vocab + v;
-        max_diff = std::max(max_diff, static_cast<double>(std::abs(sa.logits[at] - sb.logits[at])));
+    } else {
+      const size_t vocab = logits_vocab(sa);
+      if (vocab == 0 || vocab != logits_vocab(sb)) {
+        lengths_ok = false;
+      } else {
+        // Row p depends on ids[0..p]: comparable while those agree.
+        const auto rows =
+            std::min<int64_t>({static_cast<int64_t>(same), sa.positions_run, sb.positions_run});
+        for (size_t at = 0; at < static_cast<size_t>(rows) * vocab; ++at) {
+          max_diff = std::max(max_diff, logit_diff(sa.logits[at], sb.logits[at]));
+        }
+        g.positions_compared += rows;
       }
     }
-    g.positions_compared += rows;
+    if (!lengths_ok && g.same_lengths) {
+      g.same_lengths = false;
+      g.length_seq = static_cast<int64_t>(i);
+    }
   }
   g.max_abs_logit_diff = logits ? max_diff : -1.0;
   return g;

@@ -85,11 +85,20 @@ struct GenerateResult {
 /// How two runs of the same prompts agree.
 struct Agreement {
   bool same_tokens = true;  ///< every sequence's ids and stop reason are equal
-  /// First (sequence, index in ids) where they differ; -1 when same_tokens.
+  /// First (sequence, index in ids) where they differ; -1 when same_tokens. A different number
+  /// of sequences diverges at (the smaller count, 0).
   int64_t diverge_seq = -1;
   int64_t diverge_index = -1;
+  /// False when the runs end differently with no sampled token to explain it: a different
+  /// number of sequences; a sequence whose ids are a strict prefix of the other's although it
+  /// did not stop on BOS (it was cut short); a sequence with equal ids whose positions run
+  /// differ; or logits whose rows or vocabulary differ from positions_run and the other run's.
+  /// A disagreement even when every compared logit agrees.
+  bool same_lengths = true;
+  int64_t length_seq = -1;  ///< first sequence with a length mismatch; -1 when same_lengths
   /// Largest |logit_a - logit_b| over positions both runs forwarded with identical inputs;
-  /// -1 when either run did not record logits.
+  /// NaN against a number (or +inf against -inf) counts as +infinity, NaN against NaN and equal
+  /// infinities as 0. -1 when either run did not record logits.
   double max_abs_logit_diff = -1;
   int64_t positions_compared = 0;
 };

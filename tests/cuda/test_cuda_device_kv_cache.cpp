@@ -166,9 +166,23 @@ TEST(DeviceKVCache, SwapRoundTripIsBitIdenticalAtNewIds) {
 TEST(DeviceKVCache, SwapRejectsBadPairsAndChangesNothing) {
   PAGEDKV_REQUIRE_CUDA_DEVICE();
   const KVCacheConfig c = config_of(DType::kF16);
+  HostKVCache original(c);
+  fill_random(original, 31);
   DeviceKVCache device(c, 2);
+  device.upload(original);
+  // Known bytes in both host blocks (device blocks 5 and 7), so a partial copy of a rejected
+  // batch would show in the host pool as well as in the device pool.
+  device.swap_out(std::vector<BlockCopy>{{5, 0}, {7, 1}});
+  synchronize(nullptr);
+  auto host_bytes = [&](BlockId j) {
+    const std::span<const std::byte> h = device.host_block(j);
+    return std::vector<std::byte>(h.begin(), h.end());
+  };
+  ASSERT_EQ(host_bytes(0), original.block_bytes(5));
+  ASSERT_EQ(host_bytes(1), original.block_bytes(7));
+  // Every rejected batch has a valid pair first: checks must run before any copy.
   EXPECT_THAT(message_of([&] {
-                device.swap_out(std::vector<BlockCopy>{{16, 0}});
+                device.swap_out(std::vector<BlockCopy>{{1, 0}, {16, 1}});
               }),
               HasSubstr("source device block 16 out of range [0, 16)"));
   EXPECT_THAT(message_of([&] {
@@ -180,11 +194,28 @@ TEST(DeviceKVCache, SwapRejectsBadPairsAndChangesNothing) {
               }),
               HasSubstr("destination host block 0 appears twice"));
   EXPECT_THAT(message_of([&] {
-                device.swap_in(std::vector<BlockCopy>{{2, 0}});
+                device.swap_in(std::vector<BlockCopy>{{0, 3}, {2, 4}});
               }),
               HasSubstr("source host block 2 out of range [0, 2)"));
+  EXPECT_THAT(message_of([&] {
+                device.swap_in(std::vector<BlockCopy>{{0, 3}, {1, 16}});
+              }),
+              HasSubstr("destination device block 16 out of range [0, 16)"));
+  EXPECT_THAT(message_of([&] {
+                device.swap_in(std::vector<BlockCopy>{{0, 3}, {1, 3}});
+              }),
+              HasSubstr("destination device block 3 appears twice"));
   EXPECT_THAT(message_of([&] { (void)device.host_block(2); }),
               HasSubstr("block 2 out of range [0, 2)"));
+  // Read both pools back: nothing of any rejected batch was copied.
+  synchronize(nullptr);
+  HostKVCache back(c);
+  device.download(back);
+  for (BlockId b = 0; b < c.num_blocks; ++b) {
+    EXPECT_EQ(back.block_bytes(b), original.block_bytes(b)) << "device block " << b;
+  }
+  EXPECT_EQ(host_bytes(0), original.block_bytes(5)) << "host block 0";
+  EXPECT_EQ(host_bytes(1), original.block_bytes(7)) << "host block 1";
 }
 
 TEST(DeviceKVCache, CopyBlocksRejectsOverlapsBeforeCopying) {

@@ -15,55 +15,24 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "common/manager_snapshot.hpp"
 #include "fuzz_util.hpp"
+#include "manager_models.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/metadata/kv_cache_manager.hpp"
 
 namespace pagedkv::fuzz {
 namespace {
 
-/// Everything a caller can observe of a manager's state (cumulative counters included: a failed
-/// operation must not count a hit, a miss or a preemption).
-struct Observed {
-  std::vector<SeqId> seqs;
-  std::vector<int64_t> tokens;
-  std::vector<std::vector<BlockId>> tables;
-  std::vector<bool> swapped;
-  KVCacheStats stats;
-  int32_t available = 0;
-
-  bool operator==(const Observed& o) const {
-    const KVCacheStats& a = stats;
-    const KVCacheStats& b = o.stats;
-    return seqs == o.seqs && tokens == o.tokens && tables == o.tables && swapped == o.swapped &&
-           available == o.available && a.free_blocks == b.free_blocks &&
-           a.used_blocks == b.used_blocks && a.cached_blocks == b.cached_blocks &&
-           a.num_swapped_sequences == b.num_swapped_sequences &&
-           a.prefix_query_tokens == b.prefix_query_tokens &&
-           a.prefix_hit_tokens == b.prefix_hit_tokens && a.prefix_hits == b.prefix_hits &&
-           a.prefix_misses == b.prefix_misses && a.prefix_evictions == b.prefix_evictions &&
-           a.prefix_cached_entries == b.prefix_cached_entries && a.preemptions == b.preemptions &&
-           a.swapped_out_blocks == b.swapped_out_blocks &&
-           a.swapped_in_blocks == b.swapped_in_blocks && a.host_used_blocks == b.host_used_blocks &&
-           a.released_blocks == b.released_blocks && a.evicted_tokens == b.evicted_tokens;
-  }
-};
-
-Observed observe(const KVCacheManager& m) {
-  Observed o;
-  o.seqs = m.sequences();
-  for (SeqId s : o.seqs) {
-    o.tokens.push_back(m.num_tokens(s));
-    const std::span<const BlockId> t = m.block_table(s);
-    o.tables.emplace_back(t.begin(), t.end());
-    o.swapped.push_back(m.is_swapped(s));
-  }
-  o.stats = m.stats();
-  o.available = m.num_free_blocks();
-  return o;
-}
+/// Everything a caller can observe of a manager's state: tables, kept sets, ref counts, free-list
+/// and LRU order of both pools, the prefix index, every cumulative counter (a failed operation
+/// must not count a hit, a miss or a preemption) and the pending events.
+using Observed = std::string;
+using testing::observable;
+Observed observe(const KVCacheManager& m) { return observable(m); }
 
 /// Outcome of a query or an operation: threw pagedkv::Error, failed (empty / false), succeeded.
 enum class Outcome { kThrew, kFailed, kOk };
@@ -240,24 +209,42 @@ void op_batch_metadata(KVCacheManager& m, ByteReader& in) {
     seqs[i] = seq_id(in);
     num_new[i] = static_cast<int64_t>(in.below(3));
   }
-  guarded(m, "batch_metadata", [&] {
-    const BatchMetadata b = m.batch_metadata(seqs, num_new);
-    (void)b;
+  // Throws exactly when a documented error applies; otherwise every element matches the model.
+  const bool must_throw = batch_must_throw(m, seqs, num_new);
+  const Observed before = observe(m);
+  const Outcome got = outcome_of([&] {
+    check_batch_model(m, seqs, num_new, m.batch_metadata(seqs, num_new));
     return true;
   });
+  PAGEDKV_FUZZ_CHECK((got == Outcome::kThrew) == must_throw, "batch_metadata %s, the model says %s",
+                     name(got), must_throw ? "reject" : "accept");
+  expect_unchanged(m, before, "batch_metadata", got);
 }
 
 void op_kept_tokens(KVCacheManager& m, ByteReader& in) {
   std::vector<SeqId> seqs(in.below(3));
   for (SeqId& s : seqs) s = seq_id(in);
-  guarded(m, "kept_tokens", [&] {
+  // Throws exactly for an unknown or swapped sequence; every row matches the policy's model.
+  const bool must_throw = std::any_of(seqs.begin(), seqs.end(), [&](SeqId s) {
+    return s != kPaddingSeq && (!m.has_sequence(s) || m.is_swapped(s));
+  });
+  const Observed before = observe(m);
+  const Outcome got = outcome_of([&] {
     const KeptTokens k = m.kept_tokens(seqs);
-    PAGEDKV_FUZZ_CHECK(k.indptr.size() == seqs.size() + 1, "indptr size");
+    PAGEDKV_FUZZ_CHECK(k.indptr.size() == seqs.size() + 1 && k.indptr[0] == 0, "indptr size");
     PAGEDKV_FUZZ_CHECK(k.slots.size() == static_cast<size_t>(k.indptr.back()) &&
                            k.positions.size() == k.slots.size(),
                        "kept sizes");
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const auto from = static_cast<size_t>(k.indptr[i]);
+      const auto n = static_cast<size_t>(k.indptr[i + 1] - k.indptr[i]);
+      check_kept_row(m, seqs[i], std::span(k.positions).subspan(from, n),
+                     std::span(k.slots).subspan(from, n));
+    }
     return true;
   });
+  PAGEDKV_FUZZ_CHECK((got == Outcome::kThrew) == must_throw, "kept_tokens %s", name(got));
+  expect_unchanged(m, before, "kept_tokens", got);
 }
 
 void op_accumulate(KVCacheManager& m, ByteReader& in) {

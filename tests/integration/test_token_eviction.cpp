@@ -2,11 +2,15 @@
 // restricted to the same kept positions (at every position, so both edges of the window are
 // covered); memory stays bounded over 10,000 decode steps; blocks released by one sequence are
 // reused by another and every free block is filled with NaN before each step, so any read of a
-// position outside the kept set shows up as NaN in the output.
+// position outside the kept set shows up as NaN in the output. Heavy hitters also run against an
+// independent H2O model written here (its own kept set, scores and softmax probabilities).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <numeric>
 #include <random>
 #include <set>
 
@@ -27,6 +31,34 @@ using ::testing::IsEmpty;
 using ::testing::ThrowsMessage;
 
 // ---- attention over explicit slot lists --------------------------------------------------------
+
+/// What paged_attention_over_slots reports in probs, worked out from the definition: for one
+/// query row q ([num_heads, head_dim]) over the keys at `positions` of the contiguous k
+/// ([tokens, num_kv_heads, head_dim]), each key's softmax probability (scale 1/sqrt(head_dim),
+/// query head h reading KV head h / group) summed over the query heads. In double.
+std::vector<double> reference_key_probs(const AttentionParams& p, std::span<const float> q,
+                                        std::span<const float> k,
+                                        std::span<const int64_t> positions) {
+  const int64_t hd = p.head_dim;
+  const int64_t kv_row = int64_t{p.num_kv_heads} * hd;
+  const int32_t group = p.num_heads / p.num_kv_heads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  std::vector<double> sum(positions.size(), 0.0);
+  std::vector<double> logit(positions.size());
+  for (int32_t h = 0; h < p.num_heads; ++h) {
+    for (size_t j = 0; j < positions.size(); ++j) {
+      const float* key = k.data() + positions[j] * kv_row + (h / group) * hd;
+      double dot = 0.0;
+      for (int64_t d = 0; d < hd; ++d) dot += double{q[h * hd + d]} * key[d];
+      logit[j] = dot * scale;
+    }
+    const double top = *std::max_element(logit.begin(), logit.end());
+    double total = 0.0;
+    for (double& l : logit) total += (l = std::exp(l - top));
+    for (size_t j = 0; j < positions.size(); ++j) sum[j] += logit[j] / total;
+  }
+  return sum;
+}
 
 TEST(AttentionOverSlots, MatchesReferenceSubsetAndReportsProbabilities) {
   const KVCacheConfig geom{
@@ -68,6 +100,13 @@ TEST(AttentionOverSlots, MatchesReferenceSubsetAndReportsProbabilities) {
     float sum = 0.0f;
     for (int32_t j = indptr[i]; j < indptr[i + 1]; ++j) sum += probs[j];
     EXPECT_NEAR(sum, sets[i].empty() ? 0.0f : 4.0f, 1e-5) << "row " << i;
+    // Each key's own probability, not only the row's total (a permutation keeps the sum).
+    if (sets[i].empty()) continue;
+    const auto want =
+        reference_key_probs(params, std::span(q).subspan(i * q_row, q_row), k, sets[i]);
+    for (size_t j = 0; j < want.size(); ++j) {
+      EXPECT_NEAR(probs[indptr[i] + j], want[j], 2e-6) << "row " << i << " key " << sets[i][j];
+    }
   }
   AttentionParams windowed = params;
   windowed.window_left = 3;
@@ -129,6 +168,9 @@ class Bench {
   }
 
   KVCacheManager& manager() { return m_; }
+  const HostKVCache& cache() const { return cache_; }
+  const ReferenceKVCache& reference() const { return ref_; }
+  const AttentionParams& params() const { return params_; }
 
   /// A slot list with the manager's geometry, what paged_attention_over_slots checks.
   SlotListView keys_of(std::span<const int32_t> indptr, std::span<const Slot> slots) const {
@@ -390,6 +432,109 @@ TEST(EvictionPolicy, HeavyHittersMemoryBoundedOver10000Steps) {
   bench.manager().check_invariants();
   bench.manager().free_sequence(1);
   EXPECT_EQ(bench.manager().num_free_blocks(), bound);
+}
+
+/// H2O (Zhang et al., NeurIPS 2023) for one sequence, from the rule rather than from the
+/// manager: keep the last R positions and, of the older ones, the H with the largest
+/// accumulated attention. An append of n tokens that would leave more than R + H kept drops the
+/// lowest-scored tokens older than the new recent window (the older first among equal scores);
+/// new tokens start at score 0.
+class H2OModel {
+ public:
+  H2OModel(int64_t recent, int64_t heavy) : recent_(recent), heavy_(heavy) {}
+
+  void append(int64_t n) {
+    const int64_t excess = static_cast<int64_t>(kept_.size()) + n - (recent_ + heavy_);
+    const int64_t recent_start = next_ + n - recent_;
+    std::vector<std::pair<double, int64_t>> older;  // (score, position): lowest, then oldest
+    for (const auto& [pos, score] : kept_) {
+      if (pos < recent_start) older.emplace_back(score, pos);
+    }
+    std::sort(older.begin(), older.end());
+    for (int64_t i = 0; i < std::min<int64_t>(excess, static_cast<int64_t>(older.size())); ++i) {
+      kept_.erase(older[i].second);
+    }
+    for (int64_t i = 0; i < n; ++i) kept_[next_ + i] = 0.0;
+    next_ += n;
+  }
+  /// Adds one weight per kept token, in position order.
+  void accumulate(std::span<const float> w) {
+    ASSERT_EQ(w.size(), kept_.size());
+    size_t i = 0;
+    for (auto& [pos, score] : kept_) score += w[i++];
+  }
+  [[nodiscard]] std::vector<int64_t> positions() const {
+    std::vector<int64_t> p;
+    for (const auto& [pos, score] : kept_) p.push_back(pos);
+    return p;
+  }
+
+ private:
+  int64_t recent_, heavy_;
+  int64_t next_ = 0;
+  std::map<int64_t, double> kept_;  // position -> accumulated score
+};
+
+// The manager's kept set follows the model step by step; the kernel's output is compared with
+// the reference over the model's kept positions and each key's probability with the softmax
+// worked out here. Both sides accumulate the same weights (the model's probabilities rounded
+// to float), so the victims depend on the rule alone. Appends of 1 and 2 tokens; two sequences
+// share a poisoned pool.
+TEST(EvictionPolicy, HeavyHittersFollowAnIndependentH2OModel) {
+  const int32_t bs = 4;
+  const EvictionPolicyConfig policy{.kind = EvictionKind::kHeavyHitters, .recent = 3, .heavy = 4};
+  Bench bench(24, bs, policy, 31);
+  std::mt19937 rng(37);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);  // spread scores: victims vary
+  std::map<SeqId, H2OModel> model;
+  const AttentionParams& params = bench.params();
+  ASSERT_EQ(params.scale, 0.0f);  // reference_key_probs uses the default 1/sqrt(head_dim)
+  // One query over the manager's kept set; returns the model's probabilities as float weights.
+  auto attend = [&](SeqId s, int step) -> std::vector<float> {
+    std::vector<SeqId> seqs{s};
+    const KeptTokens kept = bench.manager().kept_tokens(seqs);
+    const std::vector<int64_t> want = model.at(s).positions();
+    EXPECT_EQ(kept.positions, want) << "seq " << s << " step " << step;
+    if (kept.positions != want) return {};
+    std::vector<float> q(kQRow), out(kQRow), ref(kQRow), probs(kept.slots.size());
+    for (float& x : q) x = u(rng);
+    paged_attention_over_slots(params, bench.cache().layer(0),
+                               bench.keys_of(kept.indptr, kept.slots), q, out, probs);
+    const auto& r = bench.reference();
+    reference_attention_subset(params, q, r.keys(s, 0), r.values(s, 0), r.num_tokens(s), want, ref);
+    for (int64_t e = 0; e < kQRow; ++e) {
+      EXPECT_NEAR(out[e], ref[e], 1e-5) << "seq " << s << " step " << step << " elem " << e;
+    }
+    const auto p = reference_key_probs(params, q, r.keys(s, 0), want);
+    std::vector<float> w(p.size());
+    for (size_t j = 0; j < p.size(); ++j) {
+      EXPECT_NEAR(probs[j], p[j], 2e-6) << "seq " << s << " step " << step << " key " << want[j];
+      w[j] = static_cast<float>(p[j]);
+    }
+    return w;
+  };
+  int64_t evicted = 0;
+  for (SeqId s : {SeqId{1}, SeqId{2}}) {
+    bench.add(s);
+    model.emplace(s, H2OModel(3, 4));
+  }
+  ASSERT_TRUE(bench.append(1, 11));  // a prompt longer than the budget: nothing evicted yet
+  model.at(1).append(11);
+  for (int step = 0; step < 300; ++step) {
+    for (SeqId s : {SeqId{1}, SeqId{2}}) {
+      const int64_t n = step % 5 == 2 ? 2 : 1;
+      const int64_t before = bench.manager().stats().evicted_tokens;
+      ASSERT_TRUE(bench.append(s, n)) << "seq " << s << " step " << step;
+      evicted += bench.manager().stats().evicted_tokens - before;
+      model.at(s).append(n);
+      const std::vector<float> w = attend(s, step);
+      ASSERT_FALSE(w.empty() || ::testing::Test::HasFailure()) << "seq " << s << " step " << step;
+      bench.manager().accumulate_attention(s, w);
+      model.at(s).accumulate(w);
+      bench.manager().check_invariants();
+    }
+  }
+  EXPECT_GT(evicted, 500);  // the victims were chosen many times, not once
 }
 
 }  // namespace

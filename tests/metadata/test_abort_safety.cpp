@@ -3,7 +3,8 @@
 // of the manager aborts all of its sequences (free, recompute preemption, free while swapped)
 // and must end with the whole pool back; the live manager also aborts a random sequence at each
 // step. Failed operations (a batch that runs out of blocks half-way, a swap-in that cannot fit,
-// a swap-out with a full host pool) must change nothing at all.
+// a swap-out with a full host pool) must change nothing at all: ref counts, free-list and LRU
+// order, the prefix index and the counters included (the full snapshot, manager_snapshot.hpp).
 
 #include <gtest/gtest.h>
 
@@ -14,41 +15,17 @@
 #include <string>
 #include <vector>
 
+#include "common/manager_snapshot.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/metadata/kv_cache_manager.hpp"
 
 namespace pagedkv {
 namespace {
 
-/// Everything observable about a manager, for "a failed operation changed nothing".
-struct Observed {
-  std::vector<SeqId> seqs;
-  std::vector<int64_t> tokens;
-  std::vector<std::vector<BlockId>> tables;
-  std::vector<bool> swapped;
-  int32_t free_blocks, used_blocks, cached_blocks, host_used_blocks, prefix_entries;
-  int32_t available;
-  bool operator==(const Observed&) const = default;
-};
-
-Observed observe(const KVCacheManager& m) {
-  Observed o{};
-  o.seqs = m.sequences();
-  for (SeqId s : o.seqs) {
-    o.tokens.push_back(m.num_tokens(s));
-    const auto t = m.block_table(s);
-    o.tables.emplace_back(t.begin(), t.end());
-    o.swapped.push_back(m.is_swapped(s));
-  }
-  const KVCacheStats st = m.stats();
-  o.free_blocks = st.free_blocks;
-  o.used_blocks = st.used_blocks;
-  o.cached_blocks = st.cached_blocks;
-  o.host_used_blocks = st.host_used_blocks;
-  o.prefix_entries = st.prefix_cached_entries;
-  o.available = m.num_free_blocks();
-  return o;
-}
+// "A failed operation changed nothing" compares the whole snapshot of
+// tests/common/manager_snapshot.hpp: tables, kept sets, ref counts, free-list and LRU order of
+// both pools, the prefix index, every counter and the pending events.
+using testing::observable;
 
 /// The pool is whole: no sequence, no used device or host block, every block available.
 void expect_pool_whole(const KVCacheManager& m, const std::string& where) {
@@ -111,13 +88,13 @@ TEST_P(AbortSafety, AbortAtEveryStepReturnsEveryBlock) {
     if (live.empty() || op < 2) {
       const std::vector<TokenId> p = prompt();
       const bool predicted = m.can_add_sequence(p) == Admission::kOk;
-      const Observed before = observe(m);
+      const std::string before = observable(m);
       const auto r = m.add_sequence(next, p);
       ASSERT_EQ(r.has_value(), predicted) << where;
       if (r) {
         live.push_back(next);
       } else {
-        ASSERT_EQ(observe(m), before) << where << ": failed add changed the state";
+        ASSERT_EQ(observable(m), before) << where << ": failed add changed the state";
         ++failed_adds;
       }
       ++next;
@@ -136,14 +113,14 @@ TEST_P(AbortSafety, AbortAtEveryStepReturnsEveryBlock) {
         m.commit(s, m.num_tokens(s));
         const int64_t n = 1 + static_cast<int64_t>(rng() % 3);
         const bool predicted = m.can_append(s, n);
-        const Observed before = observe(m);
+        const std::string before = observable(m);
         const auto r = m.append_slots(s, n);
         ASSERT_EQ(r.has_value(), predicted) << where;
         if (r) {
           ++i;
           continue;
         }
-        ASSERT_EQ(observe(m), before) << where << ": failed append changed the state";
+        ASSERT_EQ(observable(m), before) << where << ": failed append changed the state";
         ++failed_appends;
         (void)m.preempt(s);
         live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
@@ -157,13 +134,13 @@ TEST_P(AbortSafety, AbortAtEveryStepReturnsEveryBlock) {
       }
     } else if (op < 9 && m.host_allocator() != nullptr) {
       const SeqId s = random_live();
-      const Observed before = observe(m);
+      const std::string before = observable(m);
       if (m.is_swapped(s)) {
         const bool predicted = m.can_swap_in(s);
         const auto r = m.swap_in(s);
         ASSERT_EQ(r.has_value(), predicted) << where;
         if (!r) {
-          ASSERT_EQ(observe(m), before) << where << ": failed swap-in changed the state";
+          ASSERT_EQ(observable(m), before) << where << ": failed swap-in changed the state";
           ++failed_swaps;
         }
       } else {
@@ -171,7 +148,7 @@ TEST_P(AbortSafety, AbortAtEveryStepReturnsEveryBlock) {
         const auto r = m.swap_out(s);
         ASSERT_EQ(r.has_value(), predicted) << where;
         if (!r) {
-          ASSERT_EQ(observe(m), before) << where << ": failed swap-out changed the state";
+          ASSERT_EQ(observable(m), before) << where << ": failed swap-out changed the state";
           ++failed_swaps;
         }
       }
@@ -230,7 +207,8 @@ INSTANTIATE_TEST_SUITE_P(
                    .block_size = 2,
                    .enable_prefix_caching = true,
                    .num_host_blocks = 8,
-                   .eviction = {.kind = EvictionKind::kAttentionSinks, .window = 5, .sinks = 2}}}),
+                   .eviction = {.kind = EvictionKind::kAttentionSinks, .window = 5, .sinks = 2},
+                   .enable_events = true}}),  // the snapshot then covers the pending events
     [](const ::testing::TestParamInfo<AbortCase>& info) { return info.param.name; });
 
 // A batch of prefills that runs out of blocks half-way: the prompt that does not fit is
@@ -242,16 +220,16 @@ TEST(AbortSafetyCases, PrefillBatchRunsOutHalfWay) {
   ASSERT_TRUE(m.add_sequence(1, twelve));
   ASSERT_TRUE(m.add_sequence(2, twelve));
   ASSERT_TRUE(m.add_sequence(3, twelve));
-  const Observed before = observe(m);
+  const std::string before = observable(m);
   EXPECT_EQ(m.num_free_blocks(), 1);
   EXPECT_EQ(m.can_add_sequence(twelve), Admission::kLater);
   EXPECT_FALSE(m.add_sequence(4, twelve));  // needs 3, 1 left: takes none of them
-  EXPECT_EQ(observe(m), before);
+  EXPECT_EQ(observable(m), before);
   EXPECT_FALSE(m.has_sequence(4));
   // An append that needs 2 blocks with 1 free: all-or-nothing, not one block of two.
   EXPECT_EQ(m.blocks_needed_to_append(1, 5), 2);
   EXPECT_FALSE(m.append_slots(1, 5));
-  EXPECT_EQ(observe(m), before);
+  EXPECT_EQ(observable(m), before);
   for (SeqId s : {1, 2, 3}) m.free_sequence(s);
   expect_pool_whole(m, "batch aborted");
 }
@@ -267,17 +245,17 @@ TEST(AbortSafetyCases, SwapInThatCannotFitThenAbort) {
   m.add_sequence(2);
   ASSERT_TRUE(m.append_slots(2, 16));  // 4 of the 6 device blocks: 2 left, 1 needs 3
   EXPECT_FALSE(m.can_swap_in(1));
-  Observed before = observe(m);
+  std::string before = observable(m);
   EXPECT_FALSE(m.swap_in(1));
-  EXPECT_EQ(observe(m), before);
+  EXPECT_EQ(observable(m), before);
   // Host pool full (3/3): sequence 2 cannot be swapped out.
   EXPECT_FALSE(m.can_swap_out(2));
   EXPECT_FALSE(m.swap_out(2));
-  EXPECT_EQ(observe(m), before);
+  EXPECT_EQ(observable(m), before);
   // Swapped sequences cannot run; the error changes nothing either.
   EXPECT_THROW((void)m.append_slots(1, 1), Error);
   EXPECT_THROW(m.preempt(1), Error);
-  EXPECT_EQ(observe(m), before);
+  EXPECT_EQ(observable(m), before);
   m.free_sequence(1);  // the request is aborted while swapped out
   EXPECT_EQ(m.stats().host_used_blocks, 0);
   m.free_sequence(2);
@@ -292,12 +270,12 @@ TEST(AbortSafetyCases, ErrorsAfterAbortChangeNothing) {
   ASSERT_TRUE(m.add_sequence(1, p));
   m.fork(1, 2);
   m.free_sequence(1);
-  const Observed before = observe(m);
+  const std::string before = observable(m);
   EXPECT_THROW(m.free_sequence(1), Error);
   EXPECT_THROW(m.fork(1, 3), Error);
   EXPECT_THROW((void)m.append_slots(1, 1), Error);
   EXPECT_THROW(m.preempt(1), Error);
-  EXPECT_EQ(observe(m), before);
+  EXPECT_EQ(observable(m), before);
   m.free_sequence(2);
   expect_pool_whole(m, "after the errors");
 }

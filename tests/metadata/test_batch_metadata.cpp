@@ -1,14 +1,20 @@
 // Tests for include/pagedkv/batch_metadata.hpp: both formats element by element on a
-// hand-computed example, slot arithmetic in int64, and the documented errors.
+// hand-computed example, slot arithmetic in int64, the documented errors, and random batches of
+// a manager (KVCacheManager::batch_metadata) and of the builders against a model written here
+// from the tables and the formulas of the header, element by element.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <random>
 
 #include "pagedkv/error.hpp"
 #include "pagedkv/metadata/batch_metadata.hpp"
+#include "pagedkv/metadata/kv_cache_manager.hpp"
 
 namespace pagedkv {
 namespace {
@@ -149,6 +155,164 @@ TEST(BatchMetadata, CsrRejectsMoreBlocksThanInt32IndptrHolds) {
   EXPECT_EQ(out.indices, before.indices);
   EXPECT_EQ(out.last_page_len, before.last_page_len);
   munmap(region, bytes);
+}
+
+// ---- random batches against an independent model -----------------------------------------------
+
+/// What batch metadata must hold for one batch, worked out from per-row tables and the header's
+/// formulas: position p of a row lives at slot table[p / bs] * bs + p % bs; a row of context L
+/// uses ceil(L / bs) blocks; its last page holds L - (blocks - 1) * bs tokens (0 when L = 0).
+struct ModelRow {
+  std::vector<BlockId> table;  // the ids the kernels see (released entries: the id they had)
+  std::vector<BlockId> live;   // the manager's table (kNoBlock where released); empty for padding
+  int64_t len = 0;
+  int64_t n_new = 0;
+};
+
+void expect_matches_model(const BatchMetadata& meta, const std::vector<ModelRow>& rows,
+                          int64_t bs) {
+  const auto num = static_cast<int32_t>(rows.size());
+  int64_t width = num > 0 ? 1 : 0;
+  for (const ModelRow& r : rows) width = std::max(width, (r.len + bs - 1) / bs);
+  EXPECT_EQ(meta.block_size, bs);
+  ASSERT_EQ(meta.padded.num_seqs, num);
+  ASSERT_EQ(meta.padded.max_blocks_per_seq, width);
+  ASSERT_EQ(meta.padded.block_tables.size(), static_cast<size_t>(num * width));
+  ASSERT_EQ(meta.padded.context_lens.size(), rows.size());
+  ASSERT_EQ(meta.csr.indptr.size(), rows.size() + 1);
+  ASSERT_EQ(meta.csr.last_page_len.size(), rows.size());
+  ASSERT_EQ(meta.query_start.size(), rows.size() + 1);
+  EXPECT_EQ(meta.csr.indptr[0], 0);
+  EXPECT_EQ(meta.query_start[0], 0);
+  size_t slot_at = 0;
+  int64_t csr_at = 0;
+  int64_t q_at = 0;
+  for (int32_t i = 0; i < num; ++i) {
+    const ModelRow& r = rows[i];
+    const int64_t used = (r.len + bs - 1) / bs;
+    EXPECT_EQ(meta.padded.context_lens[i], r.len) << "row " << i;
+    for (int64_t j = 0; j < width; ++j) {
+      const BlockId want = j < used ? r.table[j] : -1;
+      EXPECT_EQ(meta.padded.block_tables[i * width + j], want) << "row " << i << " block " << j;
+    }
+    EXPECT_EQ(meta.csr.indptr[i + 1], csr_at + used) << "row " << i;
+    for (int64_t j = 0; j < used && csr_at + j < static_cast<int64_t>(meta.csr.indices.size());
+         ++j) {
+      EXPECT_EQ(meta.csr.indices[csr_at + j], r.table[j]) << "row " << i << " block " << j;
+    }
+    csr_at += used;
+    EXPECT_EQ(meta.csr.last_page_len[i], r.len == 0 ? 0 : r.len - (used - 1) * bs) << "row " << i;
+    q_at += r.n_new;
+    EXPECT_EQ(meta.query_start[i + 1], q_at) << "row " << i;
+    for (int64_t p = r.len - r.n_new; p < r.len; ++p, ++slot_at) {
+      ASSERT_LT(slot_at, meta.slot_mapping.size());
+      EXPECT_EQ(meta.slot_mapping[slot_at], int64_t{r.live[p / bs]} * bs + p % bs)
+          << "row " << i << " position " << p;
+    }
+  }
+  EXPECT_EQ(meta.csr.indices.size(), static_cast<size_t>(csr_at));
+  EXPECT_EQ(meta.slot_mapping.size(), slot_at);
+}
+
+TEST(BatchMetadata, ManagerBatchesMatchAnIndependentModel) {
+  // Random appends, frees and batches (repeated rows, padding rows, prefills and decodes) under
+  // each positional policy, so tables have released entries; the model keeps, per sequence,
+  // the last id each table entry showed, which is what a released entry must carry.
+  const EvictionPolicyConfig policies[] = {
+      {},
+      {.kind = EvictionKind::kSlidingWindow, .window = 5},
+      {.kind = EvictionKind::kAttentionSinks, .window = 4, .sinks = 3},
+  };
+  for (const int32_t bs : {1, 3, 4}) {
+    for (const EvictionPolicyConfig& policy : policies) {
+      SCOPED_TRACE("bs " + std::to_string(bs) + " " + eviction_kind_name(policy.kind));
+      KVCacheManager m({.num_blocks = 64, .block_size = bs, .eviction = policy});
+      std::mt19937 rng(59 + bs);
+      std::map<SeqId, std::vector<BlockId>> seen;  // per sequence: last id of each entry
+      SeqId next = 0;
+      int checked = 0;
+      for (int step = 0; step < 600; ++step) {
+        SCOPED_TRACE("step " + std::to_string(step));
+        const uint32_t op = rng() % 8;
+        if (op == 0 || seen.empty()) {
+          m.add_sequence(next);
+          seen[next++];
+        } else if (op == 1 && seen.size() > 2) {
+          auto it = std::next(seen.begin(), static_cast<long>(rng() % seen.size()));
+          m.free_sequence(it->first);
+          seen.erase(it);
+        } else {
+          auto it = std::next(seen.begin(), static_cast<long>(rng() % seen.size()));
+          (void)m.append_slots(it->first, 1 + static_cast<int64_t>(rng() % 6));
+        }
+        for (auto& [s, ids] : seen) {
+          const auto t = m.block_table(s);
+          ids.resize(t.size(), -1);
+          for (size_t j = 0; j < t.size(); ++j) {
+            if (t[j] != KVCacheManager::kNoBlock) ids[j] = t[j];
+          }
+        }
+        std::vector<SeqId> seqs;
+        std::vector<int64_t> n_new;
+        std::vector<ModelRow> rows;
+        const size_t n = rng() % 6;
+        for (size_t i = 0; i < n; ++i) {
+          if (rng() % 6 == 0) {
+            seqs.push_back(kPaddingSeq);
+            n_new.push_back(0);
+            rows.push_back({});
+            continue;
+          }
+          const auto it = std::next(seen.begin(), static_cast<long>(rng() % seen.size()));
+          const auto t = m.block_table(it->first);
+          ModelRow r{it->second, {t.begin(), t.end()}, m.num_tokens(it->first), 0};
+          // New tokens only in live blocks (the manager rejects released ones, tested elsewhere).
+          const int64_t want = static_cast<int64_t>(rng() % 5);
+          while (r.n_new < std::min(want, r.len) &&
+                 r.live[(r.len - r.n_new - 1) / bs] != KVCacheManager::kNoBlock) {
+            ++r.n_new;
+          }
+          seqs.push_back(it->first);
+          n_new.push_back(r.n_new);
+          rows.push_back(std::move(r));
+        }
+        expect_matches_model(m.batch_metadata(seqs, n_new), rows, bs);
+        if (::testing::Test::HasFailure()) return;
+        ++checked;
+      }
+      EXPECT_EQ(checked, 600);
+    }
+  }
+}
+
+TEST(BatchMetadata, BuildersMatchAnIndependentModelOnRandomTables) {
+  // Tables longer than their context (extra blocks must not show), empty rows, block sizes 1..5.
+  std::mt19937 rng(61);
+  for (int trial = 0; trial < 500; ++trial) {
+    const int32_t bs = 1 + static_cast<int32_t>(rng() % 5);
+    const size_t n = rng() % 7;
+    std::vector<std::vector<BlockId>> owned(n);
+    std::vector<std::span<const BlockId>> tables;
+    std::vector<int32_t> lens;
+    std::vector<ModelRow> rows;
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t len = static_cast<int32_t>(rng() % 23);
+      const int64_t blocks = (len + bs - 1) / bs + static_cast<int64_t>(rng() % 3);
+      for (int64_t j = 0; j < blocks; ++j) owned[i].push_back(static_cast<BlockId>(rng() % 1000));
+      tables.emplace_back(owned[i]);
+      lens.push_back(len);
+      rows.push_back({owned[i], owned[i], len, 0});
+    }
+    BatchMetadata meta;
+    meta.block_size = bs;
+    meta.padded = build_padded_block_tables(tables, lens, bs);
+    meta.csr = build_csr_block_tables(tables, lens, bs);
+    meta.query_start.assign(n + 1, 0);  // no new tokens: the model expects zeros
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    EXPECT_EQ(meta.padded.block_size, bs);
+    expect_matches_model(meta, rows, bs);
+    if (::testing::Test::HasFailure()) return;
+  }
 }
 
 }  // namespace

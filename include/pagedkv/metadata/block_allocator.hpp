@@ -11,6 +11,10 @@
 
 namespace pagedkv {
 
+namespace test_hooks {
+struct ManagerCorruptor;  // tests/common/manager_corruptor.hpp: breaks state to test the checks
+}  // namespace test_hooks
+
 /// Hands out block ids from a pool of `num_blocks`, with per-block reference counts for sharing.
 ///
 /// Every block is in exactly one state:
@@ -107,7 +111,15 @@ class BlockAllocator {
   /// Ids of cached ref-0 blocks, least recently released first. O(num_cached).
   [[nodiscard]] std::vector<BlockId> cached_lru() const;
 
+  /// Checks the pool's own structure: the free list holds distinct in-range ids of free blocks
+  /// (ref count 0, not cached); the LRU list's links run both ways, its size and tail match, and
+  /// it holds only cached ref-0 blocks; no ref count is negative; every ref-0 block is on exactly
+  /// one of the two lists. O(num_blocks). Errors: throws pagedkv::Error naming the block (and
+  /// list entry) of the first violation.
+  void check_invariants() const;
+
  private:
+  friend struct test_hooks::ManagerCorruptor;
   struct List {
     BlockId head = -1;
     BlockId tail = -1;

@@ -452,14 +452,14 @@ class KVCacheManager {
   /// The configuration the manager was built with.
   [[nodiscard]] const KVCacheManagerConfig& config() const { return config_; }
 
-  /// Checks every invariant (ref count of each block == number of tables holding it; free +
-  /// used + cached == total; each table has exactly ceil(tokens / block_size) entries for
-  /// positional sequences; prefix entries only on cached blocks; host pool counts; stats
-  /// invariants). O(total blocks + total tokens). Errors: throws pagedkv::Error describing the
-  /// first violation.
+  /// Checks every invariant: the pools' and the prefix index's own (their check_invariants);
+  /// each block's ref count == tables holding it; each positional table has ceil(tokens /
+  /// block_size) entries; prefix entries only on cached blocks; host pool counts; stats. O(total
+  /// blocks + total tokens). Errors: throws pagedkv::Error describing the first violation.
   void check_invariants() const;
 
  private:
+  friend struct test_hooks::ManagerCorruptor;
   struct Sequence;
   struct AppendPlan;  // src/metadata/manager_internal.hpp
 
@@ -510,6 +510,7 @@ class KVCacheManager {
                int32_t block_size) const;
 
    private:
+    friend struct test_hooks::ManagerCorruptor;
     void add_tokens(int64_t first, int64_t n, int32_t block_size);
     bool plan_listed(const EvictionPolicy& policy, std::span<const BlockId> blocks,
                      const BlockAllocator& pool, int32_t block_size, int64_t next, int64_t n,
@@ -584,7 +585,6 @@ class KVCacheManager {
                       std::vector<int32_t>& host_holders, int32_t& host_live) const;
   void check_blocks(std::span<const int32_t> holders) const;
   void check_host_pool(std::span<const int32_t> host_holders, int32_t host_live) const;
-
   KVCacheManagerConfig config_;
   BlockAllocator allocator_;
   std::optional<BlockAllocator> host_;  // the swap pool; empty when num_host_blocks == 0

@@ -17,6 +17,10 @@
 
 namespace pagedkv {
 
+namespace test_hooks {
+struct ManagerCorruptor;  // tests/common/manager_corruptor.hpp: breaks state to test the checks
+}  // namespace test_hooks
+
 /// Content key of one full block: XXH3-64 of (parent key, extra key, the block's token ids).
 using BlockHash = uint64_t;
 
@@ -104,7 +108,15 @@ class PrefixCache {
   /// Tokens per block: the length of every entry's tokens.
   [[nodiscard]] int32_t block_size() const { return block_size_; }
 
+  /// Checks the index's own structure: each entry's block maps back to it, its key finds its
+  /// block, its tokens fill a block and its serial was handed out; as many keys and blocks as
+  /// entries; each child list runs both ways and holds only blocks whose parent is that list's
+  /// owner. O(num_blocks + entries). Errors: throws pagedkv::Error naming the block (or key) of
+  /// the first violation.
+  void check_invariants() const;
+
  private:
+  friend struct test_hooks::ManagerCorruptor;
   /// Key -> block, linear probing over a power-of-two table kept at most half full; erase
   /// shifts the following run back, so there are no tombstones and probes stay short.
   class KeyIndex {
