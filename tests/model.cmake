@@ -59,6 +59,19 @@ add_test(NAME cli.generate.json
 set_tests_properties(cli.generate.json PROPERTIES LABELS cli
   PASS_REGULAR_EXPRESSION "\"source\": \"[^\"]*/models/stories260K.bin\".*\"cache\": \"paged\"")
 
+# An 8-bit paged cache beside the fp32 references: the run succeeds and the agreement lines are
+# reported as a measurement of the 8-bit error (issue 19).
+add_test(NAME cli.generate.kv_dtype_int8
+  COMMAND pagedkv_cli generate --steps 60 --kv-dtype int8)
+set_tests_properties(cli.generate.kv_dtype_int8 PROPERTIES LABELS cli
+  PASS_REGULAR_EXPRESSION "int8 paged KV.*agreement: contiguous vs paged: [^\n]*max [|]logit diff[|] [^\n]*\n.*the paged cache stores int8 K/V, the others fp32: the agreement lines measure its error")
+add_test(NAME cli.generate.kv_dtype_unknown
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
+          "-DARGS=generate|--kv-dtype|fp9"
+          "-DSTDERR_REGEX=^pagedkv generate: --kv-dtype: unknown dtype 'fp9' [^\n]*\n$"
+          -P ${_expect})
+set_tests_properties(cli.generate.kv_dtype_unknown PROPERTIES LABELS cli)
+
 add_test(NAME cli.generate.steps_capped
   COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=0
           "-DARGS=generate|--steps|100000|--cache|paged"

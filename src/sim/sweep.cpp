@@ -24,7 +24,8 @@ bool Slo::met_by(const ReplayResult& r) const {
 std::string Slo::describe() const {
   std::string s;
   const auto add = [&](const std::string& part) { s += (s.empty() ? "" : ", ") + part; };
-  if (normalized_latency_s) add(fmt::format("normalized latency <= {} s/token", *normalized_latency_s));
+  if (normalized_latency_s)
+    add(fmt::format("normalized latency <= {} s/token", *normalized_latency_s));
   if (ttft_p99_ms) add(fmt::format("TTFT p99 <= {} ms", *ttft_p99_ms));
   if (tpot_p99_ms) add(fmt::format("TPOT p99 <= {} ms", *tpot_p99_ms));
   return s.empty() ? "none" : s;
@@ -112,10 +113,14 @@ std::string format_sweep_table(std::span<const SweepPoint> points, const Slo& sl
 
 std::vector<SvgPanel> sweep_panels(std::span<const SweepPoint> points, double base_rps,
                                    const std::string& title) {
-  SvgPanel latency{title + ": normalized latency vs request rate", "request rate (requests/s)",
-                   "normalized latency (s/token)", {}};
-  SvgPanel throughput{title + ": throughput vs request rate", "request rate (requests/s)",
-                      "served (requests/s)", {}};
+  SvgPanel latency{title + ": normalized latency vs request rate",
+                   "request rate (requests/s)",
+                   "normalized latency (s/token)",
+                   {}};
+  SvgPanel throughput{title + ": throughput vs request rate",
+                      "request rate (requests/s)",
+                      "served (requests/s)",
+                      {}};
   for (const SweepPoint& p : points) {
     auto find = [&](SvgPanel& panel) -> SvgSeries& {
       for (SvgSeries& s : panel.series) {
