@@ -1,6 +1,8 @@
 """Type stubs of the compiled module pagedkv._pagedkv (python/src). Shapes use named dims;
-units are tokens unless named blocks. Every call raises ValueError for an argument wrong on its
-own and ContractError for one the manager's state forbids; None means out of blocks."""
+units are tokens unless named blocks. A result's array fields are numpy views of the result's
+own buffers, made when read; each keeps its result alive. Every call raises ValueError for an
+argument wrong on its own and ContractError for one the manager's state forbids; None means
+out of blocks."""
 
 import enum
 from typing import List, Optional, Sequence

@@ -1,8 +1,8 @@
 #pragma once
 /// @file bindings.hpp
-/// Shared pieces of the nanobind module pagedkv._pagedkv (python/src): numpy arrays that take
-/// over C++ vectors without copying, argument checks that raise ValueError, the Python-side
-/// result types, and the manager wrapper that serializes threads once the GIL is released.
+/// Shared pieces of the nanobind module pagedkv._pagedkv (python/src): numpy arrays over C++
+/// vectors without copying, argument checks that raise ValueError, and the manager wrapper that
+/// serializes threads once the GIL is released.
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -18,91 +18,38 @@ namespace pagedkv::py {
 
 namespace nb = nanobind;
 
-/// A numpy array of any rank over a vector's buffer; the vector moves into a capsule that the
-/// array owns, so building it copies nothing and runs no per-element Python code.
-/// Shapes: the product of `shape` must equal v.size().
+/// A numpy array over `data` (product of `shape` elements) that keeps `owner` alive: the
+/// results' properties are views of the C++ vectors inside the Python result object, made
+/// only when read (an append that nobody reads the slots of costs no numpy array).
 template <class T>
-nb::object to_numpy(std::vector<T>&& v, std::initializer_list<size_t> shape) {
-  auto* heap = new std::vector<T>(std::move(v));
-  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+nb::ndarray<nb::numpy, T> view(nb::handle owner, T* data, std::initializer_list<size_t> shape) {
   // An empty vector has no buffer; numpy still wants a non-null, aligned pointer.
   static T empty_anchor{};
-  T* data = heap->empty() ? &empty_anchor : heap->data();
-  return nb::cast(nb::ndarray<nb::numpy, T>(data, shape, owner));
+  return nb::ndarray<nb::numpy, T>(data ? data : &empty_anchor, shape, owner);
 }
 
-/// [n] array of a vector.
+/// [n] view of a vector held by `owner`.
 template <class T>
-nb::object to_numpy(std::vector<T>&& v) {
-  const size_t n = v.size();
-  return to_numpy(std::move(v), {n});
+nb::ndarray<nb::numpy, T> view(nb::handle owner, std::vector<T>& v) {
+  return view(owner, v.data(), {v.size()});
 }
 
-/// [n, 2] int32 array of (src, dst) block pairs: what copy_blocks / swap_blocks take.
-nb::object copies_to_numpy(const std::vector<BlockCopy>& copies);
+/// [n, 2] int32 view of (src, dst) block pairs held by `owner`: what copy_blocks takes.
+nb::ndarray<nb::numpy, int32_t> copies_view(nb::handle owner, std::vector<BlockCopy>& copies);
+
+/// A numpy array that owns a vector (moved into a capsule; nothing is copied).
+template <class T>
+nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& v) {
+  auto* heap = new std::vector<T>(std::move(v));
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return view(owner, *heap);
+}
 
 /// Token ids from Python ints: ValueError naming the index and value of one outside int32.
 std::vector<TokenId> to_token_ids(const std::vector<int64_t>& values, const char* what);
 
-/// ValueError unless 0 <= value <= max (`what` names the argument).
+/// ValueError unless min <= value <= max (`what` names the argument).
 void check_range(const char* what, int64_t value, int64_t min, int64_t max);
-
-/// Python view of AppendResult: slots [n] int64, copies [k, 2] int32.
-struct PyAppendResult {
-  nb::object slots;
-  nb::object copies;
-};
-PyAppendResult to_python(AppendResult&& r);
-
-/// Python view of AddResult.
-struct PyAddResult {
-  int64_t num_computed_tokens = 0;
-  nb::object slots;
-  nb::object copies;
-};
-
-/// Python view of BatchMetadata, the arrays under the names vLLM and FlashInfer use.
-struct PyBatchMetadata {
-  int32_t block_size = 0;
-  int32_t num_seqs = 0;
-  int32_t max_blocks_per_seq = 0;
-  int32_t num_blocks = 0;
-  nb::object block_tables;            // [num_seqs, max_blocks_per_seq] int32, -1 padded
-  nb::object seq_lens;                // [num_seqs] int32 (C++ context_lens)
-  nb::object paged_kv_indptr;         // [num_seqs + 1] int32
-  nb::object paged_kv_indices;        // [indptr[num_seqs]] int32
-  nb::object paged_kv_last_page_len;  // [num_seqs] int32
-  nb::object slot_mapping;            // [num_new_tokens_total] int64
-  nb::object query_start_loc;         // [num_seqs + 1] int32 (FlashInfer: qo_indptr)
-};
-PyBatchMetadata to_python(BatchMetadata&& m);
-
-/// Python view of PrefixLookup: blocks [num_computed_tokens / block_size] int32.
-struct PyPrefixLookup {
-  int64_t num_computed_tokens = 0;
-  nb::object blocks;
-};
-
-/// Python view of SwapResult: copies [live blocks, 2] int32 (src, dst).
-struct PySwapResult {
-  nb::object copies;
-};
-
-/// Python view of PreemptedSequence: tokens [num_tokens] int32 when all were known, else [0].
-struct PyPreemptedSequence {
-  SeqId seq = 0;
-  int64_t num_tokens = 0;
-  nb::object tokens;
-  uint64_t extra_key = 0;
-};
-
-/// Python view of KeptTokens: indptr [num_seqs + 1] int32, slots and positions [indptr[-1]]
-/// int64.
-struct PyKeptTokens {
-  nb::object indptr;
-  nb::object slots;
-  nb::object positions;
-};
 
 /// The manager as Python holds it: a mutex serializes calls, because calls that release the
 /// GIL would otherwise let two Python threads into the unsynchronized C++ manager at once.

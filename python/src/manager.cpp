@@ -1,6 +1,7 @@
 // KVCacheManager for Python: each method mirrors the C++ one (kv_cache_manager.hpp). Results
-// become numpy arrays that own the C++ vectors; running out of blocks is None, as the C++
-// empty optional; contract violations raise pagedkv.ContractError (module.cpp).
+// are the C++ result types, whose arrays are numpy views made when read (types.cpp); running
+// out of blocks is None, as the C++ empty optional; contract violations raise pagedkv.ContractError
+// (module.cpp).
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>
 
@@ -29,22 +30,6 @@ KVCacheManager checked(const KVCacheManagerConfig& config) {
   }
 }
 
-nb::object append_to_python(std::optional<AppendResult>&& r) {
-  if (!r) return nb::none();
-  return nb::cast(to_python(std::move(*r)));
-}
-
-nb::object swap_to_python(std::optional<SwapResult>&& r) {
-  if (!r) return nb::none();
-  return nb::cast(PySwapResult{copies_to_numpy(r->copies)});
-}
-
-nb::object add_to_python(std::optional<AddResult>&& r) {
-  if (!r) return nb::none();
-  PyAppendResult a = to_python(std::move(r->append));
-  return nb::cast(PyAddResult{r->num_computed_tokens, std::move(a.slots), std::move(a.copies)});
-}
-
 void check_count(const char* what, int64_t n) { check_range(what, n, 0, kMaxCall); }
 
 void bind_sequences(nb::class_<PyManager>& c) {
@@ -52,8 +37,7 @@ void bind_sequences(nb::class_<PyManager>& c) {
        "add_sequence",
        [](PyManager& self, SeqId seq, const Ints& prompt, const AddOptions& options) {
          const std::vector<TokenId> ids = to_token_ids(prompt, "prompt");
-         return add_to_python(
-             self.released([&](Mgr& m) { return m.add_sequence(seq, ids, options); }));
+         return self.released([&](Mgr& m) { return m.add_sequence(seq, ids, options); });
        },
        "seq"_a, "prompt"_a = Ints{}, "options"_a = AddOptions{})
       .def(
@@ -67,8 +51,7 @@ void bind_sequences(nb::class_<PyManager>& c) {
           "lookup_prefix",
           [](PyManager& self, const Ints& prompt, uint64_t extra_key) {
             const std::vector<TokenId> ids = to_token_ids(prompt, "prompt");
-            PrefixLookup r = self.released([&](Mgr& m) { return m.lookup_prefix(ids, extra_key); });
-            return PyPrefixLookup{r.num_computed_tokens, to_numpy(std::move(r.blocks))};
+            return self.released([&](Mgr& m) { return m.lookup_prefix(ids, extra_key); });
           },
           "prompt"_a, "extra_key"_a = 0)
       .def(
@@ -104,7 +87,7 @@ void bind_append(nb::class_<PyManager>& c) {
        "append_slots",
        [](PyManager& self, SeqId seq, int64_t n) {
          check_count("n", n);
-         return append_to_python(self.held([&](Mgr& m) { return m.append_slots(seq, n); }));
+         return self.held([&](Mgr& m) { return m.append_slots(seq, n); });
        },
        "seq"_a, "n"_a)
       .def(
@@ -112,8 +95,7 @@ void bind_append(nb::class_<PyManager>& c) {
           [](PyManager& self, SeqId seq, const Ints& tokens) {
             check_count("len(tokens)", static_cast<int64_t>(tokens.size()));
             const std::vector<TokenId> ids = to_token_ids(tokens, "tokens");
-            return append_to_python(
-                self.released([&](Mgr& m) { return m.append_tokens(seq, ids); }));
+            return self.released([&](Mgr& m) { return m.append_tokens(seq, ids); });
           },
           "seq"_a, "tokens"_a)
       .def(
@@ -159,17 +141,13 @@ void bind_batch(nb::class_<PyManager>& c) {
                                        .c_str());
            }
          }
-         BatchMetadata meta =
-             self.released([&](Mgr& m) { return m.batch_metadata(seqs, num_new_tokens); });
-         return to_python(std::move(meta));
+         return self.released([&](Mgr& m) { return m.batch_metadata(seqs, num_new_tokens); });
        },
        "seqs"_a, "num_new_tokens"_a)
       .def(
           "kept_tokens",
           [](PyManager& self, const std::vector<SeqId>& seqs) {
-            KeptTokens k = self.released([&](Mgr& m) { return m.kept_tokens(seqs); });
-            return PyKeptTokens{to_numpy(std::move(k.indptr)), to_numpy(std::move(k.slots)),
-                                to_numpy(std::move(k.positions))};
+            return self.released([&](Mgr& m) { return m.kept_tokens(seqs); });
           },
           "seqs"_a)
       .def(
@@ -187,7 +165,7 @@ void bind_swap(nb::class_<PyManager>& c) {
         })
       .def("swap_out",
            [](PyManager& self, SeqId seq) {
-             return swap_to_python(self.released([&](Mgr& m) { return m.swap_out(seq); }));
+             return self.released([&](Mgr& m) { return m.swap_out(seq); });
            })
       .def("swap_out_admission",
            [](PyManager& self, SeqId seq) {
@@ -211,7 +189,7 @@ void bind_swap(nb::class_<PyManager>& c) {
           "swap_in",
           [](PyManager& self, SeqId seq, int64_t lookahead) {
             check_count("num_lookahead_slots", lookahead);
-            return swap_to_python(self.released([&](Mgr& m) { return m.swap_in(seq, lookahead); }));
+            return self.released([&](Mgr& m) { return m.swap_in(seq, lookahead); });
           },
           "seq"_a, "num_lookahead_slots"_a = 0)
       .def("is_swapped",
@@ -220,9 +198,7 @@ void bind_swap(nb::class_<PyManager>& c) {
            })
       .def("preempt",
            [](PyManager& self, SeqId seq) {
-             PreemptedSequence p = self.released([&](Mgr& m) { return m.preempt(seq); });
-             return PyPreemptedSequence{p.seq, p.num_tokens, to_numpy(std::move(p.tokens)),
-                                        p.extra_key};
+             return self.released([&](Mgr& m) { return m.preempt(seq); });
            })
       .def("reset_prefix_cache", [](PyManager& self) {
         return self.released([](Mgr& m) { return m.reset_prefix_cache(); });

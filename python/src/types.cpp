@@ -12,14 +12,11 @@ namespace pagedkv::py {
 
 using namespace nb::literals;
 
-nb::object copies_to_numpy(const std::vector<BlockCopy>& copies) {
-  std::vector<int32_t> flat;
-  flat.reserve(2 * copies.size());
-  for (const BlockCopy& c : copies) {
-    flat.push_back(c.src);
-    flat.push_back(c.dst);
-  }
-  return to_numpy(std::move(flat), {copies.size(), 2});
+static_assert(sizeof(BlockCopy) == 2 * sizeof(int32_t) && alignof(BlockCopy) == alignof(int32_t),
+              "BlockCopy must be two packed int32 (src, dst) for the [n, 2] view");
+
+nb::ndarray<nb::numpy, int32_t> copies_view(nb::handle owner, std::vector<BlockCopy>& copies) {
+  return view(owner, reinterpret_cast<int32_t*>(copies.data()), {copies.size(), 2});
 }
 
 std::vector<TokenId> to_token_ids(const std::vector<int64_t>& values, const char* what) {
@@ -42,29 +39,6 @@ void check_range(const char* what, int64_t value, int64_t min, int64_t max) {
                            std::to_string(min) + ", " + std::to_string(max) + "]")
                               .c_str());
   }
-}
-
-PyAppendResult to_python(AppendResult&& r) {
-  nb::object copies = copies_to_numpy(r.copies);
-  return {to_numpy(std::move(r.slots)), std::move(copies)};
-}
-
-PyBatchMetadata to_python(BatchMetadata&& m) {
-  PyBatchMetadata out;
-  out.block_size = m.block_size;
-  out.num_seqs = m.padded.num_seqs;
-  out.max_blocks_per_seq = m.padded.max_blocks_per_seq;
-  out.num_blocks = m.padded.num_blocks;
-  const auto rows = static_cast<size_t>(m.padded.num_seqs);
-  const auto cols = static_cast<size_t>(m.padded.max_blocks_per_seq);
-  out.block_tables = to_numpy(std::move(m.padded.block_tables), {rows, cols});
-  out.seq_lens = to_numpy(std::move(m.padded.context_lens));
-  out.paged_kv_indptr = to_numpy(std::move(m.csr.indptr));
-  out.paged_kv_indices = to_numpy(std::move(m.csr.indices));
-  out.paged_kv_last_page_len = to_numpy(std::move(m.csr.last_page_len));
-  out.slot_mapping = to_numpy(std::move(m.slot_mapping));
-  out.query_start_loc = to_numpy(std::move(m.query_start));
-  return out;
 }
 
 namespace {
@@ -144,46 +118,80 @@ void bind_configs(nb::module_& m) {
       .def_ro("first_chunk_tokens", &AddOptions::first_chunk_tokens);
 }
 
+// Properties of a result type: numpy views of its vectors, made when read (see view()).
+template <class T, class F>
+auto array_of(F get) {
+  return [get](nb::handle self) {
+    T& r = nb::cast<T&>(self);
+    return view(self, get(r));
+  };
+}
+
+void bind_batch_metadata(nb::module_& m) {
+  using BM = BatchMetadata;
+  auto seq_lens = array_of<BM>([](BM & b) -> auto& { return b.padded.context_lens; });
+  auto query_start = array_of<BM>([](BM & b) -> auto& { return b.query_start; });
+  nb::class_<BM>(m, "BatchMetadata", "Metadata of one batch step (see _pagedkv.pyi).")
+      .def_ro("block_size", &BM::block_size)
+      .def_prop_ro("num_seqs", [](const BM& b) { return b.padded.num_seqs; })
+      .def_prop_ro("max_blocks_per_seq", [](const BM& b) { return b.padded.max_blocks_per_seq; })
+      .def_prop_ro("num_blocks", [](const BM& b) { return b.padded.num_blocks; })
+      .def_prop_ro("block_tables",
+                   [](nb::handle self) {
+                     PaddedBlockTables& p = nb::cast<BM&>(self).padded;
+                     return view(self, p.block_tables.data(),
+                                 {static_cast<size_t>(p.num_seqs),
+                                  static_cast<size_t>(p.max_blocks_per_seq)});
+                   })
+      .def_prop_ro("seq_lens", seq_lens)
+      .def_prop_ro("context_lens", seq_lens)
+      .def_prop_ro("paged_kv_indptr", array_of<BM>([](BM & b) -> auto& { return b.csr.indptr; }))
+      .def_prop_ro("paged_kv_indices", array_of<BM>([](BM & b) -> auto& { return b.csr.indices; }))
+      .def_prop_ro("paged_kv_last_page_len",
+                   array_of<BM>([](BM & b) -> auto& { return b.csr.last_page_len; }))
+      .def_prop_ro("slot_mapping", array_of<BM>([](BM & b) -> auto& { return b.slot_mapping; }))
+      .def_prop_ro("query_start_loc", query_start)
+      .def_prop_ro("qo_indptr", query_start);
+}
+
 void bind_results(nb::module_& m) {
-  nb::class_<PyAppendResult>(m, "AppendResult",
-                             "slots: [n] int64 slot of each new token; copies: [k, 2] int32 "
-                             "(src, dst) blocks to copy (all layers) before writing.")
-      .def_ro("slots", &PyAppendResult::slots)
-      .def_ro("copies", &PyAppendResult::copies);
-  nb::class_<PyAddResult>(m, "AddResult",
-                          "num_computed_tokens: prefix hits (tokens); slots: [len - hits] "
-                          "int64; copies: [0, 2] int32.")
-      .def_ro("num_computed_tokens", &PyAddResult::num_computed_tokens)
-      .def_ro("slots", &PyAddResult::slots)
-      .def_ro("copies", &PyAddResult::copies);
-  nb::class_<PyPrefixLookup>(m, "PrefixLookup", "What add_sequence would share now.")
-      .def_ro("num_computed_tokens", &PyPrefixLookup::num_computed_tokens)
-      .def_ro("blocks", &PyPrefixLookup::blocks);
-  nb::class_<PySwapResult>(m, "SwapResult", "copies: [n, 2] int32 (src, dst) block pairs.")
-      .def_ro("copies", &PySwapResult::copies);
-  nb::class_<PyPreemptedSequence>(m, "PreemptedSequence", "What a recompute preemption left.")
-      .def_ro("seq", &PyPreemptedSequence::seq)
-      .def_ro("num_tokens", &PyPreemptedSequence::num_tokens)
-      .def_ro("tokens", &PyPreemptedSequence::tokens)
-      .def_ro("extra_key", &PyPreemptedSequence::extra_key);
-  nb::class_<PyKeptTokens>(m, "KeptTokens", "Kept sets of a batch, CSR.")
-      .def_ro("indptr", &PyKeptTokens::indptr)
-      .def_ro("slots", &PyKeptTokens::slots)
-      .def_ro("positions", &PyKeptTokens::positions);
-  nb::class_<PyBatchMetadata>(m, "BatchMetadata", "Metadata of one batch step (see .pyi).")
-      .def_ro("block_size", &PyBatchMetadata::block_size)
-      .def_ro("num_seqs", &PyBatchMetadata::num_seqs)
-      .def_ro("max_blocks_per_seq", &PyBatchMetadata::max_blocks_per_seq)
-      .def_ro("num_blocks", &PyBatchMetadata::num_blocks)
-      .def_ro("block_tables", &PyBatchMetadata::block_tables)
-      .def_ro("seq_lens", &PyBatchMetadata::seq_lens)
-      .def_ro("context_lens", &PyBatchMetadata::seq_lens)
-      .def_ro("paged_kv_indptr", &PyBatchMetadata::paged_kv_indptr)
-      .def_ro("paged_kv_indices", &PyBatchMetadata::paged_kv_indices)
-      .def_ro("paged_kv_last_page_len", &PyBatchMetadata::paged_kv_last_page_len)
-      .def_ro("slot_mapping", &PyBatchMetadata::slot_mapping)
-      .def_ro("query_start_loc", &PyBatchMetadata::query_start_loc)
-      .def_ro("qo_indptr", &PyBatchMetadata::query_start_loc);
+  nb::class_<AppendResult>(m, "AppendResult",
+                           "slots: [n] int64 slot of each new token; copies: [k, 2] int32 "
+                           "(src, dst) blocks to copy (all layers) before writing.")
+      .def_prop_ro("slots",
+                   array_of<AppendResult>([](AppendResult & r) -> auto& { return r.slots; }))
+      .def_prop_ro("copies", [](nb::handle self) {
+        return copies_view(self, nb::cast<AppendResult&>(self).copies);
+      });
+  nb::class_<AddResult>(m, "AddResult",
+                        "num_computed_tokens: prefix hits (tokens); slots: [len - hits] int64; "
+                        "copies: [0, 2] int32.")
+      .def_ro("num_computed_tokens", &AddResult::num_computed_tokens)
+      .def_prop_ro("slots",
+                   array_of<AddResult>([](AddResult & r) -> auto& { return r.append.slots; }))
+      .def_prop_ro("copies", [](nb::handle self) {
+        return copies_view(self, nb::cast<AddResult&>(self).append.copies);
+      });
+  nb::class_<PrefixLookup>(m, "PrefixLookup", "What add_sequence would share now.")
+      .def_ro("num_computed_tokens", &PrefixLookup::num_computed_tokens)
+      .def_prop_ro("blocks",
+                   array_of<PrefixLookup>([](PrefixLookup & r) -> auto& { return r.blocks; }));
+  nb::class_<SwapResult>(m, "SwapResult", "copies: [n, 2] int32 (src, dst) block pairs.")
+      .def_prop_ro("copies", [](nb::handle self) {
+        return copies_view(self, nb::cast<SwapResult&>(self).copies);
+      });
+  nb::class_<PreemptedSequence>(m, "PreemptedSequence", "What a recompute preemption left.")
+      .def_ro("seq", &PreemptedSequence::seq)
+      .def_ro("num_tokens", &PreemptedSequence::num_tokens)
+      .def_prop_ro("tokens", array_of<PreemptedSequence>(
+                                 [](PreemptedSequence & r) -> auto& { return r.tokens; }))
+      .def_ro("extra_key", &PreemptedSequence::extra_key);
+  nb::class_<KeptTokens>(m, "KeptTokens", "Kept sets of a batch, CSR.")
+      .def_prop_ro("indptr", array_of<KeptTokens>([](KeptTokens & k) -> auto& { return k.indptr; }))
+      .def_prop_ro("slots", array_of<KeptTokens>([](KeptTokens & k) -> auto& { return k.slots; }))
+      .def_prop_ro("positions",
+                   array_of<KeptTokens>([](KeptTokens & k) -> auto& { return k.positions; }));
+  bind_batch_metadata(m);
 }
 
 void bind_stats(nb::module_& m) {

@@ -40,19 +40,22 @@ def test_batch_metadata_both_formats_and_slot_mapping(manager):
     assert meta.block_tables.dtype == np.int32
     assert meta.block_tables.tolist() == [[0, 1], [-1, -1], [2, 3]]
     assert meta.seq_lens.tolist() == [6, 0, 5]
-    assert meta.context_lens is meta.seq_lens
+    assert np.shares_memory(meta.context_lens, meta.seq_lens)
     assert meta.paged_kv_indptr.tolist() == [0, 2, 2, 4]
     assert meta.paged_kv_indices.tolist() == [0, 1, 2, 3]
     assert meta.paged_kv_last_page_len.tolist() == [2, 0, 1]
     assert meta.slot_mapping.dtype == np.int64
     assert meta.slot_mapping.tolist() == [0, 1, 2, 3, 4, 5, 12]
     assert meta.query_start_loc.tolist() == [0, 6, 6, 7]
-    assert meta.qo_indptr is meta.query_start_loc
+    assert np.shares_memory(meta.qo_indptr, meta.query_start_loc)
     for name in ("seq_lens", "paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len",
                  "query_start_loc"):
         assert getattr(meta, name).dtype == np.int32, name
-    # The arrays own their memory: a later call or a write to one leaves the other intact.
+    # The arrays are views of the result's own buffers (made when read, so every read of a
+    # field sees the same memory): a later call or a write to one leaves the other intact.
+    assert np.shares_memory(meta.block_tables, meta.block_tables)
     meta.block_tables[0, 0] = 99
+    assert meta.block_tables[0, 0] == 99
     again = m.batch_metadata([1], [0])
     assert again.block_tables.tolist() == [[0, 1]] and again.slot_mapping.shape == (0,)
     assert meta.block_tables.flags.c_contiguous and meta.block_tables.flags.owndata is False

@@ -131,7 +131,8 @@ class Workload(RuleBasedStateMachine):
         tables = [self.m.block_table(s).tolist() for s in seqs]
         width = max([len(t) for t in tables] + [1]) if seqs else 0
         padded = [t + [-1] * (width - len(t)) for t in tables]
-        assert meta.block_tables.reshape(len(seqs), width).tolist() == padded
+        assert meta.block_tables.shape == (len(seqs), width)
+        assert meta.block_tables.tolist() == padded
         assert meta.seq_lens.tolist() == [self.model[s][0] for s in seqs]
         assert meta.paged_kv_indptr.tolist() == np.cumsum([0] + [len(t) for t in tables]).tolist()
         assert meta.paged_kv_indices.tolist() == [b for t in tables for b in t]
