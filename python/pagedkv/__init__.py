@@ -37,6 +37,8 @@ from ._pagedkv import (
     PrefixLookup,
     SwapResult,
     block_hash,
+    paged_decode_attention,
+    paged_prefill_attention,
 )
 from ._metadata import batch_metadata_to_torch, replay_prefix_index
 
@@ -67,5 +69,7 @@ __all__ = [
     "SwapResult",
     "batch_metadata_to_torch",
     "block_hash",
+    "paged_decode_attention",
+    "paged_prefill_attention",
     "replay_prefix_index",
 ]

@@ -5,7 +5,7 @@ argument wrong on its own and ContractError for one the manager's state forbids;
 out of blocks."""
 
 import enum
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -176,6 +176,37 @@ class KVCacheEvent:
 
 def block_hash(parent: int, tokens: Sequence[int], extra_key: int = 0) -> int:
     """Content key of a full block: XXH3-64 of (parent key, extra key, token ids)."""
+
+# Paged attention on pools the engine owns (CPU kernels; any __dlpack__ array: numpy, torch CPU
+# tensors), read in place through their own strides. Pools: vLLM-style separate k_cache and
+# v_cache, each [num_blocks, block_size, kv_heads, head_dim] (layout "NHD") or
+# [num_blocks, kv_heads, block_size, head_dim] ("HND"), float32 / float16 / bfloat16, head_dim
+# contiguous; or FlashInfer's combined pool as k_cache with v_cache None:
+# [num_pages, 2, page_size, kv_heads, head_dim] ("NHD") or [num_pages, 2, kv_heads, page_size,
+# head_dim] ("HND"), V at index 1. q and out float32, C-contiguous. ValueError names a wrong
+# shape, dtype, device or stride; ContractError comes from the kernel (head_dim or block_size
+# mismatch, a block id out of range). GIL released while the kernel runs.
+
+@overload
+def paged_decode_attention(q: Any, k_cache: Any, v_cache: Optional[Any], meta: BatchMetadata,
+                           *, layout: str = "NHD", scale: float = 0.0, window_left: int = -1,
+                           sink_tokens: int = 0, out: Optional[Any] = None) -> Any:
+    """Decode: q [num_seqs, heads, dim], one query per sequence over its whole context;
+    returns out [num_seqs, heads, dim] (a new numpy array unless out is given). The tables'
+    block_size (meta.block_size) must equal the pool's."""
+@overload
+def paged_decode_attention(q: Any, k_cache: Any, v_cache: Optional[Any], block_tables: Any,
+                           seq_lens: Any, *, layout: str = "NHD", scale: float = 0.0,
+                           window_left: int = -1, sink_tokens: int = 0,
+                           out: Optional[Any] = None) -> Any:
+    """Decode over block_tables [num_seqs, max_blocks] int32 and seq_lens [num_seqs] int32,
+    built for the pool's block size."""
+def paged_prefill_attention(q: Any, k_cache: Any, v_cache: Optional[Any], meta: BatchMetadata,
+                            *, layout: str = "NHD", scale: float = 0.0, window_left: int = -1,
+                            sink_tokens: int = 0, out: Optional[Any] = None) -> Any:
+    """Chunked causal prefill: q [meta.query_start_loc[-1], heads, dim], sequence i's rows at
+    its last query_start_loc[i + 1] - query_start_loc[i] positions (their K/V written), after
+    its cached prefix."""
 
 class KVCacheManager:
     """Block manager of one paged KV cache (all layers share its block ids). Calls are

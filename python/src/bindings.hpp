@@ -86,5 +86,6 @@ class PyManager {
 
 void bind_types(nb::module_& m);    // types.cpp: enums, configs, results, stats, events
 void bind_manager(nb::module_& m);  // manager.cpp: KVCacheManager
+void bind_ops(nb::module_& m);      // ops.cpp: paged attention on the engine's pools
 
 }  // namespace pagedkv::py

@@ -15,4 +15,5 @@ NB_MODULE(_pagedkv, m) {
   m.attr("ContractError").attr("__module__") = "pagedkv";
   pagedkv::py::bind_types(m);
   pagedkv::py::bind_manager(m);
+  pagedkv::py::bind_ops(m);
 }
