@@ -39,6 +39,7 @@ from ._pagedkv import (
     block_hash,
     paged_decode_attention,
     paged_prefill_attention,
+    write_kv,
 )
 from ._metadata import batch_metadata_to_torch, replay_prefix_index
 
@@ -72,4 +73,5 @@ __all__ = [
     "paged_decode_attention",
     "paged_prefill_attention",
     "replay_prefix_index",
+    "write_kv",
 ]

@@ -208,6 +208,13 @@ def paged_prefill_attention(q: Any, k_cache: Any, v_cache: Optional[Any], meta: 
     its last query_start_loc[i + 1] - query_start_loc[i] positions (their K/V written), after
     its cached prefix."""
 
+def write_kv(key: Any, value: Any, k_cache: Any, v_cache: Optional[Any], slot_mapping: Any, *,
+             layout: str = "NHD") -> None:
+    """reshape_and_cache: key, value [num_tokens, kv_heads, head_dim] float32 go to their
+    slot_mapping [num_tokens] int64 slots of the pools (either form above), converted to the
+    pools' dtype (round to nearest even); negative slots are padding. Every slot is checked
+    before anything is written (ContractError naming the slot)."""
+
 class KVCacheManager:
     """Block manager of one paged KV cache (all layers share its block ids). Calls are
     serialized per manager; those that grow with their input release the GIL."""

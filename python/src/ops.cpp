@@ -213,9 +213,39 @@ nb::object prefill(const Any& q, const Any& k, std::optional<Any> v, const Block
   return result;
 }
 
+void write(const Any& key, const Any& value, const Any& k, std::optional<Any> v,
+           const Any& slot_mapping, const std::string& layout) {
+  const KVLayerView cache = pool_view(k, v, parse_layout(layout));
+  check_dense("slot_mapping", slot_mapping, 1, nb::dlpack::dtype_code::Int, 64,
+              "int64 [num_tokens]");
+  const char* shape = "float32 [num_tokens, kv_heads, head_dim]";
+  check_dense("key", key, 3, nb::dlpack::dtype_code::Float, 32, shape);
+  check_dense("value", value, 3, nb::dlpack::dtype_code::Float, 32, shape);
+  for (const auto* a : {&key, &value}) {
+    if (a->shape(0) != slot_mapping.shape(0) ||
+        a->shape(1) != static_cast<size_t>(cache.num_kv_heads) ||
+        a->shape(2) != static_cast<size_t>(cache.head_dim)) {
+      bad(std::string(a == &key ? "key" : "value") + " shape " + shape_of(*a) + " != (" +
+          std::to_string(slot_mapping.shape(0)) + ", " + std::to_string(cache.num_kv_heads) + ", " +
+          std::to_string(cache.head_dim) + ") (slot_mapping's tokens, the pool's heads " +
+          "and head_dim)");
+    }
+  }
+  const std::span<const Slot> slots(static_cast<const Slot*>(slot_mapping.data()),
+                                    slot_mapping.size());
+  const std::span<const float> ks(static_cast<const float*>(key.data()), key.size());
+  const std::span<const float> vs(static_cast<const float*>(value.data()), value.size());
+  nb::gil_scoped_release no_gil;
+  write_kv(cache, slots, ks, vs);
+}
+
 }  // namespace
 
 void bind_ops(nb::module_& m) {
+  m.def("write_kv", &write, "key"_a, "value"_a, "k_cache"_a, "v_cache"_a.none(), "slot_mapping"_a,
+        nb::kw_only(), "layout"_a = "NHD",
+        "reshape_and_cache: writes key/value [num_tokens, kv_heads, head_dim] float32 to their "
+        "slots of the pools (converted to the pools' dtype); negative slots are skipped.");
   m.def(
       "paged_decode_attention",
       [](const Any& q, const Any& k, std::optional<Any> v, const BatchMetadata& meta,

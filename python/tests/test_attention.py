@@ -182,3 +182,87 @@ def test_hostile_arguments_name_what_is_wrong():
         ro = np.zeros((2, H, D), np.float32)
         ro.flags.writeable = False
         pk.paged_decode_attention(q, k, v, meta, out=ro)
+
+
+@pytest.mark.parametrize("form", ["NHD", "HND", "combined-NHD", "fp16-HND"])
+def test_engine_steps_write_kv_then_attend(form):
+    # An engine's loop on its own pools: the manager gives the slots, write_kv stores K/V
+    # there, attention reads them back; compared with numpy over the tokens written.
+    layout = form.split("-")[-1]
+    dtype = np.float16 if form.startswith("fp16") else np.float32
+    bs, blocks = 8, 32
+    m = pk.KVCacheManager(pk.KVCacheManagerConfig(blocks, bs))
+    shape = (blocks, bs, KH, D) if layout == "NHD" else (blocks, KH, bs, D)
+    if form.startswith("combined"):
+        kv = np.full((blocks, 2) + shape[1:], np.nan, dtype)
+        k, v, pools = kv[:, 0], kv[:, 1], (kv, None)
+    else:
+        k, v = np.full(shape, np.nan, dtype), np.full(shape, np.nan, dtype)
+        pools = (k, v)
+    rng = np.random.default_rng(5)
+    lens = {0: 21, 1: 8, 2: 3}
+    hist = {s: ([], []) for s in lens}
+
+    def step(seqs, slots_per_seq):
+        n = sum(len(x) for x in slots_per_seq)
+        key = rng.standard_normal((n, KH, D), dtype=np.float32)
+        val = rng.standard_normal((n, KH, D), dtype=np.float32)
+        pk.write_kv(key, val, *pools, np.concatenate(slots_per_seq), layout=layout)
+        at = 0
+        for s, sl in zip(seqs, slots_per_seq):
+            hist[s][0].extend(key[at:at + len(sl)].astype(dtype).astype(np.float32))
+            hist[s][1].extend(val[at:at + len(sl)].astype(dtype).astype(np.float32))
+            at += len(sl)
+
+    step(list(lens), [m.add_sequence(s, [1] * n).slots for s, n in lens.items()])
+    for _ in range(10):  # decode steps: one token each, past block boundaries
+        seqs = list(lens)
+        step(seqs, [m.append_slots(s, 1).slots for s in seqs])
+        meta = m.batch_metadata(seqs, [1] * len(seqs))
+        q = rng.standard_normal((len(seqs), H, D), dtype=np.float32)
+        out = pk.paged_decode_attention(q, *pools, meta, layout=layout)
+        keys = [np.array(hist[s][0]) for s in seqs]
+        values = [np.array(hist[s][1]) for s in seqs]
+        tol = dict(rtol=2e-5, atol=2e-6) if dtype == np.float32 else dict(rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(out, decode_reference(q, keys, values), **tol)
+    # Exactly the written slots changed: the rest of the pool is still NaN.
+    held = sum(m.num_tokens(s) for s in lens)
+    assert np.count_nonzero(~np.isnan(k)) == held * KH * D
+    assert np.count_nonzero(~np.isnan(v)) == held * KH * D
+
+
+def test_write_kv_places_exactly_and_checks_every_slot_first():
+    k = np.full((2, 4, KH, D), np.nan, np.float32)
+    v = np.full_like(k, np.nan)
+    key = np.arange(3 * KH * D, dtype=np.float32).reshape(3, KH, D)
+    pk.write_kv(key, -key, k, v, np.array([5, -1, 0]))
+    np.testing.assert_array_equal(k[1, 1], key[0])  # slot 5: block 1, token 1
+    np.testing.assert_array_equal(v[0, 0], -key[2])
+    assert np.count_nonzero(~np.isnan(k)) == 2 * KH * D  # the padding token was skipped
+    before = k.copy()
+    with pytest.raises(pk.ContractError, match="slot 8 of token 1"):
+        pk.write_kv(key[:2], key[:2], k, v, np.array([1, 8]))
+    np.testing.assert_array_equal(k, before)  # slot 1 was not written either
+    for call, named in [
+        (lambda: pk.write_kv(key, key, k, v, np.array([0, 1, 2], np.int32)), "slot_mapping"),
+        (lambda: pk.write_kv(key[:, :1].copy(), key, k, v, np.array([0, 1, 2])), "key shape"),
+        (lambda: pk.write_kv(key, key[:2], k, v, np.array([0, 1, 2])), "value shape"),
+        (lambda: pk.write_kv(key.astype(np.float16), key, k, v, np.array([0, 1, 2])), "key"),
+        (lambda: pk.write_kv(key, key, k, v[:1], np.array([0, 1, 2])), "v_cache"),
+    ]:
+        with pytest.raises(ValueError, match=named):
+            call()
+    ro = k.copy()
+    ro.flags.writeable = False
+    with pytest.raises(TypeError):  # a read-only pool is never written
+        pk.write_kv(key, key, ro, v, np.array([0, 1, 2]))
+
+
+def test_write_kv_into_torch_pools_in_place():
+    torch = pytest.importorskip("torch", reason="torch is not installed: the torch tests skip")
+    k = torch.zeros(4, 8, KH, D, dtype=torch.bfloat16)
+    v = torch.zeros_like(k)
+    key = torch.randn(2, KH, D)
+    pk.write_kv(key, 2 * key, k, v, torch.tensor([9, 30]))
+    assert torch.equal(k[1, 1], key[0].bfloat16()) and torch.equal(v[3, 6], (2 * key[1]).bfloat16())
+    assert int((k != 0).sum()) <= 2 * KH * D

@@ -52,37 +52,7 @@ void HostKVCache::write(int32_t layer, std::span<const Slot> slot_mapping, std::
                         std::span<const float> v) {
   PAGEDKV_CHECK(layer >= 0 && layer < config_.num_layers,
                 "HostKVCache::write: layer {} out of range [0, {})", layer, config_.num_layers);
-  const int64_t num_tokens = static_cast<int64_t>(slot_mapping.size());
-  const int64_t token_elems = static_cast<int64_t>(config_.num_kv_heads) * config_.head_dim;
-  const int64_t expected = num_tokens * token_elems;
-  PAGEDKV_CHECK(static_cast<int64_t>(k.size()) == expected,
-                "HostKVCache::write: k has {} elements, expected {} ({} tokens x {} kv heads x {} "
-                "dims)",
-                k.size(), expected, num_tokens, config_.num_kv_heads, config_.head_dim);
-  PAGEDKV_CHECK(static_cast<int64_t>(v.size()) == expected,
-                "HostKVCache::write: v has {} elements, expected {} ({} tokens x {} kv heads x {} "
-                "dims)",
-                v.size(), expected, num_tokens, config_.num_kv_heads, config_.head_dim);
-  const int64_t num_slots = static_cast<int64_t>(config_.num_blocks) * config_.block_size;
-  // All slots are checked before the first store: a failed write changes nothing.
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    PAGEDKV_CHECK(slot_mapping[t] < num_slots,
-                  "HostKVCache::write: slot {} of token {} out of range [0, {})", slot_mapping[t],
-                  t, num_slots);
-  }
-  const KVLayerView view = this->layer(layer);
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    const Slot slot = slot_mapping[t];
-    if (slot < 0) continue;  // padding token
-    for (int32_t h = 0; h < config_.num_kv_heads; ++h) {
-      const int64_t dst = view.slot_offset(slot, h);
-      const int64_t src = t * token_elems + static_cast<int64_t>(h) * config_.head_dim;
-      for (int32_t d = 0; d < config_.head_dim; ++d) {
-        store_from_f32(view.k, config_.dtype, dst + d, k[src + d]);
-        store_from_f32(view.v, config_.dtype, dst + d, v[src + d]);
-      }
-    }
-  }
+  write_kv(this->layer(layer), slot_mapping, k, v);
 }
 
 void HostKVCache::copy_blocks(std::span<const BlockCopy> pairs) {

@@ -51,4 +51,42 @@ void check_table_geometry(const char* fn, const KVLayerView& cache, int32_t bloc
                 num_blocks, cache.num_blocks);
 }
 
+void write_kv(const KVLayerView& view, std::span<const Slot> slot_mapping, std::span<const float> k,
+              std::span<const float> v) {
+  PAGEDKV_CHECK(view.k != nullptr && view.v != nullptr,
+                "write_kv: the view has a null K or V pool (k={}, v={})", view.k, view.v);
+  PAGEDKV_CHECK(
+      view.num_blocks >= 1 && view.block_size >= 1 && view.num_kv_heads >= 1 && view.head_dim >= 1,
+      "write_kv: the view has num_blocks {}, block_size {}, num_kv_heads {}, head_dim "
+      "{} (each must be >= 1)",
+      view.num_blocks, view.block_size, view.num_kv_heads, view.head_dim);
+  const int64_t num_tokens = static_cast<int64_t>(slot_mapping.size());
+  const int64_t token_elems = static_cast<int64_t>(view.num_kv_heads) * view.head_dim;
+  const int64_t expected = num_tokens * token_elems;
+  PAGEDKV_CHECK(static_cast<int64_t>(k.size()) == expected,
+                "write_kv: k has {} elements, expected {} ({} tokens x {} kv heads x {} dims)",
+                k.size(), expected, num_tokens, view.num_kv_heads, view.head_dim);
+  PAGEDKV_CHECK(static_cast<int64_t>(v.size()) == expected,
+                "write_kv: v has {} elements, expected {} ({} tokens x {} kv heads x {} dims)",
+                v.size(), expected, num_tokens, view.num_kv_heads, view.head_dim);
+  const int64_t num_slots = static_cast<int64_t>(view.num_blocks) * view.block_size;
+  // All slots are checked before the first store: a failed write changes nothing.
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    PAGEDKV_CHECK(slot_mapping[t] < num_slots, "write_kv: slot {} of token {} out of range [0, {})",
+                  slot_mapping[t], t, num_slots);
+  }
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const Slot slot = slot_mapping[t];
+    if (slot < 0) continue;  // padding token
+    for (int32_t h = 0; h < view.num_kv_heads; ++h) {
+      const int64_t dst = view.slot_offset(slot, h);
+      const int64_t src = t * token_elems + static_cast<int64_t>(h) * view.head_dim;
+      for (int32_t d = 0; d < view.head_dim; ++d) {
+        store_from_f32(view.k, view.dtype, dst + d, k[src + d]);
+        store_from_f32(view.v, view.dtype, dst + d, v[src + d]);
+      }
+    }
+  }
+}
+
 }  // namespace pagedkv

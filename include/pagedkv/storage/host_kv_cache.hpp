@@ -35,7 +35,7 @@ class HostKVCache {
   explicit HostKVCache(const KVCacheConfig& config, const HostMemoryOptions& memory = {});
 
   /// reshape_and_cache: writes the K and V of new tokens to their slots in layer `layer`,
-  /// converting fp32 to the storage dtype (round to nearest even).
+  /// converting fp32 to the storage dtype (round to nearest even): write_kv over layer(layer).
   /// Shapes: slot_mapping [num_tokens] int64 (negative = padding, skipped);
   ///         k, v [num_tokens, num_kv_heads, head_dim] fp32.
   /// Errors: throws pagedkv::Error if layer is out of range, k/v sizes differ from

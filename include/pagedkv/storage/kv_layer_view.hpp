@@ -4,6 +4,7 @@
 /// Header usable from host C++ and CUDA (no CUDA headers included).
 
 #include <cstdint>
+#include <span>
 
 #include "pagedkv/attention_params.hpp"
 #include "pagedkv/dtype.hpp"
@@ -75,6 +76,20 @@ PAGEDKV_HOST_DEVICE constexpr void layout_strides(KVLayout layout, int64_t block
     *token_stride = num_kv_heads * head_dim;
   }
 }
+
+/// reshape_and_cache over any layer view: the pools of a HostKVCache layer (HostKVCache::write
+/// calls it) or memory the caller owns (an engine's tensors, described by pointers and
+/// strides). Writes the K and V of new tokens to their slots, converting fp32 to view.dtype
+/// (round to nearest even).
+/// Shapes: slot_mapping [num_tokens] int64 (negative = padding, skipped); k, v [num_tokens,
+/// view.num_kv_heads, view.head_dim] fp32, dense.
+/// Errors: throws pagedkv::Error if the view has a null pool or a size < 1, k or v has a size
+/// other than num_tokens * num_kv_heads * head_dim (names both), or a slot is >= num_blocks *
+/// block_size (names the slot and the token); all checked before anything is written.
+/// Worked example: a pool of 2 blocks of 4 tokens, 1 head of 2 dims, NHD: write_kv(view, {5},
+/// {1, 2}, {3, 4}) puts K {1, 2} at element offset 5 * 2 = 10 of view.k (block 1, token 1).
+void write_kv(const KVLayerView& view, std::span<const Slot> slot_mapping, std::span<const float> k,
+              std::span<const float> v);
 
 /// Validates params against a cache view; every paged attention entry point (CPU and CUDA) runs
 /// it before anything else reads the view.

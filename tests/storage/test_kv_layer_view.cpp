@@ -1,0 +1,102 @@
+// write_kv over memory the caller owns (an engine's pools described by pointers and strides):
+// exact element offsets in both layouts and in a strided pool with gaps, fp16 rounding, padding
+// slots skipped, and every documented error leaving the pools untouched.
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "pagedkv/error.hpp"
+#include "pagedkv/storage/kv_layer_view.hpp"
+
+namespace pagedkv {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+using F = std::vector<float>;
+
+// A view over caller-owned float pools: 2 blocks of 4 tokens, 2 kv heads of 2 dims.
+KVLayerView view_over(std::vector<float>& k, std::vector<float>& v, KVLayout layout) {
+  KVLayerView view{k.data(), v.data(), DType::kF32, 2, 4, 2, 2, 0, 0, 0};
+  layout_strides(layout, 4, 2, 2, &view.block_stride, &view.head_stride, &view.token_stride);
+  return view;
+}
+
+TEST(WriteKV, NhdPutsEachHeadOfEachTokenAtItsSlot) {
+  std::vector<float> k(2 * 4 * 2 * 2, -1.0f), v(k.size(), -1.0f);
+  const KVLayerView view = view_over(k, v, KVLayout::kNHD);
+  // Token 0 -> slot 5 (block 1, token 1), token 1 is padding, token 2 -> slot 0.
+  write_kv(view, std::vector<Slot>{5, -1, 0}, F{1, 2, 3, 4, 9, 9, 9, 9, 5, 6, 7, 8},
+           F{10, 20, 30, 40, 9, 9, 9, 9, 50, 60, 70, 80});
+  // NHD element offset of (block b, token t, head h) = ((b * 4 + t) * 2 + h) * 2.
+  const int64_t slot5 = (1 * 4 + 1) * 2 * 2;
+  EXPECT_EQ((std::vector<float>(k.begin() + slot5, k.begin() + slot5 + 4)),
+            (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ((std::vector<float>(v.begin() + slot5, v.begin() + slot5 + 4)),
+            (std::vector<float>{10, 20, 30, 40}));
+  EXPECT_EQ((std::vector<float>(k.begin(), k.begin() + 4)), (std::vector<float>{5, 6, 7, 8}));
+  int written = 0;
+  for (float x : k) written += x != -1.0f;
+  EXPECT_EQ(written, 8);  // nothing else touched, the padding token skipped
+}
+
+TEST(WriteKV, HndAndAStridedPoolWithGaps) {
+  std::vector<float> k(2 * 2 * 4 * 2, 0.0f), v(k.size(), 0.0f);
+  const KVLayerView hnd = view_over(k, v, KVLayout::kHND);
+  write_kv(hnd, std::vector<Slot>{6}, F{1, 2, 3, 4}, F{5, 6, 7, 8});
+  // HND offset of (block 1, head h, token 2) = ((1 * 2 + h) * 4 + 2) * 2.
+  EXPECT_EQ(k[((1 * 2 + 0) * 4 + 2) * 2 + 1], 2.0f);
+  EXPECT_EQ(k[((1 * 2 + 1) * 4 + 2) * 2 + 0], 3.0f);
+  EXPECT_EQ(v[((1 * 2 + 1) * 4 + 2) * 2 + 1], 8.0f);
+  // A pool whose blocks are 100 elements apart (a slice of a larger tensor): only the strides
+  // say where a slot is.
+  std::vector<float> big(2 * 100, 0.0f), bigv(big.size(), 0.0f);
+  KVLayerView gap = view_over(big, bigv, KVLayout::kNHD);
+  gap.block_stride = 100;
+  write_kv(gap, std::vector<Slot>{4}, F{1, 2, 3, 4}, F{0, 0, 0, 0});
+  EXPECT_EQ((std::vector<float>(big.begin() + 100, big.begin() + 104)),
+            (std::vector<float>{1, 2, 3, 4}));
+}
+
+TEST(WriteKV, Fp16RoundsToNearestEven) {
+  std::vector<uint16_t> k(2 * 4 * 2 * 2, 0), v(k.size(), 0);
+  KVLayerView view{k.data(), v.data(), DType::kF16, 2, 4, 2, 2, 0, 0, 0};
+  layout_strides(KVLayout::kNHD, 4, 2, 2, &view.block_stride, &view.head_stride,
+                 &view.token_stride);
+  // 1 + 2^-11 is halfway between fp16 1 and 1 + 2^-10: ties go to the even one, 1.0 (0x3C00).
+  write_kv(view, std::vector<Slot>{0}, F{1.0f + 0x1p-11f, 2, 0.5f, -1}, F{0, 0, 0, 0});
+  EXPECT_EQ(k[0], 0x3C00);
+  EXPECT_EQ(k[1], 0x4000);  // 2.0
+  EXPECT_EQ(k[2], 0x3800);  // 0.5
+  EXPECT_EQ(k[3], 0xBC00);  // -1.0
+}
+
+TEST(WriteKV, ErrorsNameTheValueAndWriteNothing) {
+  std::vector<float> k(2 * 4 * 2 * 2, 0.0f), v(k.size(), 0.0f);
+  const KVLayerView view = view_over(k, v, KVLayout::kNHD);
+  const std::vector<float> four(4, 7.0f), eight(8, 7.0f);
+  EXPECT_THAT(
+      [&] {
+        write_kv(view, std::vector<Slot>{0, 8}, eight, eight);
+      },
+      ThrowsMessage<Error>(HasSubstr("slot 8 of token 1 out of range [0, 8)")));
+  EXPECT_THAT([&] { write_kv(view, std::vector<Slot>{0}, eight, four); },
+              ThrowsMessage<Error>(HasSubstr("k has 8 elements, expected 4")));
+  EXPECT_THAT([&] { write_kv(view, std::vector<Slot>{0}, four, eight); },
+              ThrowsMessage<Error>(HasSubstr("v has 8 elements, expected 4")));
+  KVLayerView null_v = view;
+  null_v.v = nullptr;
+  EXPECT_THAT([&] { write_kv(null_v, std::vector<Slot>{0}, four, four); },
+              ThrowsMessage<Error>(HasSubstr("null K or V pool")));
+  KVLayerView no_heads = view;
+  no_heads.num_kv_heads = 0;
+  EXPECT_THAT([&] { write_kv(no_heads, std::vector<Slot>{}, F{}, F{}); },
+              ThrowsMessage<Error>(HasSubstr("num_kv_heads 0")));
+  for (float x : k) EXPECT_EQ(x, 0.0f);  // the slot 0 of the first call was not written
+}
+
+}  // namespace
+}  // namespace pagedkv
