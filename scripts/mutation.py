@@ -64,6 +64,9 @@ TARGETS: dict[str, list[str]] = {
     "src/cpu/attention_work.cpp": CPU_TESTS + ["test_attention_fast"],
     "src/cpu/attention_slots.cpp": ["test_token_eviction"],
     "src/storage/host_kv_cache.cpp": ["test_host_kv_cache", "test_kv_placement", "test_swap_data"],
+    # write_kv (HostKVCache::write's body since it became a free function) and the view checks.
+    "src/storage/kv_layer_view.cpp": ["test_kv_layer_view", "test_host_kv_cache",
+                                      "test_kv_placement", "test_attention"],
 }
 
 STATUSES = ("killed", "timeout", "survived", "build_failed", "equivalent")

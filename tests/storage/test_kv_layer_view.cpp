@@ -1,10 +1,12 @@
-// write_kv over memory the caller owns (an engine's pools described by pointers and strides):
-// exact element offsets in both layouts and in a strided pool with gaps, fp16 rounding, padding
-// slots skipped, and every documented error leaving the pools untouched.
+// The free functions of kv_layer_view.hpp. write_kv over memory the caller owns (an engine's pools
+// described by pointers and strides): exact element offsets in both layouts and in a strided pool
+// with gaps, fp16 rounding, padding slots skipped, and every documented error leaving the pools
+// untouched.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -90,12 +92,97 @@ TEST(WriteKV, ErrorsNameTheValueAndWriteNothing) {
   KVLayerView null_v = view;
   null_v.v = nullptr;
   EXPECT_THAT([&] { write_kv(null_v, std::vector<Slot>{0}, four, four); },
-              ThrowsMessage<Error>(HasSubstr("null K or V pool")));
+              ThrowsMessage<Error>(HasSubstr("null K or V pool (k=0x")));
+  EXPECT_THAT([&] { write_kv(null_v, std::vector<Slot>{0}, four, four); },
+              ThrowsMessage<Error>(HasSubstr(", v=0x0)")));
+  // 2 heads of 3 dims: the message names heads and dims apart.
+  KVLayerView odd = view;
+  odd.head_dim = 3;
+  EXPECT_THAT([&] { write_kv(odd, std::vector<Slot>{0}, eight, eight); },
+              ThrowsMessage<Error>(HasSubstr("k has 8 elements, expected 6 (1 tokens x 2 kv "
+                                             "heads x 3 dims)")));
+  EXPECT_THAT([&] { write_kv(odd, std::vector<Slot>{0}, F(6), eight); },
+              ThrowsMessage<Error>(HasSubstr("v has 8 elements, expected 6 (1 tokens x 2 kv "
+                                             "heads x 3 dims)")));
   KVLayerView no_heads = view;
   no_heads.num_kv_heads = 0;
   EXPECT_THAT([&] { write_kv(no_heads, std::vector<Slot>{}, F{}, F{}); },
               ThrowsMessage<Error>(HasSubstr("num_kv_heads 0")));
   for (float x : k) EXPECT_EQ(x, 0.0f);  // the slot 0 of the first call was not written
+}
+
+// check_attention_params and check_table_geometry at each bound: the value just inside passes,
+// the one just outside throws naming it.
+TEST(CheckAttentionParams, EachBound) {
+  std::vector<float> k(64), v(64);
+  const KVLayerView cache = view_over(k, v, KVLayout::kNHD);  // 2 kv heads, head_dim 2
+  const AttentionParams ok{4, 2, 2, 0.0f, -1, 0};
+  EXPECT_NO_THROW(check_attention_params(ok, cache));
+  struct Case {
+    AttentionParams p;
+    const char* message;
+  };
+  const Case bad[] = {
+      {{0, 2, 2, 0.0f, -1, 0}, "num_heads must be >= 1, got 0"},
+      {{4, 0, 2, 0.0f, -1, 0}, "num_kv_heads must be >= 1, got 0"},
+      {{4, 2, 0, 0.0f, -1, 0}, "head_dim must be >= 1, got 0"},
+      {{3, 2, 2, 0.0f, -1, 0}, "num_heads 3 is not a multiple of num_kv_heads 2"},
+      {{4, 4, 2, 0.0f, -1, 0}, "params.num_kv_heads 4 != cache num_kv_heads 2"},
+      {{4, 2, 3, 0.0f, -1, 0}, "params.head_dim 3 != cache head_dim 2"},
+      {{4, 2, 2, 0.0f, -2, 0}, "window_left must be -1 (unbounded) or >= 0, got -2"},
+      {{4, 2, 2, 0.0f, 4, -1}, "sink_tokens must be >= 0, got -1"},
+      {{4, 2, 2, INFINITY, -1, 0}, "scale must be finite"},
+  };
+  for (const Case& c : bad) {
+    EXPECT_THAT([&] { check_attention_params(c.p, cache); },
+                ThrowsMessage<Error>(HasSubstr(c.message)))
+        << c.message;
+  }
+  EXPECT_NO_THROW(check_attention_params({4, 2, 2, 0.5f, 0, 0}, cache));  // window 0, sinks 0
+  KVLayerView zero_heads = cache;  // a view of 0 kv heads and params asking for 0: still caught
+  zero_heads.num_kv_heads = 0;
+  EXPECT_THAT(
+      [&] {
+        check_attention_params({0, 0, 2, 0.0f, -1, 0}, zero_heads);
+      },
+      ThrowsMessage<Error>(HasSubstr("num_heads must be >= 1")));
+  KVLayerView zero_dim = cache;
+  zero_dim.head_dim = 0;
+  EXPECT_THAT(
+      [&] {
+        check_attention_params({4, 2, 0, 0.0f, -1, 0}, zero_dim);
+      },
+      ThrowsMessage<Error>(HasSubstr("head_dim must be >= 1, got 0")));
+  KVLayerView no_blocks = cache;
+  no_blocks.num_blocks = 0;
+  EXPECT_THAT([&] { check_attention_params(ok, no_blocks); },
+              ThrowsMessage<Error>(HasSubstr("cache num_blocks must be >= 1, got 0")));
+  KVLayerView no_block_size = cache;
+  no_block_size.block_size = 0;
+  EXPECT_THAT([&] { check_attention_params(ok, no_block_size); },
+              ThrowsMessage<Error>(HasSubstr("cache block_size must be >= 1, got 0")));
+  KVLayerView null_k = cache;
+  null_k.k = nullptr;
+  EXPECT_THAT([&] { check_attention_params(ok, null_k); },
+              ThrowsMessage<Error>(HasSubstr("null K or V pool (k=0x0, v=0x")));
+}
+
+TEST(CheckTableGeometry, EachBound) {
+  std::vector<float> k(64), v(64);
+  const KVLayerView cache = view_over(k, v, KVLayout::kNHD);  // block_size 4, 2 blocks
+  EXPECT_NO_THROW(check_table_geometry("f", cache, 4, 0));    // pool size not stated
+  EXPECT_NO_THROW(check_table_geometry("f", cache, 4, 2));
+  EXPECT_THAT([&] { check_table_geometry("f", cache, 4, 3); },
+              ThrowsMessage<Error>(HasSubstr("f: block tables index a pool of 3 blocks but the "
+                                             "cache has num_blocks 2")));
+  EXPECT_THAT([&] { check_table_geometry("f", cache, 4, -1); },
+              ThrowsMessage<Error>(HasSubstr("a pool of -1 blocks")));
+  EXPECT_THAT([&] { check_table_geometry("f", cache, 8, 0); },
+              ThrowsMessage<Error>(HasSubstr("built for block_size 8 but the cache has "
+                                             "block_size 4 (the tables and the cache must come "
+                                             "from one configuration)")));
+  EXPECT_THAT([&] { check_table_geometry("f", cache, 0, 0); },
+              ThrowsMessage<Error>(HasSubstr("; the view's block_size is unset")));
 }
 
 }  // namespace
