@@ -37,8 +37,10 @@ from ._pagedkv import (
     PrefixLookup,
     SwapResult,
     block_hash,
+    copy_blocks,
     paged_decode_attention,
     paged_prefill_attention,
+    swap_blocks,
     write_kv,
 )
 from ._metadata import batch_metadata_to_torch, replay_prefix_index
@@ -70,8 +72,10 @@ __all__ = [
     "SwapResult",
     "batch_metadata_to_torch",
     "block_hash",
+    "copy_blocks",
     "paged_decode_attention",
     "paged_prefill_attention",
     "replay_prefix_index",
+    "swap_blocks",
     "write_kv",
 ]

@@ -215,6 +215,16 @@ def write_kv(key: Any, value: Any, k_cache: Any, v_cache: Optional[Any], slot_ma
     pools' dtype (round to nearest even); negative slots are padding. Every slot is checked
     before anything is written (ContractError naming the slot)."""
 
+def copy_blocks(pools: List[Any], block_copies: Any, *, layout: str = "NHD") -> None:
+    """Copy-on-write in every layer at once: pools [num_layers] of (k_cache, v_cache) tuples or
+    combined pools; block_copies [n, 2] int32 (src, dst), applied in order (an AppendResult's
+    copies). Ids checked against each pool first (ContractError)."""
+
+def swap_blocks(src_pools: List[Any], dst_pools: List[Any], block_copies: Any, *,
+                src_layout: str = "NHD", dst_layout: str = "NHD") -> None:
+    """Block copies from src_pools to dst_pools, every layer (a SwapResult's copies): the pools
+    may differ in layout and strides, not in dtype or geometry (ContractError naming both)."""
+
 class KVCacheManager:
     """Block manager of one paged KV cache (all layers share its block ids). Calls are
     serialized per manager; those that grow with their input release the GIL."""

@@ -239,9 +239,57 @@ void write(const Any& key, const Any& value, const Any& k, std::optional<Any> v,
   write_kv(cache, slots, ks, vs);
 }
 
+// One view per layer: an item of `pools` is a (k_cache, v_cache) tuple or a combined pool.
+std::vector<KVLayerView> layer_views(const nb::list& pools, const std::string& layout) {
+  std::vector<KVLayerView> views;
+  for (nb::handle item : pools) {
+    if (nb::isinstance<nb::tuple>(item)) {
+      const nb::tuple kv = nb::borrow<nb::tuple>(item);
+      if (kv.size() != 2) bad("pools: a tuple item must be (k_cache, v_cache)");
+      views.push_back(pool_view(nb::cast<Any>(kv[0]), nb::cast<Any>(kv[1]), parse_layout(layout)));
+    } else {
+      views.push_back(pool_view(nb::cast<Any>(item), std::nullopt, parse_layout(layout)));
+    }
+  }
+  return views;
+}
+
+std::span<const BlockCopy> pairs_of(const Any& block_copies) {
+  check_dense("block_copies", block_copies, 2, nb::dlpack::dtype_code::Int, 32,
+              "int32 [n, 2] (src, dst)");
+  if (block_copies.shape(1) != 2)
+    bad("block_copies: expected [n, 2], got " + shape_of(block_copies));
+  return {static_cast<const BlockCopy*>(block_copies.data()), block_copies.shape(0)};
+}
+
+void copy_all(const nb::list& src, const nb::list& dst, const Any& block_copies,
+              const std::string& src_layout, const std::string& dst_layout) {
+  const std::vector<KVLayerView> from = layer_views(src, src_layout);
+  const std::vector<KVLayerView> to = layer_views(dst, dst_layout);
+  if (from.size() != to.size()) {
+    bad("src_pools has " + std::to_string(from.size()) + " layers, dst_pools " +
+        std::to_string(to.size()));
+  }
+  const std::span<const BlockCopy> pairs = pairs_of(block_copies);
+  nb::gil_scoped_release no_gil;
+  for (size_t l = 0; l < from.size(); ++l) copy_blocks(from[l], to[l], pairs);
+}
+
 }  // namespace
 
 void bind_ops(nb::module_& m) {
+  m.def(
+      "copy_blocks",
+      [](const nb::list& pools, const Any& block_copies, const std::string& layout) {
+        copy_all(pools, pools, block_copies, layout, layout);
+      },
+      "pools"_a, "block_copies"_a, nb::kw_only(), "layout"_a = "NHD",
+      "Copy-on-write for every layer in one call: pools is a list of (k_cache, v_cache) or "
+      "combined pools; block_copies [n, 2] int32 (an AppendResult's copies).");
+  m.def("swap_blocks", &copy_all, "src_pools"_a, "dst_pools"_a, "block_copies"_a, nb::kw_only(),
+        "src_layout"_a = "NHD", "dst_layout"_a = "NHD",
+        "Block copies between two pools of every layer (a SwapResult's copies: device -> host "
+        "for swap_out, host -> device for swap_in).");
   m.def("write_kv", &write, "key"_a, "value"_a, "k_cache"_a, "v_cache"_a.none(), "slot_mapping"_a,
         nb::kw_only(), "layout"_a = "NHD",
         "reshape_and_cache: writes key/value [num_tokens, kv_heads, head_dim] float32 to their "

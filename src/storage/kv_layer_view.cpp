@@ -1,6 +1,8 @@
 #include "pagedkv/storage/kv_layer_view.hpp"
 
 #include <cmath>
+#include <cstddef>
+#include <cstring>
 
 #include "core/check.hpp"
 
@@ -51,15 +53,30 @@ void check_table_geometry(const char* fn, const KVLayerView& cache, int32_t bloc
                 num_blocks, cache.num_blocks);
 }
 
-void write_kv(const KVLayerView& view, std::span<const Slot> slot_mapping, std::span<const float> k,
-              std::span<const float> v) {
+namespace {
+
+void check_pools(const char* fn, const KVLayerView& view) {
   PAGEDKV_CHECK(view.k != nullptr && view.v != nullptr,
-                "write_kv: the view has a null K or V pool (k={}, v={})", view.k, view.v);
+                "{}: the view has a null K or V pool (k={}, v={})", fn, view.k, view.v);
   PAGEDKV_CHECK(
       view.num_blocks >= 1 && view.block_size >= 1 && view.num_kv_heads >= 1 && view.head_dim >= 1,
-      "write_kv: the view has num_blocks {}, block_size {}, num_kv_heads {}, head_dim "
-      "{} (each must be >= 1)",
-      view.num_blocks, view.block_size, view.num_kv_heads, view.head_dim);
+      "{}: the view has num_blocks {}, block_size {}, num_kv_heads {}, head_dim {} "
+      "(each must be >= 1)",
+      fn, view.num_blocks, view.block_size, view.num_kv_heads, view.head_dim);
+}
+
+// True when a block's elements are one dense run of block_size * heads * dim elements.
+bool dense_block(const KVLayerView& v) {
+  const int64_t row = v.head_dim;
+  return (v.token_stride == row && v.head_stride == row * v.block_size) ||
+         (v.head_stride == row && v.token_stride == row * v.num_kv_heads);
+}
+
+}  // namespace
+
+void write_kv(const KVLayerView& view, std::span<const Slot> slot_mapping, std::span<const float> k,
+              std::span<const float> v) {
+  check_pools("write_kv", view);
   const int64_t num_tokens = static_cast<int64_t>(slot_mapping.size());
   const int64_t token_elems = static_cast<int64_t>(view.num_kv_heads) * view.head_dim;
   const int64_t expected = num_tokens * token_elems;
@@ -84,6 +101,47 @@ void write_kv(const KVLayerView& view, std::span<const Slot> slot_mapping, std::
       for (int32_t d = 0; d < view.head_dim; ++d) {
         store_from_f32(view.k, view.dtype, dst + d, k[src + d]);
         store_from_f32(view.v, view.dtype, dst + d, v[src + d]);
+      }
+    }
+  }
+}
+
+void copy_blocks(const KVLayerView& src, const KVLayerView& dst, std::span<const BlockCopy> pairs) {
+  check_pools("copy_blocks(src)", src);
+  check_pools("copy_blocks(dst)", dst);
+  PAGEDKV_CHECK(src.dtype == dst.dtype && src.block_size == dst.block_size &&
+                    src.num_kv_heads == dst.num_kv_heads && src.head_dim == dst.head_dim,
+                "copy_blocks: src is {} [block_size {}, {} kv heads, head_dim {}] but dst is {} "
+                "[block_size {}, {} kv heads, head_dim {}]",
+                dtype_name(src.dtype), src.block_size, src.num_kv_heads, src.head_dim,
+                dtype_name(dst.dtype), dst.block_size, dst.num_kv_heads, dst.head_dim);
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    PAGEDKV_CHECK(pairs[i].src >= 0 && pairs[i].src < src.num_blocks && pairs[i].dst >= 0 &&
+                      pairs[i].dst < dst.num_blocks,
+                  "copy_blocks: pair {} ({}, {}) out of range: src blocks [0, {}), dst blocks "
+                  "[0, {})",
+                  i, pairs[i].src, pairs[i].dst, src.num_blocks, dst.num_blocks);
+  }
+  const int64_t esize = dtype_size(src.dtype);
+  const bool same = src.k == dst.k && src.v == dst.v && src.block_stride == dst.block_stride;
+  // Same layout and both blocks dense: one memcpy a block; otherwise one a (head, token) row.
+  const bool whole = dense_block(src) && src.head_stride == dst.head_stride &&
+                     src.token_stride == dst.token_stride && dense_block(dst);
+  for (const BlockCopy& p : pairs) {
+    if (same && p.src == p.dst) continue;  // memcpy onto itself is undefined; nothing changes
+    for (int pool = 0; pool < 2; ++pool) {
+      const auto* from = static_cast<const std::byte*>(pool ? src.v : src.k);
+      auto* to = static_cast<std::byte*>(pool ? dst.v : dst.k);
+      if (whole) {
+        std::memcpy(to + dst.offset(p.dst, 0, 0) * esize, from + src.offset(p.src, 0, 0) * esize,
+                    static_cast<size_t>(src.block_size) * src.num_kv_heads * src.head_dim * esize);
+        continue;
+      }
+      for (int32_t h = 0; h < src.num_kv_heads; ++h) {
+        for (int32_t t = 0; t < src.block_size; ++t) {
+          std::memcpy(to + dst.offset(p.dst, h, t) * esize, from + src.offset(p.src, h, t) * esize,
+                      static_cast<size_t>(src.head_dim) * esize);
+        }
       }
     }
   }

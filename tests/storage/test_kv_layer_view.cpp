@@ -111,6 +111,103 @@ TEST(WriteKV, ErrorsNameTheValueAndWriteNothing) {
   for (float x : k) EXPECT_EQ(x, 0.0f);  // the slot 0 of the first call was not written
 }
 
+// A pool of `blocks` blocks of 4 tokens, 2 kv heads of 2 dims, element i = i + base.
+struct Pool {
+  std::vector<float> k, v;
+  KVLayerView view;
+  Pool(int32_t blocks, KVLayout layout, float base) : k(blocks * 16), v(blocks * 16) {
+    for (size_t i = 0; i < k.size(); ++i) {
+      k[i] = base + static_cast<float>(i);
+      v[i] = -base - static_cast<float>(i);
+    }
+    view = KVLayerView{k.data(), v.data(), DType::kF32, blocks, 4, 2, 2, 0, 0, 0};
+    layout_strides(layout, 4, 2, 2, &view.block_stride, &view.head_stride, &view.token_stride);
+  }
+  float at(bool value, int64_t block, int64_t head, int64_t token, int64_t d) const {
+    return (value ? v : k)[view.offset(block, head, token) + d];
+  }
+};
+
+TEST(CopyBlocks, InOrderWithinOnePool) {
+  for (KVLayout layout : {KVLayout::kNHD, KVLayout::kHND}) {
+    Pool p(5, layout, 0);
+    const Pool before = p;
+    copy_blocks(p.view, p.view, std::vector<BlockCopy>{{1, 3}, {3, 4}, {2, 2}});
+    for (int64_t e = 0; e < 16; ++e) {
+      EXPECT_EQ(p.k[3 * 16 + e], before.k[1 * 16 + e]);
+      EXPECT_EQ(p.k[4 * 16 + e], before.k[1 * 16 + e]);  // {3, 4} after {1, 3}: block 1's data
+      EXPECT_EQ(p.v[4 * 16 + e], before.v[1 * 16 + e]);
+      EXPECT_EQ(p.k[2 * 16 + e], before.k[2 * 16 + e]);  // src == dst: unchanged
+      EXPECT_EQ(p.k[0 * 16 + e], before.k[0 * 16 + e]);
+    }
+  }
+}
+
+TEST(CopyBlocks, BetweenPoolsOfDifferentLayouts) {
+  Pool device(3, KVLayout::kNHD, 0), host(2, KVLayout::kHND, 1000);
+  copy_blocks(device.view, host.view, std::vector<BlockCopy>{{2, 0}, {0, 1}});
+  for (int h = 0; h < 2; ++h) {
+    for (int t = 0; t < 4; ++t) {
+      for (int d = 0; d < 2; ++d) {
+        EXPECT_EQ(host.at(false, 0, h, t, d), device.at(false, 2, h, t, d));
+        EXPECT_EQ(host.at(true, 0, h, t, d), device.at(true, 2, h, t, d));
+        EXPECT_EQ(host.at(true, 1, h, t, d), device.at(true, 0, h, t, d));
+      }
+    }
+  }
+}
+
+TEST(CopyBlocks, ErrorsNameTheValueAndCopyNothing) {
+  Pool a(2, KVLayout::kNHD, 0), b(3, KVLayout::kNHD, 100);
+  const Pool before = b;
+  EXPECT_THAT(
+      [&] {
+        copy_blocks(a.view, b.view, std::vector<BlockCopy>{{0, 1}, {2, 0}});
+      },
+      ThrowsMessage<Error>(HasSubstr("pair 1 (2, 0) out of range: src blocks [0, 2), dst "
+                                     "blocks [0, 3)")));
+  EXPECT_THAT(
+      [&] {
+        copy_blocks(a.view, b.view, std::vector<BlockCopy>{{0, 3}});
+      },
+      ThrowsMessage<Error>(HasSubstr("pair 0 (0, 3)")));
+  EXPECT_THAT(
+      [&] {
+        copy_blocks(a.view, b.view, std::vector<BlockCopy>{{-1, 0}});
+      },
+      ThrowsMessage<Error>(HasSubstr("pair 0 (-1, 0)")));
+  EXPECT_THAT(
+      [&] {
+        copy_blocks(a.view, b.view, std::vector<BlockCopy>{{0, -1}});
+      },
+      ThrowsMessage<Error>(HasSubstr("pair 0 (0, -1)")));
+  KVLayerView other = b.view;
+  other.head_dim = 1;
+  EXPECT_THAT(
+      [&] {
+        copy_blocks(a.view, other, std::vector<BlockCopy>{{0, 0}});
+      },
+      ThrowsMessage<Error>(HasSubstr("src is fp32 [block_size 4, 2 kv heads, head_dim 2] "
+                                     "but dst is fp32 [block_size 4, 2 kv heads, "
+                                     "head_dim 1]")));
+  other = b.view;
+  other.dtype = DType::kF16;
+  EXPECT_THAT(
+      [&] {
+        copy_blocks(a.view, other, std::vector<BlockCopy>{{0, 0}});
+      },
+      ThrowsMessage<Error>(HasSubstr("but dst is fp16")));
+  other = b.view;
+  other.k = nullptr;
+  EXPECT_THAT(
+      [&] {
+        copy_blocks(a.view, other, std::vector<BlockCopy>{{0, 0}});
+      },
+      ThrowsMessage<Error>(HasSubstr("copy_blocks(dst): the view has a null K")));
+  EXPECT_EQ(b.k, before.k);
+  EXPECT_EQ(b.v, before.v);
+}
+
 // check_attention_params and check_table_geometry at each bound: the value just inside passes,
 // the one just outside throws naming it.
 TEST(CheckAttentionParams, EachBound) {
