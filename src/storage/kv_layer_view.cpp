@@ -65,13 +65,6 @@ void check_pools(const char* fn, const KVLayerView& view) {
       fn, view.num_blocks, view.block_size, view.num_kv_heads, view.head_dim);
 }
 
-// True when a block's elements are one dense run of block_size * heads * dim elements.
-bool dense_block(const KVLayerView& v) {
-  const int64_t row = v.head_dim;
-  return (v.token_stride == row && v.head_stride == row * v.block_size) ||
-         (v.head_stride == row && v.token_stride == row * v.num_kv_heads);
-}
-
 }  // namespace
 
 void write_kv(const KVLayerView& view, std::span<const Slot> slot_mapping, std::span<const float> k,
@@ -122,25 +115,20 @@ void copy_blocks(const KVLayerView& src, const KVLayerView& dst, std::span<const
                   "[0, {})",
                   i, pairs[i].src, pairs[i].dst, src.num_blocks, dst.num_blocks);
   }
+  // One memcpy a (head, token) row of head_dim elements: the views may differ in layout and
+  // strides. A row copied onto itself (a pair src == dst within one pool) is skipped: memcpy
+  // onto itself is undefined, and nothing would change.
   const int64_t esize = dtype_size(src.dtype);
-  const bool same = src.k == dst.k && src.v == dst.v && src.block_stride == dst.block_stride;
-  // Same layout and both blocks dense: one memcpy a block; otherwise one a (head, token) row.
-  const bool whole = dense_block(src) && src.head_stride == dst.head_stride &&
-                     src.token_stride == dst.token_stride && dense_block(dst);
+  const auto row_bytes = static_cast<size_t>(src.head_dim * esize);
   for (const BlockCopy& p : pairs) {
-    if (same && p.src == p.dst) continue;  // memcpy onto itself is undefined; nothing changes
     for (int pool = 0; pool < 2; ++pool) {
       const auto* from = static_cast<const std::byte*>(pool ? src.v : src.k);
       auto* to = static_cast<std::byte*>(pool ? dst.v : dst.k);
-      if (whole) {
-        std::memcpy(to + dst.offset(p.dst, 0, 0) * esize, from + src.offset(p.src, 0, 0) * esize,
-                    static_cast<size_t>(src.block_size) * src.num_kv_heads * src.head_dim * esize);
-        continue;
-      }
       for (int32_t h = 0; h < src.num_kv_heads; ++h) {
         for (int32_t t = 0; t < src.block_size; ++t) {
-          std::memcpy(to + dst.offset(p.dst, h, t) * esize, from + src.offset(p.src, h, t) * esize,
-                      static_cast<size_t>(src.head_dim) * esize);
+          const std::byte* f = from + src.offset(p.src, h, t) * esize;
+          std::byte* d = to + dst.offset(p.dst, h, t) * esize;
+          if (f != d) std::memcpy(d, f, row_bytes);
         }
       }
     }

@@ -157,6 +157,24 @@ TEST(CopyBlocks, BetweenPoolsOfDifferentLayouts) {
   }
 }
 
+TEST(CopyBlocks, SameIdsAcrossPoolsAndAPoolWithGaps) {
+  // Pair (1, 1) between two pools copies (only within one pool is it a no-op).
+  Pool a(2, KVLayout::kNHD, 0), b(2, KVLayout::kNHD, 500);
+  copy_blocks(a.view, b.view, std::vector<BlockCopy>{{1, 1}});
+  EXPECT_EQ(std::vector<float>(b.k.begin() + 16, b.k.end()),
+            std::vector<float>(a.k.begin() + 16, a.k.end()));
+  EXPECT_EQ(b.k[0], 500.0f);
+  // Tokens 5 elements apart (a row of 4 plus a gap): only the rows move, never the gaps.
+  std::vector<float> gk(2 * 4 * 5, 7.0f), gv(gk.size(), 7.0f);
+  for (int i = 0; i < 20; ++i) gk[i] = gv[i] = static_cast<float>(i);
+  KVLayerView gap{gk.data(), gv.data(), DType::kF32, 2, 4, 2, 2, 20, 2, 5};
+  copy_blocks(gap, gap, std::vector<BlockCopy>{{0, 1}});
+  for (int t = 0; t < 4; ++t) {
+    for (int e = 0; e < 4; ++e) EXPECT_EQ(gk[20 + t * 5 + e], gk[t * 5 + e]);
+    EXPECT_EQ(gk[20 + t * 5 + 4], 7.0f);  // the gap of block 1 kept its value
+  }
+}
+
 TEST(CopyBlocks, ErrorsNameTheValueAndCopyNothing) {
   Pool a(2, KVLayout::kNHD, 0), b(3, KVLayout::kNHD, 100);
   const Pool before = b;

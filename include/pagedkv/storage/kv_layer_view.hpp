@@ -95,8 +95,8 @@ void write_kv(const KVLayerView& view, std::span<const Slot> slot_mapping, std::
 /// dst the same view; swap between a device-side and a host-side pool: two views), over memory
 /// the caller owns: every (src, dst) pair copies K and V of block src of `src` to block dst of
 /// `dst`, in order (so {1, 3} then {3, 4} leaves block 1's data in 4); a pair with src == dst
-/// within one view is a no-op. Strides may differ between the views (e.g. HND and NHD): rows of
-/// head_dim elements are copied, a whole block at once where both blocks are dense.
+/// within one view is a no-op. Strides may differ between the views (e.g. HND and NHD): each
+/// (head, token) row of head_dim elements is copied on its own.
 /// Shapes: pairs [n]. Errors: throws pagedkv::Error if a view has a null pool or a size < 1,
 /// the views differ in dtype, block_size, num_kv_heads or head_dim (names both), or an id is
 /// outside [0, num_blocks) of its view (names the pair); all checked before anything is copied.
