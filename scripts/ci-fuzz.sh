@@ -36,7 +36,8 @@ fi
 # only makes fuzzers); the CLI stays on because it brings the model layer the model fuzzers need.
 CC=clang CXX=clang++ cmake -S . -B "${dir}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g" -DPAGEDKV_BUILD_FUZZ=ON -DPAGEDKV_BUILD_TESTS=OFF \
-  -DPAGEDKV_BUILD_BENCHMARKS=OFF -DPAGEDKV_BUILD_CLI=ON -DPAGEDKV_ENABLE_CUDA=OFF >/dev/null
+  -DPAGEDKV_BUILD_BENCHMARKS=OFF -DPAGEDKV_BUILD_CLI=ON -DPAGEDKV_ENABLE_CUDA=OFF \
+  -DPAGEDKV_BUILD_PYTHON=OFF >/dev/null
 # (read fails at end of input without a newline: the list is still read)
 IFS=";" read -r -a all_targets < "${dir}/tests/fuzz/targets.txt" || true
 targets=("$@")

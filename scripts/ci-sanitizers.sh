@@ -21,7 +21,7 @@ tsan_dir=${PAGEDKV_TSAN_DIR:-build-tsan}
 # and the debug-only checks on.
 opt=${PAGEDKV_SANITIZE_OPT:--O0}
 common=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=${opt} -g" -DPAGEDKV_ENABLE_CUDA=OFF
-        -DPAGEDKV_BUILD_BENCHMARKS=OFF -DPAGEDKV_BUILD_TESTS=ON)
+        -DPAGEDKV_BUILD_BENCHMARKS=OFF -DPAGEDKV_BUILD_TESTS=ON -DPAGEDKV_BUILD_PYTHON=OFF)
 
 # Tests excluded under ASan, and why:
 #   package.*  the packaging test installs the library and links an uninstrumented consumer

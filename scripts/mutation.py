@@ -66,7 +66,10 @@ TARGETS: dict[str, list[str]] = {
     "src/storage/host_kv_cache.cpp": ["test_host_kv_cache", "test_kv_placement", "test_swap_data",
                                       "test_quantized_kv_cache"],
     "src/storage/kv_write.cpp": ["test_host_kv_cache", "test_quantized_kv_cache",
-                                 "test_large_offsets", "test_quantized_paths"],
+                                 "test_large_offsets", "test_quantized_paths", "test_kv_layer_view"],
+    # copy_blocks between views and the view checks.
+    "src/storage/kv_layer_view.cpp": ["test_kv_layer_view", "test_host_kv_cache",
+                                      "test_kv_placement", "test_attention"],
 }
 
 STATUSES = ("killed", "timeout", "survived", "build_failed", "equivalent")

@@ -68,7 +68,8 @@ add_test(NAME package.${_other}.configure_library
   COMMAND ${CMAKE_COMMAND} -S ${PROJECT_SOURCE_DIR} -B ${_other_dir}/build
           -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER} ${_launcher}
           -DBUILD_SHARED_LIBS=${_other_shared} -DPAGEDKV_ENABLE_CUDA=OFF
-          -DPAGEDKV_BUILD_TESTS=OFF -DPAGEDKV_BUILD_BENCHMARKS=OFF -DPAGEDKV_BUILD_CLI=OFF)
+          -DPAGEDKV_BUILD_TESTS=OFF -DPAGEDKV_BUILD_BENCHMARKS=OFF -DPAGEDKV_BUILD_CLI=OFF
+          -DPAGEDKV_BUILD_PYTHON=OFF)
 add_test(NAME package.${_other}.build_library
   COMMAND ${CMAKE_COMMAND} --build ${_other_dir}/build --parallel 2)
 add_test(NAME package.${_other}.install

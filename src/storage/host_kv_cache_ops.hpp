@@ -27,4 +27,10 @@ void write_slots(const KVLayerView& cache, std::span<const Slot> slot_mapping,
 /// [0, num_blocks) (checked by the caller).
 void copy_block(const KVLayerView& cache, int64_t src, int64_t dst);
 
+/// The checks every data movement over a caller's view runs first, whatever it moves: K and V
+/// pools non-null, num_blocks, block_size, num_kv_heads and head_dim >= 1. `fn` names the entry
+/// point in the message. Errors: throws pagedkv::Error naming the values. Defined in
+/// kv_layer_view.cpp.
+void check_view_pools(const char* fn, const KVLayerView& view);
+
 }  // namespace pagedkv::detail

@@ -1,8 +1,11 @@
 #include "pagedkv/storage/kv_layer_view.hpp"
 
 #include <cmath>
+#include <cstddef>
+#include <cstring>
 
 #include "core/check.hpp"
+#include "storage/host_kv_cache_ops.hpp"
 
 namespace pagedkv {
 
@@ -62,6 +65,52 @@ void check_table_geometry(const char* fn, const KVLayerView& cache, int32_t bloc
   PAGEDKV_CHECK(num_blocks >= 0 && num_blocks <= cache.num_blocks,
                 "{}: block tables index a pool of {} blocks but the cache has num_blocks {}", fn,
                 num_blocks, cache.num_blocks);
+}
+
+void detail::check_view_pools(const char* fn, const KVLayerView& view) {
+  PAGEDKV_CHECK(view.k != nullptr && view.v != nullptr,
+                "{}: the view has a null K or V pool (k={}, v={})", fn, view.k, view.v);
+  PAGEDKV_CHECK(
+      view.num_blocks >= 1 && view.block_size >= 1 && view.num_kv_heads >= 1 && view.head_dim >= 1,
+      "{}: the view has num_blocks {}, block_size {}, num_kv_heads {}, head_dim {} "
+      "(each must be >= 1)",
+      fn, view.num_blocks, view.block_size, view.num_kv_heads, view.head_dim);
+}
+
+void copy_blocks(const KVLayerView& src, const KVLayerView& dst, std::span<const BlockCopy> pairs) {
+  detail::check_view_pools("copy_blocks(src)", src);
+  detail::check_view_pools("copy_blocks(dst)", dst);
+  PAGEDKV_CHECK(src.dtype == dst.dtype && src.block_size == dst.block_size &&
+                    src.num_kv_heads == dst.num_kv_heads && src.head_dim == dst.head_dim,
+                "copy_blocks: src is {} [block_size {}, {} kv heads, head_dim {}] but dst is {} "
+                "[block_size {}, {} kv heads, head_dim {}]",
+                dtype_name(src.dtype), src.block_size, src.num_kv_heads, src.head_dim,
+                dtype_name(dst.dtype), dst.block_size, dst.num_kv_heads, dst.head_dim);
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    PAGEDKV_CHECK(pairs[i].src >= 0 && pairs[i].src < src.num_blocks && pairs[i].dst >= 0 &&
+                      pairs[i].dst < dst.num_blocks,
+                  "copy_blocks: pair {} ({}, {}) out of range: src blocks [0, {}), dst blocks "
+                  "[0, {})",
+                  i, pairs[i].src, pairs[i].dst, src.num_blocks, dst.num_blocks);
+  }
+  // One memcpy a (head, token) row of head_dim elements: the views may differ in layout and
+  // strides. A row copied onto itself (a pair src == dst within one pool) is skipped: memcpy
+  // onto itself is undefined, and nothing would change.
+  const int64_t esize = dtype_size(src.dtype);
+  const auto row_bytes = static_cast<size_t>(src.head_dim * esize);
+  for (const BlockCopy& p : pairs) {
+    for (int pool = 0; pool < 2; ++pool) {
+      const auto* from = static_cast<const std::byte*>(pool ? src.v : src.k);
+      auto* to = static_cast<std::byte*>(pool ? dst.v : dst.k);
+      for (int32_t h = 0; h < src.num_kv_heads; ++h) {
+        for (int32_t t = 0; t < src.block_size; ++t) {
+          const std::byte* f = from + src.offset(p.src, h, t) * esize;
+          std::byte* d = to + dst.offset(p.dst, h, t) * esize;
+          if (f != d) std::memcpy(d, f, row_bytes);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace pagedkv

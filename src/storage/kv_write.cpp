@@ -53,6 +53,7 @@ void store_tokens(const KVLayerView& c, std::span<const Slot> slots, const float
 void reshape_and_cache(const KVLayerView& cache, std::span<const Slot> slot_mapping,
                        std::span<const float> k, std::span<const float> v) {
   constexpr const char* kFn = "reshape_and_cache";
+  detail::check_view_pools(kFn, cache);  // even for no tokens: a broken view is a bad argument
   const int64_t num_tokens = static_cast<int64_t>(slot_mapping.size());
   const int64_t token_elems = static_cast<int64_t>(cache.num_kv_heads) * cache.head_dim;
   const int64_t expected = num_tokens * token_elems;
@@ -68,8 +69,6 @@ void reshape_and_cache(const KVLayerView& cache, std::span<const Slot> slot_mapp
                   slot_mapping[t], t, num_slots);
   }
   if (num_tokens == 0) return;
-  PAGEDKV_CHECK(cache.k != nullptr && cache.v != nullptr,
-                "{}: cache view has a null K or V pool (k={}, v={})", kFn, cache.k, cache.v);
   if (dtype_is_quantized(cache.dtype)) check_scales(kFn, cache);
   detail::write_slots(cache, slot_mapping, k, v);
 }

@@ -4,6 +4,7 @@
 /// Header usable from host C++ and CUDA (no CUDA headers included).
 
 #include <cstdint>
+#include <span>
 
 #include "pagedkv/attention_params.hpp"
 #include "pagedkv/dtype.hpp"
@@ -89,6 +90,17 @@ PAGEDKV_HOST_DEVICE constexpr void layout_strides(KVLayout layout, int64_t block
     *token_stride = num_kv_heads * head_dim;
   }
 }
+
+/// Block copies between two layer views of one geometry (copy-on-write within one pool: src and
+/// dst the same view; swap between a device-side and a host-side pool: two views), over memory
+/// the caller owns: every (src, dst) pair copies K and V of block src of `src` to block dst of
+/// `dst`, in order (so {1, 3} then {3, 4} leaves block 1's data in 4); a pair with src == dst
+/// within one view is a no-op. Strides may differ between the views (e.g. HND and NHD): each
+/// (head, token) row of head_dim elements is copied on its own.
+/// Shapes: pairs [n]. Errors: throws pagedkv::Error if a view has a null pool or a size < 1,
+/// the views differ in dtype, block_size, num_kv_heads or head_dim (names both), or an id is
+/// outside [0, num_blocks) of its view (names the pair); all checked before anything is copied.
+void copy_blocks(const KVLayerView& src, const KVLayerView& dst, std::span<const BlockCopy> pairs);
 
 /// Validates params against a cache view; every paged attention entry point (CPU and CUDA) runs
 /// it before anything else reads the view.

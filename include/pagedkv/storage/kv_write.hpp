@@ -19,10 +19,14 @@ namespace pagedkv {
 /// dtype stored = Q(x / scale[kv_head]) with saturation (dtype.hpp).
 /// Shapes: slot_mapping [num_tokens] int64 (negative = padding, skipped);
 ///         k, v [num_tokens, num_kv_heads, head_dim] fp32, rows contiguous.
-/// Errors: throws pagedkv::Error if k / v sizes differ from num_tokens * num_kv_heads *
-/// head_dim, a slot is >= cache.num_blocks * cache.block_size, the view has a null pool, or
-/// (quantized) a null or non-finite / non-positive scale (naming it); all checked before
-/// anything is written, so a failed write changes nothing.
+/// Errors: throws pagedkv::Error if the view has a null pool or a size < 1 (even with no
+/// tokens), k / v sizes differ from num_tokens * num_kv_heads * head_dim (naming both), a slot
+/// is >= cache.num_blocks * cache.block_size (naming the slot and the token), or (quantized) a
+/// scale is null or not finite and > 0 (naming it); all checked before anything is written, so
+/// a failed write changes nothing.
+/// Worked example: a pool of 2 blocks of 4 tokens, 1 head of 2 dims, NHD:
+/// reshape_and_cache(view, {5}, {1, 2}, {3, 4}) puts K {1, 2} at element offset 5 * 2 = 10 of
+/// view.k (block 1, token 1).
 void reshape_and_cache(const KVLayerView& cache, std::span<const Slot> slot_mapping,
                        std::span<const float> k, std::span<const float> v);
 
