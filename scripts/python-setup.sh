@@ -9,6 +9,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${1:-build-py-venv}"
+# Debian's interpreter, headers, venv module, numpy and CPU torch (torch is optional for the
+# tests, which skip its cases with a printed reason; installed here because CI runs them).
+pkgs=(python3 python3-dev python3-venv python3-numpy python3-torch)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "python-setup: installing ${missing[*]}" >&2
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >&2
+fi
 py=/usr/bin/python3
 if [ ! -x "$py" ]; then
   echo "python-setup: $py is missing (apt-get install python3 python3-dev python3-venv)" >&2
