@@ -70,6 +70,12 @@ TEST(EvictionPolicy, HeavyHitterVictimsHandWorked) {
   // (positions 0..3) leaves positions 4, 5 recent plus 6 new; 3 of the candidates must go.
   std::vector<KeptTokenScore> four{{0, 1.0}, {1, 2.0}, {2, 3.0}, {3, 4.0}};
   EXPECT_THAT(p.select_victims(four, 4, 3), ElementsAre(0, 1, 2));
+  // Victims come back ascending, not in score order: recent 1 + heavy 1 = budget 2, appending
+  // position 3 to kept {0, 1, 2}: excess 3 + 1 - 2 = 2, candidates all three (recent window
+  // {3}); by score 1 (1.0), 0 (2.0), 2 (5.0) -> the first two, reported as {0, 1}.
+  const HeavyHitterPolicy p11(1, 1);
+  const std::vector<KeptTokenScore> mixed{{0, 2.0}, {1, 1.0}, {2, 5.0}};
+  EXPECT_THAT(p11.select_victims(mixed, 3, 1), ElementsAre(0, 1));
   EXPECT_THAT([] { HeavyHitterPolicy(0, 1); }, ThrowsMessage<Error>(HasSubstr("recent")));
   EXPECT_EQ(eviction_kind_name(EvictionKind::kHeavyHitters), "h2o");
 }

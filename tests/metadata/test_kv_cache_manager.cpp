@@ -321,6 +321,10 @@ TEST(KVCacheManager, ErrorsNameTheValueAndChangeNothing) {
               ThrowsMessage<Error>(HasSubstr("num_blocks must be >= 1, got 0")));
   EXPECT_THAT([] { KVCacheManager({.num_blocks = 4, .block_size = -3}); },
               ThrowsMessage<Error>(HasSubstr("block_size must be >= 1, got -3")));
+  // block_size 0 is the manager's error, not one of a member it would build from the config
+  // (the prefix cache rejects it too, under its own name).
+  EXPECT_THAT([] { KVCacheManager({.num_blocks = 4, .block_size = 0}); },
+              ThrowsMessage<Error>(HasSubstr("KVCacheManager: block_size must be >= 1, got 0")));
   KVCacheManager m({.num_blocks = 4, .block_size = 4});
   m.add_sequence(1);
   EXPECT_THAT([&] { m.add_sequence(1); }, ThrowsMessage<Error>(HasSubstr("sequence 1 already")));
