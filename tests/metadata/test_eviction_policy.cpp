@@ -202,6 +202,21 @@ TEST(EvictionPolicy, HeavyHittersKeepTheTopScoredTokens) {
   EXPECT_THAT([&] { m.accumulate_attention(1, std::vector<float>{1.0f}); },
               ThrowsMessage<Error>(HasSubstr("1 weights for 3 kept tokens")));
   m.check_invariants();
+  // Appending positions 6..8: excess 3 + 3 - 3 = 3, and 1, 3, 5 are all outside the recent
+  // window {8}: all three go, blocks 0 and 1 empty out and are released (1 then 0, behind 2 on
+  // the free list: 3 4 5 6 7 2 1 0). No hole is left, so the 3 new tokens take ceil(3 / 2) = 2
+  // fresh blocks, 3 and 4, put into the released entries 0 and 1 in that order.
+  r = m.append_slots(1, 3);
+  ASSERT_TRUE(r);
+  EXPECT_THAT(r->slots, ElementsAre(6, 7, 8));
+  EXPECT_THAT(std::vector<BlockId>(m.block_table(1).begin(), m.block_table(1).end()),
+              ElementsAre(3, 4, -1));  // entry 2: released earlier
+  kept = m.kept_tokens(seqs);
+  EXPECT_THAT(kept.positions, ElementsAre(6, 7, 8));
+  EXPECT_THAT(kept.slots, ElementsAre(6, 7, 8));
+  EXPECT_EQ(m.stats().evicted_tokens, 6);
+  EXPECT_EQ(m.num_free_blocks(), 6);
+  m.check_invariants();
 }
 
 }  // namespace
