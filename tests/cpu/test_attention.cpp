@@ -356,6 +356,23 @@ TEST_F(AttentionErrors, UnusedTableEntriesAreNotChecked) {
   EXPECT_LE(max_abs_diff(out, s_.reference(true)), kAttentionMaxAbs);
 }
 
+TEST_F(AttentionErrors, TablesMayBeViewsIntoLargerBuffers) {
+  // What lies before sequence 0 in the caller's buffers (a negative length, a row of
+  // out-of-range block ids) belongs to no sequence: it is neither checked nor read.
+  std::vector<int32_t> lens{-5};
+  lens.insert(lens.end(), s_.context_lens.begin(), s_.context_lens.end());
+  std::vector<int32_t> table(static_cast<size_t>(s_.max_blocks_per_seq), 99);
+  table.insert(table.end(), s_.padded.begin(), s_.padded.end());
+  BlockTableView view = s_.view();
+  view.context_lens = lens.data() + 1;
+  view.block_tables = table.data() + s_.max_blocks_per_seq;
+  std::vector<float> out(s_.q.size(), std::numeric_limits<float>::quiet_NaN());
+  paged_decode_attention(s_.params, s_.layer(), view, s_.q, out);
+  std::vector<float> clean(s_.q.size(), std::numeric_limits<float>::quiet_NaN());
+  paged_decode_attention(s_.params, s_.layer(), s_.view(), s_.q, clean);
+  EXPECT_EQ(out, clean);
+}
+
 TEST_F(AttentionErrors, ContextLongerThanTable) {
   std::vector<int32_t> lens = s_.context_lens;
   lens[1] = 9;  // 2 blocks x 4 tokens = 8

@@ -151,6 +151,15 @@ TEST(CheckInvariants, ABrokenLruBackLink) {
   });
 }
 
+TEST(CheckInvariants, AnLruHeadWithABackLink) {
+  // The head links back to a real block (an id above the -1 it should hold): any back link
+  // other than the block it follows is wrong, larger ones as much as smaller ones.
+  expect_fires([](KVCacheManager& m, const Facts& f) {
+    C::set_lru_prev(C::device_pool(m), f.lru[0], f.lru[1]);
+    return "LRU block " + s(f.lru[0]) + " links back to " + s(f.lru[1]) + " but follows -1";
+  });
+}
+
 TEST(CheckInvariants, AnLruBlockThatLostItsCachedFlag) {
   expect_fires([](KVCacheManager& m, const Facts& f) {
     C::set_cached_flag(C::device_pool(m), f.lru[0], false);

@@ -70,6 +70,12 @@ TEST(EvictionPolicy, HeavyHitterVictimsHandWorked) {
   // (positions 0..3) leaves positions 4, 5 recent plus 6 new; 3 of the candidates must go.
   std::vector<KeptTokenScore> four{{0, 1.0}, {1, 2.0}, {2, 3.0}, {3, 4.0}};
   EXPECT_THAT(p.select_victims(four, 4, 3), ElementsAre(0, 1, 2));
+  // Victims come back ascending, not in score order: recent 1 + heavy 1 = budget 2, appending
+  // position 3 to kept {0, 1, 2}: excess 3 + 1 - 2 = 2, candidates all three (recent window
+  // {3}); by score 1 (1.0), 0 (2.0), 2 (5.0) -> the first two, reported as {0, 1}.
+  const HeavyHitterPolicy p11(1, 1);
+  const std::vector<KeptTokenScore> mixed{{0, 2.0}, {1, 1.0}, {2, 5.0}};
+  EXPECT_THAT(p11.select_victims(mixed, 3, 1), ElementsAre(0, 1));
   EXPECT_THAT([] { HeavyHitterPolicy(0, 1); }, ThrowsMessage<Error>(HasSubstr("recent")));
   EXPECT_EQ(eviction_kind_name(EvictionKind::kHeavyHitters), "h2o");
 }
@@ -195,6 +201,21 @@ TEST(EvictionPolicy, HeavyHittersKeepTheTopScoredTokens) {
   EXPECT_EQ(m.num_free_blocks(), 6);
   EXPECT_THAT([&] { m.accumulate_attention(1, std::vector<float>{1.0f}); },
               ThrowsMessage<Error>(HasSubstr("1 weights for 3 kept tokens")));
+  m.check_invariants();
+  // Appending positions 6..8: excess 3 + 3 - 3 = 3, and 1, 3, 5 are all outside the recent
+  // window {8}: all three go, blocks 0 and 1 empty out and are released (1 then 0, behind 2 on
+  // the free list: 3 4 5 6 7 2 1 0). No hole is left, so the 3 new tokens take ceil(3 / 2) = 2
+  // fresh blocks, 3 and 4, put into the released entries 0 and 1 in that order.
+  r = m.append_slots(1, 3);
+  ASSERT_TRUE(r);
+  EXPECT_THAT(r->slots, ElementsAre(6, 7, 8));
+  EXPECT_THAT(std::vector<BlockId>(m.block_table(1).begin(), m.block_table(1).end()),
+              ElementsAre(3, 4, -1));  // entry 2: released earlier
+  kept = m.kept_tokens(seqs);
+  EXPECT_THAT(kept.positions, ElementsAre(6, 7, 8));
+  EXPECT_THAT(kept.slots, ElementsAre(6, 7, 8));
+  EXPECT_EQ(m.stats().evicted_tokens, 6);
+  EXPECT_EQ(m.num_free_blocks(), 6);
   m.check_invariants();
 }
 

@@ -321,6 +321,10 @@ TEST(KVCacheManager, ErrorsNameTheValueAndChangeNothing) {
               ThrowsMessage<Error>(HasSubstr("num_blocks must be >= 1, got 0")));
   EXPECT_THAT([] { KVCacheManager({.num_blocks = 4, .block_size = -3}); },
               ThrowsMessage<Error>(HasSubstr("block_size must be >= 1, got -3")));
+  // block_size 0 is the manager's error, not one of a member it would build from the config
+  // (the prefix cache rejects it too, under its own name).
+  EXPECT_THAT([] { KVCacheManager({.num_blocks = 4, .block_size = 0}); },
+              ThrowsMessage<Error>(HasSubstr("KVCacheManager: block_size must be >= 1, got 0")));
   KVCacheManager m({.num_blocks = 4, .block_size = 4});
   m.add_sequence(1);
   EXPECT_THAT([&] { m.add_sequence(1); }, ThrowsMessage<Error>(HasSubstr("sequence 1 already")));
@@ -461,6 +465,32 @@ TEST(KVCacheManager, SwapInAdmissionCountsBlocksTheLookAheadAppendReleases) {
   ASSERT_TRUE(m.swap_in(1, 1));
   ASSERT_TRUE(m.append_slots(1, 1));  // the look-ahead slot really fits
   EXPECT_EQ(m.num_free_blocks(), 4);  // 6 - 5 + 3 released
+  m.check_invariants();
+}
+
+TEST(KVCacheManager, SwapInAdmissionDoesNotCountEntriesReleasedBefore) {
+  // As above, then one more token: 10 tokens, entries 0..2 released (kNoBlock), blocks in
+  // entries 3, 4 only. The next append's dead range (positions < 7) is logical blocks 0..2 again,
+  // all released already: it frees nothing. Swapped in with 2 look-ahead slots it needs the 2
+  // live blocks plus ceil(12 / 2) - 5 = 1 fresh one: 3, with 2 available (sequence 2 holds 4)
+  // that is kLater; counting the 3 released entries as freed would ask for 2 and say kOk.
+  KVCacheManager m({.num_blocks = 6,
+                    .block_size = 2,
+                    .num_host_blocks = 5,
+                    .eviction = {.kind = EvictionKind::kSlidingWindow, .window = 4}});
+  m.add_sequence(1);
+  ASSERT_TRUE(m.append_slots(1, 9));
+  ASSERT_TRUE(m.append_slots(1, 1));  // releases entries 0..2
+  ASSERT_TRUE(m.swap_out(1));
+  m.add_sequence(2);
+  ASSERT_TRUE(m.append_slots(2, 8));  // 4 blocks, 2 left
+  EXPECT_EQ(m.swap_in_admission(1, 0), Admission::kOk);
+  EXPECT_EQ(m.swap_in_admission(1, 2), Admission::kLater);
+  EXPECT_FALSE(m.swap_in(1, 2));
+  m.free_sequence(2);
+  ASSERT_TRUE(m.swap_in(1, 2));
+  ASSERT_TRUE(m.append_slots(1, 2));  // 12 tokens: one fresh block, nothing released
+  EXPECT_EQ(m.num_free_blocks(), 3);
   m.check_invariants();
 }
 
