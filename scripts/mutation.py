@@ -69,7 +69,8 @@ TARGETS: dict[str, list[str]] = {
                                  "test_large_offsets", "test_quantized_paths", "test_kv_layer_view"],
     # copy_blocks between views and the view checks.
     "src/storage/kv_layer_view.cpp": ["test_kv_layer_view", "test_host_kv_cache",
-                                      "test_kv_placement", "test_attention"],
+                                      "test_kv_placement", "test_attention",
+                                      "test_quantized_kv_cache"],
 }
 
 STATUSES = ("killed", "timeout", "survived", "build_failed", "equivalent")

@@ -33,4 +33,9 @@ void copy_block(const KVLayerView& cache, int64_t src, int64_t dst);
 /// kv_layer_view.cpp.
 void check_view_pools(const char* fn, const KVLayerView& view);
 
+/// The scales of an 8-bit view: k_scale and v_scale non-null, each of the num_kv_heads values
+/// finite and > 0. Errors: throws pagedkv::Error naming the pointer, or the scale, its head and
+/// value. Defined in kv_layer_view.cpp; run by check_attention_params and reshape_and_cache.
+void check_view_scales(const char* fn, const KVLayerView& view);
+
 }  // namespace pagedkv::detail

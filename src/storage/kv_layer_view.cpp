@@ -37,17 +37,19 @@ void check_attention_params(const AttentionParams& params, const KVLayerView& ca
                 cache.num_blocks);
   PAGEDKV_CHECK(cache.k != nullptr && cache.v != nullptr,
                 "attention: cache view has a null K or V pool (k={}, v={})", cache.k, cache.v);
-  if (dtype_is_quantized(cache.dtype)) {
-    PAGEDKV_CHECK(cache.k_scale != nullptr && cache.v_scale != nullptr,
-                  "attention: a {} cache needs k_scale and v_scale (k_scale={}, v_scale={})",
-                  dtype_name(cache.dtype), static_cast<const void*>(cache.k_scale),
-                  static_cast<const void*>(cache.v_scale));
-    for (int32_t h = 0; h < cache.num_kv_heads; ++h) {
-      for (const float* s : {cache.k_scale, cache.v_scale}) {
-        PAGEDKV_CHECK(std::isfinite(s[h]) && s[h] > 0.0f,
-                      "attention: {} of kv head {} is {}: a scale must be finite and > 0",
-                      s == cache.k_scale ? "k_scale" : "v_scale", h, s[h]);
-      }
+  if (dtype_is_quantized(cache.dtype)) detail::check_view_scales("attention", cache);
+}
+
+void detail::check_view_scales(const char* fn, const KVLayerView& c) {
+  PAGEDKV_CHECK(c.k_scale != nullptr && c.v_scale != nullptr,
+                "{}: a {} cache needs k_scale and v_scale (k_scale={}, v_scale={})", fn,
+                dtype_name(c.dtype), static_cast<const void*>(c.k_scale),
+                static_cast<const void*>(c.v_scale));
+  for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+    for (const float* s : {c.k_scale, c.v_scale}) {
+      PAGEDKV_CHECK(std::isfinite(s[h]) && s[h] > 0.0f,
+                    "{}: {} of kv head {} is {}: a scale must be finite and > 0", fn,
+                    s == c.k_scale ? "k_scale" : "v_scale", h, s[h]);
     }
   }
 }

@@ -13,20 +13,6 @@ namespace pagedkv {
 
 namespace {
 
-void check_scales(const char* fn, const KVLayerView& c) {
-  PAGEDKV_CHECK(c.k_scale != nullptr && c.v_scale != nullptr,
-                "{}: a {} cache needs k_scale and v_scale (k_scale={}, v_scale={})", fn,
-                dtype_name(c.dtype), static_cast<const void*>(c.k_scale),
-                static_cast<const void*>(c.v_scale));
-  for (int32_t h = 0; h < c.num_kv_heads; ++h) {
-    for (const float* s : {c.k_scale, c.v_scale}) {
-      PAGEDKV_CHECK(std::isfinite(s[h]) && s[h] > 0.0f,
-                    "{}: {} of kv head {} is {}: a scale must be finite and > 0", fn,
-                    s == c.k_scale ? "k_scale" : "v_scale", h, s[h]);
-    }
-  }
-}
-
 /// The stores of a checked write; kT folds the dtype switch out of the element loop.
 template <DType kT>
 void store_tokens(const KVLayerView& c, std::span<const Slot> slots, const float* k,
@@ -69,7 +55,7 @@ void reshape_and_cache(const KVLayerView& cache, std::span<const Slot> slot_mapp
                   slot_mapping[t], t, num_slots);
   }
   if (num_tokens == 0) return;
-  if (dtype_is_quantized(cache.dtype)) check_scales(kFn, cache);
+  if (dtype_is_quantized(cache.dtype)) detail::check_view_scales(kFn, cache);
   detail::write_slots(cache, slot_mapping, k, v);
 }
 
@@ -106,8 +92,8 @@ KVScales calibrate_kv_scales(DType dtype, KVScaleGranularity granularity, int32_
   KVScales s;
   for (int kv = 0; kv < 2; ++kv) {
     const std::span<const float> x = kv == 0 ? k : v;
-    std::vector<float> maxes(static_cast<size_t>(num_kv_heads));
-    for (int32_t h = 0; h < num_kv_heads; ++h) maxes[h] = max_abs(x, h);
+    std::vector<float> maxes;
+    for (int32_t h = 0; h < num_kv_heads; ++h) maxes.push_back(max_abs(x, h));
     if (granularity == KVScaleGranularity::kPerTensor) {
       std::fill(maxes.begin(), maxes.end(), *std::max_element(maxes.begin(), maxes.end()));
     }

@@ -145,6 +145,13 @@ TEST(QuantizedKVCache, FirstWriteCalibratesPerTensorOrPerHead) {
         (void)calibrate_kv_scales(DType::kF16, KVScaleGranularity::kPerTensor, 1, 2, none, none);
       },
       ThrowsMessage<Error>(HasSubstr("dtype fp16 has no scales")));
+  // K of 2 tokens, V of 1 (both whole tokens): refused naming both sizes.
+  EXPECT_THAT(
+      [&] {
+        (void)calibrate_kv_scales(DType::kInt8, KVScaleGranularity::kPerTensor, 1, 2,
+                                  std::vector<float>(4, 1.0f), std::vector<float>(2, 1.0f));
+      },
+      ThrowsMessage<Error>(HasSubstr("k has 4 and v 2 elements")));
 }
 
 TEST(QuantizedKVCache, BadScalesAreRejectedNamingThemAndChangeNothing) {
@@ -233,6 +240,24 @@ TEST(QuantizedKVCache, FillBlocksStoresTheScaledValue) {
   EXPECT_THAT(cache.read(0, 3, 1, true), ElementsAre(3.0f, 3.0f, 3.0f));
   cache.fill_blocks(b, kNaN);
   EXPECT_TRUE(std::isnan(cache.read(0, 2, 1, false)[0]));
+}
+
+// Attention refuses an 8-bit view whose scales are missing or invalid, naming the head.
+TEST(QuantizedKVCache, AttentionChecksEveryHeadsScale) {
+  HostKVCache cache(config(DType::kFP8E4M3, KVScaleGranularity::kPerHead));
+  AttentionParams params;
+  params.num_heads = 2;
+  params.num_kv_heads = 2;
+  params.head_dim = 3;
+  KVLayerView view = cache.layer(0);
+  check_attention_params(params, view);  // the cache's own scales (1 each) are fine
+  const float ks[] = {1.0f, NAN};
+  view.k_scale = ks;
+  EXPECT_THAT([&] { check_attention_params(params, view); },
+              ThrowsMessage<Error>(HasSubstr("attention: k_scale of kv head 1 is nan")));
+  view.k_scale = nullptr;
+  EXPECT_THAT([&] { check_attention_params(params, view); },
+              ThrowsMessage<Error>(HasSubstr("a fp8_e4m3 cache needs k_scale and v_scale")));
 }
 
 }  // namespace
