@@ -65,6 +65,18 @@ add_test(NAME cli.generate.kv_dtype_int8
   COMMAND pagedkv_cli generate --steps 60 --kv-dtype int8)
 set_tests_properties(cli.generate.kv_dtype_int8 PROPERTIES LABELS cli
   PASS_REGULAR_EXPRESSION "int8 paged KV.*agreement: contiguous vs paged: [^\n]*max [|]logit diff[|] [^\n]*\n.*the paged cache stores int8 K/V, the others fp32: the agreement lines measure its error")
+# --kv-nmse: one NMSE line per storage dtype, teacher-forced on the real model's K/V (issue 19);
+# refused beside a paged cache that is not fp32.
+add_test(NAME cli.generate.kv_nmse
+  COMMAND pagedkv_cli generate --steps 60 --cache paged --kv-nmse)
+set_tests_properties(cli.generate.kv_nmse PROPERTIES LABELS cli
+  PASS_REGULAR_EXPRESSION "KV storage error, teacher-forced[^\n]*\n  fp16 +NMSE [0-9][^\n]*\n  bf16 +NMSE [0-9][^\n]*\n  int8 +NMSE [0-9][^\n]*\n  fp8_e4m3 +NMSE [0-9][^\n]*\n  fp8_e5m2 +NMSE [0-9][^\n]*over [0-9]+ outputs\n")
+add_test(NAME cli.generate.kv_nmse_needs_fp32
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
+          "-DARGS=generate|--steps|20|--kv-nmse|--kv-dtype|int8"
+          "-DSTDERR_REGEX=^pagedkv generate: --kv-nmse compares [^\n]*--kv-dtype int8 [^\n]*\n$"
+          -P ${_expect})
+set_tests_properties(cli.generate.kv_nmse_needs_fp32 PROPERTIES LABELS cli)
 add_test(NAME cli.generate.kv_dtype_unknown
   COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
           "-DARGS=generate|--kv-dtype|fp9"

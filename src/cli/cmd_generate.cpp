@@ -11,8 +11,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -20,7 +18,7 @@
 #include <vector>
 
 #include "cli/commands.hpp"
-#include "model/checkpoint.hpp"
+#include "cli/generate_model.hpp"
 #include "model/generate.hpp"
 #include "model/llama.hpp"
 #include "model/tokenizer.hpp"
@@ -35,18 +33,6 @@ namespace {
 using model::CacheMode;
 using model::Device;
 
-/// Seed of the random model's weights (the sampling seed is --seed).
-constexpr uint64_t kRandomWeightSeed = 20240229;
-/// `--model random`: seeded random weights instead of a checkpoint file.
-constexpr const char* kRandomModel = "random";
-/// The default model's files, in models/ of the source tree and <prefix>/share/pagedkv/models.
-constexpr const char* kDefaultModelFile = "stories260K.bin";
-constexpr const char* kDefaultTokenizerFile = "tok512.bin";
-/// Largest random model, in floats (16 GiB of fp32): a typo in a shape flag should be an
-/// error message, not an out-of-memory kill while the weights are filled.
-constexpr int64_t kMaxRandomFloats = int64_t{1} << 32;
-/// At most this many prompts from --prompts (each gets a full-length paged pool share).
-constexpr size_t kMaxPrompts = 1024;
 /// Logits are kept for the agreement check while they fit in this many bytes per mode.
 constexpr int64_t kMaxLogitBytes = int64_t{256} << 20;
 /// Largest |logit difference| between two caches fed identical tokens that still counts as
@@ -55,11 +41,7 @@ constexpr int64_t kMaxLogitBytes = int64_t{256} << 20;
 constexpr double kLogitTolerance = 1e-3;
 
 struct Options {
-  std::string model_path;  ///< empty: the default model; kRandomModel: random weights
-  std::string tokenizer_path;
-  /// Shape of `--model random` (its flags only count with it).
-  model::LlamaConfig random_shape = model::builtin_config();
-  std::vector<const CLI::Option*> shape_flags;
+  ModelChoice model;  ///< --model, --tokenizer and the random model's shape flags
   std::string prompt = "Once upon a time";
   std::string prompts_path;
   int32_t steps = 256;
@@ -69,107 +51,9 @@ struct Options {
   std::string device = "cpu";
   int32_t block_size = 16;
   std::string kv_dtype = "fp32";
+  bool kv_nmse = false;
   bool json = false;
 };
-
-/// A model ready to run, with its tokenizer and how the output names it.
-struct LoadedModel {
-  model::LlamaModel llama;
-  model::Tokenizer tok;
-  std::string source;       ///< JSON "model.source": "random" or the checkpoint path
-  std::string description;  ///< the text output's "model:" line
-};
-
-/// The folders searched for the default model, in order: the installed copy beside this
-/// executable (<prefix>/bin/pagedkv -> <prefix>/share/pagedkv/models), then models/ of the source
-/// tree it was built from (in a build tree, build/src/cli/pagedkv has no share/ beside it).
-std::vector<std::filesystem::path> default_model_dirs() {
-  namespace fs = std::filesystem;
-  std::vector<fs::path> dirs;
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) dirs.push_back((exe.parent_path() / PAGEDKV_INSTALLED_MODELS_DIR).lexically_normal());
-  dirs.emplace_back(PAGEDKV_SOURCE_MODELS_DIR);
-  return dirs;
-}
-
-/// The default model's checkpoint and tokenizer: the first folder of default_model_dirs that
-/// holds both. Errors: none does (the message lists where it looked and the alternatives).
-std::pair<std::string, std::string> find_default_model() {
-  std::string looked;
-  for (const auto& dir : default_model_dirs()) {
-    const auto model = dir / kDefaultModelFile, tok = dir / kDefaultTokenizerFile;
-    std::error_code ec;
-    if (std::filesystem::is_regular_file(model, ec) && std::filesystem::is_regular_file(tok, ec)) {
-      return {model.string(), tok.string()};
-    }
-    looked += (looked.empty() ? "" : ", ") + dir.string();
-  }
-  throw Error(fmt::format(
-      "no default model: {} and {} are in none of {}; give --model FILE --tokenizer FILE, or "
-      "--model random",
-      kDefaultModelFile, kDefaultTokenizerFile, looked));
-}
-
-LoadedModel load_random_model(const Options& o) {
-  if (!o.tokenizer_path.empty()) {
-    throw Error("--model random brings its own byte-level tokenizer: drop --tokenizer");
-  }
-  const model::LlamaConfig& cfg = o.random_shape;
-  model::validate_config(cfg, "--model random");
-  if (model::weights_floats(cfg) > kMaxRandomFloats) {
-    throw Error(fmt::format("--model random: {} floats of weights, more than the {} allowed",
-                            model::weights_floats(cfg), kMaxRandomFloats));
-  }
-  model::Tokenizer tok = model::Tokenizer::builtin(cfg.vocab_size);
-  model::LlamaModel llama(model::random_weights(cfg, kRandomWeightSeed));
-  std::string desc = fmt::format("random Llama (weight seed {}, byte-level tokenizer): {}",
-                                 kRandomWeightSeed, cfg.describe());
-  return {std::move(llama), std::move(tok), kRandomModel, std::move(desc)};
-}
-
-/// The model the options name: --model random, --model FILE --tokenizer FILE, or the default.
-/// Errors: a shape flag without --model random, --model FILE without --tokenizer (or the other
-/// way round), no default model found, and the loaders' errors (a missing or corrupt file).
-LoadedModel load_model(const Options& o) {
-  if (o.model_path == kRandomModel) return load_random_model(o);
-  for (const CLI::Option* flag : o.shape_flags) {
-    if (flag->count() > 0) {
-      throw Error(fmt::format("{} needs --model random (a checkpoint's shape is in its header)",
-                              flag->get_name()));
-    }
-  }
-  if (o.model_path.empty() != o.tokenizer_path.empty()) {
-    throw Error(o.model_path.empty() ? "--tokenizer needs --model (the vocabulary comes from it)"
-                                     : "--model needs --tokenizer (a llama2.c tokenizer file)");
-  }
-  const auto [model_path, tok_path] =
-      o.model_path.empty() ? find_default_model() : std::pair{o.model_path, o.tokenizer_path};
-  model::LlamaModel llama(model::load_checkpoint(model_path));
-  model::Tokenizer tok = model::Tokenizer::load(tok_path, llama.config().vocab_size);
-  std::string desc = fmt::format("{} ({} parameters): {}", model_path,
-                                 llama.config().num_parameters(), llama.config().describe());
-  return {std::move(llama), std::move(tok), model_path, std::move(desc)};
-}
-
-std::vector<std::string> read_prompts(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(fmt::format("prompts file {}: cannot open", path));
-  std::vector<std::string> prompts;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;  // blank lines
-    if (prompts.size() == kMaxPrompts) {
-      throw Error(fmt::format("prompts file {}: more than {} prompts", path, kMaxPrompts));
-    }
-    prompts.push_back(line);
-  }
-  if (in.bad()) throw Error(fmt::format("prompts file {}: read error", path));
-  if (prompts.empty())
-    throw Error(fmt::format("prompts file {}: no prompt (only blank lines)", path));
-  return prompts;
-}
 
 std::string human_bytes(int64_t bytes) {
   const double b = static_cast<double>(bytes);
@@ -249,10 +133,11 @@ void print_human(const Options& o, const std::string& model_desc, const std::str
   const bool measured = parse_dtype(o.kv_dtype) != DType::kF32;
   for (const auto& c : checks) {
     const auto& g = c.agreement;
-    const std::string diff = g.max_abs_logit_diff < 0
-                                 ? std::string("logits not compared")
-                                 : fmt::format("max |logit diff| {:.3g} over {} positions",
-                                               g.max_abs_logit_diff, g.positions_compared);
+    const std::string diff =
+        g.max_abs_logit_diff < 0
+            ? std::string("logits not compared")
+            : fmt::format("max |logit diff| {:.3g} (mean {:.3g}) over {} positions",
+                          g.max_abs_logit_diff, g.mean_abs_logit_diff, g.positions_compared);
     if (!g.same_lengths) {
       fmt::print(
           "agreement: {} vs {}: lengths DIFFER (sequence {}) with no token to explain it, {}\n",
@@ -265,6 +150,15 @@ void print_human(const Options& o, const std::string& model_desc, const std::str
                  c.ok && measured ? ""
                  : c.ok           ? " (within tolerance before the split: a near-tie)"
                                   : "");
+    }
+  }
+  if (o.kv_nmse) {
+    fmt::print(
+        "KV storage error, teacher-forced on this run's K/V (attention outputs of a shadow paged "
+        "cache per dtype vs the fp32 paged cache, all layers and steps):\n");
+    for (const auto& e : runs.front().result.shadow_errors) {
+      fmt::print("  {:<9} NMSE {:.3g}  max |error| {:.3g}  over {} outputs\n", dtype_name(e.dtype),
+                 e.nmse(), e.max_abs_error, e.elements);
     }
   }
   if (measured && !checks.empty()) {
@@ -365,6 +259,7 @@ void print_json(const Options& o, const model::LlamaConfig& cfg, const std::stri
                      {"same_lengths", g.same_lengths},
                      {"length_sequence", g.length_seq},
                      {"max_abs_logit_diff", g.max_abs_logit_diff},
+                     {"mean_abs_logit_diff", g.mean_abs_logit_diff},
                      {"positions_compared", g.positions_compared},
                      {"ok", c.ok}});
   }
@@ -378,9 +273,41 @@ void print_json(const Options& o, const model::LlamaConfig& cfg, const std::stri
     }
   }
   j["speedup_vs_none_total"] = speedup;
+  if (o.kv_nmse) {
+    json nmse = json::array();
+    for (const auto& e : runs.front().result.shadow_errors) {
+      nmse.push_back({{"dtype", std::string(dtype_name(e.dtype))},
+                      {"nmse", e.nmse()},
+                      {"max_abs_error", e.max_abs_error},
+                      {"elements", e.elements}});
+    }
+    j["kv_nmse"] = nmse;
+  }
   // Generated text may hold invalid UTF-8 (byte tokens): replace it rather than throw.
   const std::string out = j.dump(2, ' ', false, json::error_handler_t::replace);
   fmt::print("{}\n", out);
+}
+
+/// The storage dtypes --kv-nmse compares with fp32.
+constexpr DType kShadowDTypes[] = {DType::kF16, DType::kBF16, DType::kInt8, DType::kFP8E4M3,
+                                   DType::kFP8E5M2};
+
+/// `g` for the paged run: with --kv-nmse, a shadow cache per kShadowDTypes entry.
+/// Errors: --kv-nmse with a paged cache that is not fp32 on the CPU, or without a paged run.
+model::GenerateOptions with_shadows(const Options& o, const model::GenerateOptions& g) {
+  model::GenerateOptions out = g;
+  if (!o.kv_nmse) return out;
+  if (o.cache != "paged" && o.cache != "all") {
+    throw Error(fmt::format("--kv-nmse measures the paged cache: --cache {} has none", o.cache));
+  }
+  if (g.kv_dtype != DType::kF32 || o.device != "cpu") {
+    throw Error(fmt::format(
+        "--kv-nmse compares each storage dtype with an fp32 paged cache on the cpu: drop "
+        "--kv-dtype {} / --device {}",
+        dtype_name(g.kv_dtype), o.device));
+  }
+  out.shadow_kv_dtypes.assign(std::begin(kShadowDTypes), std::end(kShadowDTypes));
+  return out;
 }
 
 void run_generate(const Options& o) {
@@ -401,7 +328,7 @@ void run_generate(const Options& o) {
     cuda::require_device();  // "no CUDA device: ..." -> exit 2, before any work
     device_desc = cuda::device_info().name;
   }
-  LoadedModel m = load_model(o);
+  LoadedModel m = load_model(o.model);
   const model::LlamaConfig& cfg = m.llama.config();
 
   std::vector<std::string> notices;
@@ -441,12 +368,14 @@ void run_generate(const Options& o) {
   g.kv_dtype = parse_dtype(o.kv_dtype);  // validated by the option's check
   const int64_t logit_bytes = static_cast<int64_t>(prompts.size()) * steps * cfg.vocab_size * 4;
   g.record_logits = modes.size() > 1 && logit_bytes <= kMaxLogitBytes;
+  const model::GenerateOptions paged_options = with_shadows(o, g);  // after every field of g
 
   std::vector<ModeRun> runs;
   for (const CacheMode mode : modes) {
     // Only the paged mode has a device version; the others stay on the CPU as its checks.
     g.device = mode == CacheMode::kPaged ? device : Device::kCpu;
-    runs.push_back({mode, model::generate(m.llama, ids, mode, g)});
+    runs.push_back(
+        {mode, model::generate(m.llama, ids, mode, mode == CacheMode::kPaged ? paged_options : g)});
   }
 
   std::vector<Check> checks;
@@ -494,13 +423,13 @@ void add_generate_command(CLI::App& app) {
         return value == kRandomModel ? std::string() : CLI::ExistingFile(value);
       },
       "FILE|random");
-  sub->add_option("--model", opts->model_path,
+  sub->add_option("--model", opts->model.model_path,
                   "llama2.c checkpoint FILE (with --tokenizer), or `random`: seeded random "
                   "weights of the shape below, byte-level tokenizer; default: stories260K.bin "
                   "from share/pagedkv/models beside the installed binary, or models/ of the "
                   "source tree")
       ->check(model_file);
-  sub->add_option("--tokenizer", opts->tokenizer_path,
+  sub->add_option("--tokenizer", opts->model.tokenizer_path,
                   "llama2.c tokenizer FILE for --model FILE (e.g. models/tok512.bin)")
       ->check(CLI::ExistingFile);
   struct ShapeFlag {
@@ -508,7 +437,7 @@ void add_generate_command(CLI::App& app) {
     int32_t* field;
     const char* what;
   };
-  model::LlamaConfig& r = opts->random_shape;
+  model::LlamaConfig& r = opts->model.random_shape;
   const ShapeFlag shape_flags[] = {
       {"--dim", &r.dim, "d_model"},
       {"--hidden-dim", &r.hidden_dim, "SwiGLU inner width"},
@@ -518,10 +447,10 @@ void add_generate_command(CLI::App& app) {
       {"--vocab", &r.vocab_size, "vocabulary (259 .. 1056: the byte-level tokenizer)"},
       {"--seq-len", &r.seq_len, "maximum context, tokens (caps --steps)"}};
   for (const ShapeFlag& f : shape_flags) {
-    opts->shape_flags.push_back(sub->add_option(f.name, *f.field, f.what)
-                                    ->capture_default_str()
-                                    ->check(CLI::Range(1, 1 << 24))
-                                    ->group("Random model shape (with --model random)"));
+    opts->model.shape_flags.push_back(sub->add_option(f.name, *f.field, f.what)
+                                          ->capture_default_str()
+                                          ->check(CLI::Range(1, 1 << 24))
+                                          ->group("Random model shape (with --model random)"));
   }
   auto* prompt = sub->add_option("--prompt", opts->prompt, "prompt text")->capture_default_str();
   sub->add_option("--prompts", opts->prompts_path,
@@ -564,6 +493,10 @@ void add_generate_command(CLI::App& app) {
           return std::string(e.what());
         }
       });
+  sub->add_flag("--kv-nmse", opts->kv_nmse,
+                "measure each storage dtype's error on this run's real K/V: fp16, bf16, int8, "
+                "fp8_e4m3 and fp8_e5m2 shadow paged caches fed the same q/k/v as the fp32 paged "
+                "cache, reporting the NMSE of their attention outputs (teacher-forced)");
   sub->add_flag("--json", opts->json, "print one JSON object instead of text and tables");
   sub->callback([opts] { run_generate(*opts); });
 }

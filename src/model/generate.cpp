@@ -194,7 +194,19 @@ GenerateResult generate(LlamaModel& model, const std::vector<std::vector<TokenId
   KVBackendConfig backend_config =
       model.backend_config(opt.block_size, static_cast<int32_t>(pool.blocks));
   if (mode == CacheMode::kPaged) backend_config.kv_dtype = opt.kv_dtype;
-  auto backend = make_kv_backend(mode, backend_config, opt.device);
+  std::unique_ptr<KVBackend> backend = make_kv_backend(mode, backend_config, opt.device);
+  const ShadowKVBackend* shadow = nullptr;
+  if (!opt.shadow_kv_dtypes.empty()) {
+    if (mode != CacheMode::kPaged || opt.device != Device::kCpu) {
+      throw Error(
+          fmt::format("generate: shadow KV dtypes need the paged cache on the cpu, not {} on {}",
+                      cache_mode_name(mode), device_name(opt.device)));
+    }
+    auto wrapped =
+        std::make_unique<ShadowKVBackend>(std::move(backend), backend_config, opt.shadow_kv_dtypes);
+    shadow = wrapped.get();
+    backend = std::move(wrapped);
+  }
 
   GenerateResult result;
   RunStats& st = result.stats;
@@ -265,6 +277,7 @@ GenerateResult generate(LlamaModel& model, const std::vector<std::vector<TokenId
     st.kv_tokens_in_use += backend->num_tokens(i);
     backend->free_sequence(i);
   }
+  if (shadow != nullptr) result.shadow_errors = shadow->errors();
   return result;
 }
 
@@ -315,6 +328,8 @@ Agreement compare_runs(const GenerateResult& a, const GenerateResult& b) {
   }
   bool logits = true;
   double max_diff = 0;
+  double sum_diff = 0;
+  int64_t num_diffs = 0;
   for (size_t i = 0; i < a.seqs.size(); ++i) {
     const auto& sa = a.seqs[i];
     const auto& sb = b.seqs[i];
@@ -340,8 +355,11 @@ Agreement compare_runs(const GenerateResult& a, const GenerateResult& b) {
         const auto rows =
             std::min<int64_t>({static_cast<int64_t>(same), sa.positions_run, sb.positions_run});
         for (size_t at = 0; at < static_cast<size_t>(rows) * vocab; ++at) {
-          max_diff = std::max(max_diff, logit_diff(sa.logits[at], sb.logits[at]));
+          const double d = logit_diff(sa.logits[at], sb.logits[at]);
+          max_diff = std::max(max_diff, d);
+          sum_diff += d;
         }
+        num_diffs += rows * static_cast<int64_t>(vocab);
         g.positions_compared += rows;
       }
     }
@@ -351,6 +369,9 @@ Agreement compare_runs(const GenerateResult& a, const GenerateResult& b) {
     }
   }
   g.max_abs_logit_diff = logits ? max_diff : -1.0;
+  g.mean_abs_logit_diff = !logits         ? -1.0
+                          : num_diffs > 0 ? sum_diff / static_cast<double>(num_diffs)
+                                          : 0.0;
   return g;
 }
 

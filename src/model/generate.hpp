@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "model/kv_backend.hpp"
+#include "model/kv_shadow.hpp"
 #include "model/llama.hpp"
 #include "pagedkv/types.hpp"
 
@@ -30,6 +31,10 @@ struct GenerateOptions {
   /// Storage dtype of the paged mode's KV (the contiguous and none modes stay fp32, so a run of
   /// all three measures what an 8-bit or 16-bit paged cache changes).
   DType kv_dtype = DType::kF32;
+  /// Teacher-forced storage error (kv_shadow.hpp): with the paged mode on the CPU, one shadow
+  /// paged cache per dtype here is fed the same q/k/v as the run's cache, and the NMSE of its
+  /// attention outputs is reported in GenerateResult::shadow_errors. Empty: none.
+  std::vector<DType> shadow_kv_dtypes;
 };
 
 struct SequenceOutput {
@@ -70,6 +75,8 @@ struct Summary {
 struct GenerateResult {
   std::vector<SequenceOutput> seqs;
   RunStats stats;
+  /// One per GenerateOptions::shadow_kv_dtypes, in that order.
+  std::vector<ShadowError> shadow_errors;
 };
 
 /// Generates for every prompt, as one batch, with cache `mode`.
@@ -77,7 +84,8 @@ struct GenerateResult {
 /// steps < 1, block_size < 1, temperature < 0 or not finite, a token id is out of range, or the
 /// page pool (sequences x ceil(steps / block_size) blocks, paged and none) would exceed 8 GiB;
 /// with options.device == Device::kCuda, as make_kv_backend (no device, another mode, a
-/// geometry the CUDA kernels do not support).
+/// geometry the CUDA kernels do not support); with shadow_kv_dtypes, if the mode is not paged
+/// or the device not the CPU, and as ShadowKVBackend.
 [[nodiscard]] GenerateResult generate(LlamaModel& model,
                                       const std::vector<std::vector<TokenId>>& prompts,
                                       CacheMode mode, const GenerateOptions& options);
@@ -100,6 +108,10 @@ struct Agreement {
   /// NaN against a number (or +inf against -inf) counts as +infinity, NaN against NaN and equal
   /// infinities as 0. -1 when either run did not record logits.
   double max_abs_logit_diff = -1;
+  /// Mean |logit_a - logit_b| over the same logits (every vocabulary entry of every compared
+  /// position), the same NaN and infinity rules; -1 when either run did not record logits, 0
+  /// when no position was comparable.
+  double mean_abs_logit_diff = -1;
   int64_t positions_compared = 0;
 };
 [[nodiscard]] Agreement compare_runs(const GenerateResult& a, const GenerateResult& b);

@@ -139,11 +139,29 @@ TEST(CompareRuns, LogitsOfAnotherShapeAreALengthMismatch) {
   EXPECT_EQ(g.length_seq, 1);
 }
 
+TEST(CompareRuns, MeanIsOverEveryComparedLogitAndOnlyThose) {
+  EXPECT_EQ(compare_runs(base(), base()).mean_abs_logit_diff, 0.0);
+  GenerateResult b = base();
+  b.seqs[0].logits[0] += 3.0f;  // row 0 of sequence 0
+  b.seqs[1].logits[4] -= 1.5f;  // row 1 of sequence 1
+  Agreement g = compare_runs(base(), b);
+  EXPECT_DOUBLE_EQ(g.mean_abs_logit_diff, (3.0 + 1.5) / (5 * kVocab));  // 5 rows x 3 entries
+  // Sequence 0 diverges at ids[2]: its row 1 (predicting ids[2]) still counts, its row 2 not.
+  b.seqs[0].ids[2] = 6;
+  b.seqs[0].logits[2 * kVocab + 1] += 100.0f;
+  g = compare_runs(base(), b);
+  EXPECT_EQ(g.positions_compared, 4);
+  EXPECT_DOUBLE_EQ(g.mean_abs_logit_diff, (3.0 + 1.5) / (4 * kVocab));
+  b.seqs[0].logits[5] = kNaN;  // NaN against a number: an infinite difference, in the mean too
+  EXPECT_EQ(compare_runs(base(), b).mean_abs_logit_diff, kInf);
+}
+
 TEST(CompareRuns, MissingLogitsAreNotCompared) {
   GenerateResult b = base();
   b.seqs[0].logits.clear();
   const Agreement g = compare_runs(base(), b);
   EXPECT_EQ(g.max_abs_logit_diff, -1.0);
+  EXPECT_EQ(g.mean_abs_logit_diff, -1.0);
   EXPECT_TRUE(g.same_lengths);
 }
 
