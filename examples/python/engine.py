@@ -59,9 +59,11 @@ class Engine:
             raise ValueError(f"max_num_batched_tokens = {max_num_batched_tokens}, "
                              f"max_num_seqs = {max_num_seqs}: both must be >= 1")
         self.model = model
+        # Longest sequence: the model's context, or what the pool can hold if that is less.
+        max_len = min(model.cfg.seq_len, num_blocks * block_size) if num_blocks > 0 else 0
         self.mgr = pk.KVCacheManager(pk.KVCacheManagerConfig(
             num_blocks, block_size, enable_prefix_caching=enable_prefix_caching,
-            max_model_len=model.cfg.seq_len))
+            max_model_len=max_len))
         self.pools = model.new_pools(num_blocks, block_size)
         self.max_tokens, self.max_seqs = max_num_batched_tokens, max_num_seqs
         self.keep_logits = keep_logits
