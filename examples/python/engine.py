@@ -64,7 +64,8 @@ class Engine:
         self.mgr = pk.KVCacheManager(pk.KVCacheManagerConfig(
             num_blocks, block_size, enable_prefix_caching=enable_prefix_caching,
             max_model_len=max_len))
-        self.pools = model.new_pools(num_blocks, block_size)
+        self.pools = model.new_pools(num_blocks, block_size)  # owned here, torch or numpy
+        self.kpools = model.kernel_pools(self.pools)
         self.max_tokens, self.max_seqs = max_num_batched_tokens, max_num_seqs
         self.keep_logits = keep_logits
         self.waiting: collections.deque[Request] = collections.deque()
@@ -109,7 +110,7 @@ class Engine:
             res = self.mgr.append_tokens(req.rid, want)
             if res is not None:
                 if len(res.copies):
-                    pk.copy_blocks(self.pools, res.copies)
+                    pk.copy_blocks(self.kpools, res.copies)
                 return True
             if self._preempt_newest() is req:
                 return False
@@ -184,7 +185,7 @@ class Engine:
                                          [n for _, n in prefill]) if prefill else None
         ends = np.cumsum([n for _, n in order])
         rows = np.arange(len(tokens)) if self.keep_logits else ends - 1
-        logits = self.model.forward(self.pools, tokens.astype(np.int64),
+        logits = self.model.forward(self.kpools, tokens.astype(np.int64),
                                     positions.astype(np.int64), meta_d, meta_p, rows)
         for i, (req, n) in enumerate(order):
             if self.keep_logits:

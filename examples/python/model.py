@@ -36,12 +36,28 @@ def rope_tables(cfg: Config) -> tuple[np.ndarray, np.ndarray]:
     return np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
 
 
+def rotation_matrices(cfg: Config) -> np.ndarray:
+    """R [seq_len, hd, hd] float32 with row-vector convention (x @ R[pos]): for each pair
+    (2j, 2j + 1), out[2j] = x[2j] cos - x[2j+1] sin, out[2j+1] = x[2j] sin + x[2j+1] cos."""
+    cos, sin = rope_tables(cfg)
+    hd = cfg.head_dim
+    r = np.zeros((cfg.seq_len, hd, hd), dtype=np.float32)
+    e, o = np.arange(0, hd, 2), np.arange(1, hd, 2)
+    r[:, e, e], r[:, o, e] = cos, -sin
+    r[:, e, o], r[:, o, o] = sin, cos
+    return r
+
+
 class Llama:
     """The model's weights on one device, in torch tensors (``backend="torch"``, on ``device``)
-    or numpy arrays (``backend="numpy"``, CPU only)."""
+    or numpy arrays (``backend="numpy"``, CPU only). Stored for few operations per layer:
+    every matrix transposed once (x @ W), w1|w3 fused into one [dim, 2 hidden], and RoPE as a
+    batched product with a block-diagonal
+    rotation per position (the pairs' 2x2 rotations, zeros elsewhere: the same two products
+    and sum per element as run.c)."""
 
     def __init__(self, cfg: Config, weights: dict[str, np.ndarray], *, backend: str = "auto",
-                 device: str = "cpu"):
+                 device: str = "cpu", numpy_views: bool = True):
         if backend == "auto":
             backend = "torch" if torch is not None else "numpy"
         if backend not in ("torch", "numpy"):
@@ -51,20 +67,26 @@ class Llama:
         if backend == "numpy" and device != "cpu":
             raise ValueError(f"device = {device!r}: the numpy backend runs on the CPU only")
         self.cfg, self.backend, self.device = cfg, backend, device
-        cos, sin = rope_tables(cfg)
-        tensors = dict(weights, rope_cos=cos, rope_sin=sin)
-        # Transposed once, so every product is x @ W with W [in, out].
-        for name in ("wq", "wk", "wv", "wo", "w1", "w2", "w3"):
-            tensors[name] = np.ascontiguousarray(np.swapaxes(weights[name], 1, 2))
-        tensors["wcls"] = np.ascontiguousarray(weights["wcls"].T)
-        self.w = {k: self.array(v) for k, v in tensors.items()}
+        # CPU torch tensors reach pagedkv as numpy views of their memory (Tensor.numpy(), no
+        # copy): torch 1.13's __dlpack__ is Python code costing ~7 us a tensor, numpy's is C.
+        self.numpy_views = numpy_views and backend == "torch" and device == "cpu"
+        self.lib = np if backend == "numpy" else torch
+        t = lambda name: np.swapaxes(weights[name], 1, 2)  # noqa: E731  [L, in, out]
+        host = {
+            "tok_embeddings": weights["tok_embeddings"],
+            "rms_att": weights["rms_att"], "rms_ffn": weights["rms_ffn"],
+            "rms_final": weights["rms_final"],
+            "wq": t("wq"), "wk": t("wk"), "wv": t("wv"),
+            "wo": t("wo"), "w13": np.concatenate([t("w1"), t("w3")], axis=2), "w2": t("w2"),
+            "wcls": weights["wcls"].T, "rope": rotation_matrices(cfg),
+        }
+        self.w = {k: self.array(v) for k, v in host.items()}
 
     # --- the two backends -------------------------------------------------------------------
     def array(self, a: np.ndarray):
-        """numpy -> this backend's array on its device (a copy only off the CPU)."""
-        if self.backend == "numpy":
-            return a
-        return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+        """numpy -> this backend's array on its device (contiguous float32 or int64)."""
+        a = np.ascontiguousarray(a)
+        return a if self.backend == "numpy" else torch.from_numpy(a).to(self.device)
 
     def empty(self, *shape):
         if self.backend == "numpy":
@@ -79,23 +101,20 @@ class Llama:
     def to_numpy(self, a) -> np.ndarray:
         return a if self.backend == "numpy" else a.cpu().numpy()
 
+    def kernel_arg(self, t):
+        """What a pagedkv op is given for tensor t: t itself (DLPack), or its numpy view."""
+        return t.numpy() if self.numpy_views else t
+
     def _rmsnorm(self, x, weight):
-        ms = (x * x).sum(-1)[:, None] / self.cfg.dim + 1e-5
-        lib = np if self.backend == "numpy" else torch
-        return weight * (x / lib.sqrt(ms))
+        if self.backend == "torch":
+            return x * torch.rsqrt(torch.mean(x * x, -1, keepdim=True).add_(1e-5)) * weight
+        return weight * (x / np.sqrt((x * x).sum(-1)[:, None] / self.cfg.dim + 1e-5))
 
-    def _silu(self, x):
-        lib = np if self.backend == "numpy" else torch
-        return x / (1.0 + lib.exp(-x))
-
-    def _rope(self, x, cos, sin):
-        """x [T, heads, hd] rotated in adjacent pairs; cos, sin [T, 1, hd / 2]."""
-        pairs = x.reshape(x.shape[0], x.shape[1], -1, 2)
-        a, b = pairs[..., 0], pairs[..., 1]
-        out = self.empty(*pairs.shape)
-        out[..., 0] = a * cos - b * sin
-        out[..., 1] = a * sin + b * cos
-        return out.reshape(x.shape)
+    def _silu_mul(self, gate_up):
+        a, b = gate_up[:, :self.cfg.hidden_dim], gate_up[:, self.cfg.hidden_dim:]
+        if self.backend == "torch":
+            return torch.nn.functional.silu(a) * b
+        return a / (1.0 + np.exp(-a)) * b
 
     # --- the step ---------------------------------------------------------------------------
     def new_pools(self, num_blocks: int, block_size: int) -> list[tuple]:
@@ -106,36 +125,44 @@ class Llama:
         return [(self.full(shape, float("nan")), self.full(shape, float("nan")))
                 for _ in range(self.cfg.n_layers)]
 
-    def forward(self, pools, tokens: np.ndarray, positions: np.ndarray, decode_meta,
+    def kernel_pools(self, pools: list[tuple]) -> list[tuple]:
+        """The pools as the pagedkv ops are given them (see kernel_arg); same memory."""
+        return [(self.kernel_arg(k), self.kernel_arg(v)) for k, v in pools]
+
+    def forward(self, kpools, tokens: np.ndarray, positions: np.ndarray, decode_meta,
                 prefill_meta, logit_rows: np.ndarray) -> np.ndarray:
         """One step. tokens, positions [T] int64: the decode rows (decode_meta's sequences, one
         each) first, then the prefill rows (prefill_meta's, by its query_start_loc); either
         meta may be None when it has no rows. Writes the rows' K/V at the metas' slot_mapping,
-        returns logits [len(logit_rows), vocab] float32 of the rows logit_rows."""
+        returns logits [len(logit_rows), vocab] float32 of the rows logit_rows. kpools: the
+        pools from kernel_pools."""
         cfg, w = self.cfg, self.w
-        T, hd = len(tokens), cfg.head_dim
+        T, hd, H, KV = len(tokens), cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
         n_dec = 0 if decode_meta is None else len(decode_meta.seq_lens)
         slots = [m.slot_mapping for m in (decode_meta, prefill_meta) if m is not None]
-        slot_mapping = self.array(np.concatenate(slots).astype(np.int64))
-        cos = w["rope_cos"][self.array(positions)][:, None, :]
-        sin = w["rope_sin"][self.array(positions)][:, None, :]
+        slot_mapping = np.concatenate(slots).astype(np.int64)
+        if not self.numpy_views:
+            slot_mapping = self.array(slot_mapping)
+        arg = self.kernel_arg
+        rope = w["rope"][self.array(positions)]  # [T, hd, hd]
         x = w["tok_embeddings"][self.array(tokens)]
         for layer in range(cfg.n_layers):
-            k_cache, v_cache = pools[layer]
+            k_cache, v_cache = kpools[layer]
             h = self._rmsnorm(x, w["rms_att"][layer])
-            q = self._rope((h @ w["wq"][layer]).reshape(T, cfg.n_heads, hd), cos, sin)
-            k = self._rope((h @ w["wk"][layer]).reshape(T, cfg.n_kv_heads, hd), cos, sin)
-            v = (h @ w["wv"][layer]).reshape(T, cfg.n_kv_heads, hd)
-            pk.write_kv(k, v, k_cache, v_cache, slot_mapping)
-            att = self.empty(T, cfg.n_heads, hd)
+            # Separate products: write_kv and attention take C-contiguous q, k, v.
+            q = self.lib.matmul((h @ w["wq"][layer]).reshape(T, H, hd), rope)
+            k = self.lib.matmul((h @ w["wk"][layer]).reshape(T, KV, hd), rope)
+            v = (h @ w["wv"][layer]).reshape(T, KV, hd)
+            pk.write_kv(arg(k), arg(v), k_cache, v_cache, slot_mapping)
+            att = self.empty(T, H, hd)
             if n_dec:
-                pk.paged_decode_attention(q[:n_dec], k_cache, v_cache, decode_meta,
-                                          out=att[:n_dec])
+                pk.paged_decode_attention(arg(q[:n_dec]), k_cache, v_cache, decode_meta,
+                                          out=arg(att[:n_dec]))
             if n_dec < T:
-                pk.paged_prefill_attention(q[n_dec:], k_cache, v_cache, prefill_meta,
-                                           out=att[n_dec:])
+                pk.paged_prefill_attention(arg(q[n_dec:]), k_cache, v_cache, prefill_meta,
+                                           out=arg(att[n_dec:]))
             x = x + att.reshape(T, cfg.dim) @ w["wo"][layer]
             h = self._rmsnorm(x, w["rms_ffn"][layer])
-            x = x + (self._silu(h @ w["w1"][layer]) * (h @ w["w3"][layer])) @ w["w2"][layer]
+            x = x + self._silu_mul(h @ w["w13"][layer]) @ w["w2"][layer]
         x = self._rmsnorm(x[self.array(logit_rows)], w["rms_final"])
         return self.to_numpy(x @ w["wcls"])
