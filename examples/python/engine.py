@@ -33,7 +33,8 @@ BOS = 1
 @dataclasses.dataclass
 class Request:
     """A generation request: ``prompt`` token ids (BOS first), at most ``max_new_tokens``
-    sampled tokens; it also stops when it samples BOS (as run.c) or reaches seq_len positions."""
+    sampled tokens in ``output``; it also stops when it samples BOS (as run.c; the BOS is not
+    kept) or reaches seq_len positions."""
     rid: int
     prompt: list[int]
     max_new_tokens: int
@@ -198,9 +199,12 @@ class Engine:
         self.num_steps += 1
 
     def _sample(self, req: Request, logits: np.ndarray) -> None:
+        """Greedy: argmax (the first maximum). BOS ends the request and is not kept (run.c);
+        so do max_new_tokens and the model's seq_len positions."""
         token = int(np.argmax(logits))
-        req.output.append(token)
-        if (len(req.output) >= req.max_new_tokens or token == BOS
+        if token != BOS:
+            req.output.append(token)
+        if (token == BOS or len(req.output) >= req.max_new_tokens
                 or len(req.tokens) > self.model.cfg.seq_len):
             req.status = "finished"
             self.running.remove(req)

@@ -48,39 +48,59 @@ def rotation_matrices(cfg: Config) -> np.ndarray:
     return r
 
 
+BACKENDS = ("torch", "numpy+torch", "numpy")
+
+
 class Llama:
-    """The model's weights on one device, in torch tensors (``backend="torch"``, on ``device``)
-    or numpy arrays (``backend="numpy"``, CPU only). Stored for few operations per layer:
-    every matrix transposed once (x @ W), w1|w3 fused into one [dim, 2 hidden], and RoPE as a
-    batched product with a block-diagonal
-    rotation per position (the pairs' 2x2 rotations, zeros elsewhere: the same two products
-    and sum per element as run.c)."""
+    """The model's weights and the step's arithmetic on one of three backends:
+    ``"torch"``: everything in torch tensors on ``device`` (the one for CUDA);
+    ``"numpy+torch"``: activations in numpy, the matrix products by torch (CPU; the fastest
+    for a model this small: numpy's per-operation cost is lower than torch 1.13's, its
+    reference BLAS slower); ``"numpy"``: numpy only (no torch needed). ``"auto"``: torch on a
+    GPU, numpy+torch on the CPU, numpy without torch.
+    Stored for few operations per layer: every matrix transposed once (x @ W), w1|w3 fused into
+    one [dim, 2 hidden], and RoPE as one batched product with a block-diagonal rotation per
+    position (the pairs' 2x2 rotations, zeros elsewhere: the same two products and sum per
+    element as run.c)."""
 
     def __init__(self, cfg: Config, weights: dict[str, np.ndarray], *, backend: str = "auto",
                  device: str = "cpu", numpy_views: bool = True):
         if backend == "auto":
-            backend = "torch" if torch is not None else "numpy"
-        if backend not in ("torch", "numpy"):
-            raise ValueError(f"backend = {backend!r}: expected 'torch', 'numpy' or 'auto'")
-        if backend == "torch" and torch is None:
-            raise ValueError("backend = 'torch' but torch is not importable")
-        if backend == "numpy" and device != "cpu":
-            raise ValueError(f"device = {device!r}: the numpy backend runs on the CPU only")
-        self.cfg, self.backend, self.device = cfg, backend, device
+            backend = "numpy" if torch is None else "torch" if device != "cpu" else "numpy+torch"
+        if backend not in BACKENDS:
+            raise ValueError(f"backend = {backend!r}: expected one of {BACKENDS} or 'auto'")
+        if backend != "numpy" and torch is None:
+            raise ValueError(f"backend = {backend!r} but torch is not importable")
+        if backend != "torch" and device != "cpu":
+            raise ValueError(f"device = {device!r}: the {backend} backend runs on the CPU only")
+        self.cfg, self.device = cfg, device
+        self.backend = "torch" if backend == "torch" else "numpy"  # the activations' library
+        self.torch_products = backend != "numpy"
         # CPU torch tensors reach pagedkv as numpy views of their memory (Tensor.numpy(), no
         # copy): torch 1.13's __dlpack__ is Python code costing ~7 us a tensor, numpy's is C.
         self.numpy_views = numpy_views and backend == "torch" and device == "cpu"
-        self.lib = np if backend == "numpy" else torch
+        self.lib = np if self.backend == "numpy" else torch
         t = lambda name: np.swapaxes(weights[name], 1, 2)  # noqa: E731  [L, in, out]
-        host = {
-            "tok_embeddings": weights["tok_embeddings"],
+        vectors = {
+            "tok_embeddings": weights["tok_embeddings"], "rope": rotation_matrices(cfg),
             "rms_att": weights["rms_att"], "rms_ffn": weights["rms_ffn"],
             "rms_final": weights["rms_final"],
-            "wq": t("wq"), "wk": t("wk"), "wv": t("wv"),
-            "wo": t("wo"), "w13": np.concatenate([t("w1"), t("w3")], axis=2), "w2": t("w2"),
-            "wcls": weights["wcls"].T, "rope": rotation_matrices(cfg),
         }
-        self.w = {k: self.array(v) for k, v in host.items()}
+        matrices = {"wq": t("wq"), "wk": t("wk"), "wv": t("wv"), "wo": t("wo"),
+                    "w13": np.concatenate([t("w1"), t("w3")], axis=2), "w2": t("w2"),
+                    "wcls": weights["wcls"].T}
+        self.w = {k: self.array(v) for k, v in vectors.items()}
+        self.w.update({k: self._matrix(v) for k, v in matrices.items()})
+
+    def _matrix(self, a: np.ndarray):
+        a = np.ascontiguousarray(a)
+        return torch.from_numpy(a).to(self.device) if self.torch_products else a
+
+    def mm(self, x, w):
+        """x @ w: by torch for numpy activations under numpy+torch (zero-copy both ways)."""
+        if self.torch_products and self.backend == "numpy":
+            return (torch.from_numpy(x) @ w).numpy()
+        return x @ w
 
     # --- the two backends -------------------------------------------------------------------
     def array(self, a: np.ndarray):
@@ -150,9 +170,9 @@ class Llama:
             k_cache, v_cache = kpools[layer]
             h = self._rmsnorm(x, w["rms_att"][layer])
             # Separate products: write_kv and attention take C-contiguous q, k, v.
-            q = self.lib.matmul((h @ w["wq"][layer]).reshape(T, H, hd), rope)
-            k = self.lib.matmul((h @ w["wk"][layer]).reshape(T, KV, hd), rope)
-            v = (h @ w["wv"][layer]).reshape(T, KV, hd)
+            q = self.lib.matmul(self.mm(h, w["wq"][layer]).reshape(T, H, hd), rope)
+            k = self.lib.matmul(self.mm(h, w["wk"][layer]).reshape(T, KV, hd), rope)
+            v = self.mm(h, w["wv"][layer]).reshape(T, KV, hd)
             pk.write_kv(arg(k), arg(v), k_cache, v_cache, slot_mapping)
             att = self.empty(T, H, hd)
             if n_dec:
@@ -161,8 +181,8 @@ class Llama:
             if n_dec < T:
                 pk.paged_prefill_attention(arg(q[n_dec:]), k_cache, v_cache, prefill_meta,
                                            out=arg(att[n_dec:]))
-            x = x + att.reshape(T, cfg.dim) @ w["wo"][layer]
+            x = x + self.mm(att.reshape(T, cfg.dim), w["wo"][layer])
             h = self._rmsnorm(x, w["rms_ffn"][layer])
-            x = x + self._silu_mul(h @ w["w13"][layer]) @ w["w2"][layer]
+            x = x + self.mm(self._silu_mul(self.mm(h, w["w13"][layer])), w["w2"][layer])
         x = self._rmsnorm(x[self.array(logit_rows)], w["rms_final"])
-        return self.to_numpy(x @ w["wcls"])
+        return self.to_numpy(self.mm(x, w["wcls"]))

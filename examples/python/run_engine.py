@@ -40,7 +40,7 @@ def parse_args(argv):
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=256)
     p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--backend", choices=["auto", "torch", "numpy"], default="auto")
+    p.add_argument("--backend", choices=["auto", "torch", "numpy+torch", "numpy"], default="auto")
     p.add_argument("--device", default="cpu", help="cpu, or cuda with torch on a GPU")
     p.add_argument("--json", action="store_true")
     return p.parse_args(argv)

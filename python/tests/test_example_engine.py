@@ -147,10 +147,15 @@ def test_chunked_prefill_of_a_long_prompt(model):
     assert np.abs(got - ref_logits[:119]).max() < LOGIT_TOL
 
 
-def test_numpy_backend_matches(model):
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_other_backends_match(backend):
+    """The default fixture runs numpy+torch; numpy alone, and torch tensors throughout (the
+    CUDA path's code, here on the CPU) give the same ids and logits."""
+    if backend == "torch":
+        pytest.importorskip("torch", reason="torch is not installed: the torch backend skips")
     cfg, weights = read_checkpoint(MODEL)
     ref, ref_logits = reference(CASES[0])
-    eng = Engine(Llama(cfg, weights, backend="numpy"), num_blocks=16, block_size=16,
+    eng = Engine(Llama(cfg, weights, backend=backend), num_blocks=16, block_size=16,
                  keep_logits=True)
     req = eng.submit(0, ref["prompt_token_ids"], 60)
     eng.run()
@@ -179,6 +184,8 @@ def test_bad_requests_raise(model):
         eng.submit(0, [1, 2], 0)
     with pytest.raises(ValueError, match="max_num_batched_tokens = 0"):
         Engine(model, num_blocks=4, max_num_batched_tokens=0)
+    with pytest.raises(ValueError, match="device = 'cuda': the numpy backend runs on the CPU"):
+        Llama(model.cfg, read_checkpoint(MODEL)[1], backend="numpy", device="cuda")
     with pytest.raises(ValueError, match="backend = 'jax'"):
         Llama(model.cfg, read_checkpoint(MODEL)[1], backend="jax")
     with pytest.raises(ValueError, match="num_blocks must be >= 1, got 0"):  # the manager's
