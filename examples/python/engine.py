@@ -168,6 +168,8 @@ class Engine:
 
     # --- the step ---------------------------------------------------------------------------
     def step(self) -> None:
+        """One scheduled forward pass; a RuntimeError when nothing can run although requests
+        wait (a block budget below one request's first chunk)."""
         plan = self.schedule()
         if not plan:
             if self.running or self.waiting:
@@ -177,17 +179,10 @@ class Engine:
         decode = [(r, n) for r, n in plan if n == 1]
         prefill = [(r, n) for r, n in plan if n > 1]
         order = decode + prefill
-        tokens = np.concatenate([r.tokens[r.num_computed:r.num_computed + n] for r, n in order])
-        positions = np.concatenate([np.arange(r.num_computed, r.num_computed + n)
-                                    for r, n in order])
-        meta_d = self.mgr.batch_metadata([r.rid for r, _ in decode], [1] * len(decode)) \
-            if decode else None
-        meta_p = self.mgr.batch_metadata([r.rid for r, _ in prefill],
-                                         [n for _, n in prefill]) if prefill else None
         ends = np.cumsum([n for _, n in order])
-        rows = np.arange(len(tokens)) if self.keep_logits else ends - 1
-        logits = self.model.forward(self.kpools, tokens.astype(np.int64),
-                                    positions.astype(np.int64), meta_d, meta_p, rows)
+        rows = np.arange(ends[-1]) if self.keep_logits else ends - 1
+        logits = self.model.forward(self.kpools, *self._inputs(order), self._meta(decode),
+                                    self._meta(prefill), rows)
         for i, (req, n) in enumerate(order):
             if self.keep_logits:
                 for p in range(n):
@@ -197,6 +192,20 @@ class Engine:
             if req.num_computed == len(req.tokens):
                 self._sample(req, logits[ends[i] - 1 if self.keep_logits else i])
         self.num_steps += 1
+
+    @staticmethod
+    def _inputs(order) -> tuple[np.ndarray, np.ndarray]:
+        """tokens, positions [T] int64 of the scheduled rows, in order."""
+        tokens = np.concatenate([r.tokens[r.num_computed:r.num_computed + n] for r, n in order])
+        positions = np.concatenate([np.arange(r.num_computed, r.num_computed + n)
+                                    for r, n in order])
+        return tokens.astype(np.int64), positions.astype(np.int64)
+
+    def _meta(self, group):
+        """BatchMetadata of one group's sequences and new tokens, None for an empty group."""
+        if not group:
+            return None
+        return self.mgr.batch_metadata([r.rid for r, _ in group], [n for _, n in group])
 
     def _sample(self, req: Request, logits: np.ndarray) -> None:
         """Greedy: argmax (the first maximum). BOS ends the request and is not kept (run.c);
