@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Issue 21 item 6, both figures in one run, printed as one JSON object:
+
+1. per_call: the Python overhead of a decode call on a tiny problem. Times
+   ``pagedkv.paged_decode_attention`` on the geometry of benchmarks/bench_call_overhead.cpp's
+   BM_TinyDecode (1 sequence, 1 head, head_dim 8, one 16-token block, fp32 NHD pools of 4
+   blocks), from numpy arrays with explicit block_tables/seq_lens, from a BatchMetadata, and
+   from torch tensors (DLPack), and runs that C++ benchmark for the same call without Python.
+   overhead_us = python_us - cpp_us (goal <= 5).
+2. engine_vs_generate: the example engine's (examples/python) tokens/s vs ``pagedkv
+   generate --cache paged`` on the same model, prompts (batches of 1, 4, 16) and positions,
+   best of --repeat runs each, for each engine backend (numpy+torch, numpy, torch); ratio = engine /
+   generate (goal >= 0.5 on the CPU); same_ids: both generated the same tokens. Everything on
+   one thread (OMP/OpenBLAS/torch).
+
+    PYTHONPATH=build/python build-py-venv/bin/python scripts/bench_python.py \
+        --cpp-bench build/benchmarks/bench_call_overhead --cli build/src/cli/pagedkv
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+import pagedkv as pk  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "examples", "python"))
+
+PROMPTS = ["Once upon a time", "One day, a big bear", "Lily and Ben", "The little dog",
+           "Tom had a red ball", "The sun was hot", "Sue found a box", "A cat sat",
+           "Max liked to run", "The tree was tall", "Mia saw a bird", "Once there was a king",
+           "The boat was small", "Anna had a doll", "It was a rainy day", "The frog jumped"]
+BATCHES = (1, 4, 16)
+
+
+def best_us(fn, calls: int, repeats: int = 7) -> float:
+    """Best over repeats of the mean time of one fn() in microseconds."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+def per_call(cpp_bench: str | None, calls: int) -> dict:
+    k = np.full((4, 16, 1, 8), 0.25, dtype=np.float32)
+    v = np.full((4, 16, 1, 8), 0.5, dtype=np.float32)
+    q = np.ones((1, 1, 8), dtype=np.float32)
+    out = np.empty_like(q)
+    tables = np.array([[2]], dtype=np.int32)
+    lens = np.array([16], dtype=np.int32)
+    res: dict = {"geometry": "1 seq, 1 head, head_dim 8, ctx 16, block_size 16, fp32 NHD"}
+    res["python_numpy_tables_us"] = best_us(
+        lambda: pk.paged_decode_attention(q, k, v, tables, lens, out=out), calls)
+    mgr = pk.KVCacheManager(pk.KVCacheManagerConfig(4, 16))
+    mgr.add_sequence(0, list(range(16)))
+    meta = mgr.batch_metadata([0], [1])
+    res["python_numpy_meta_us"] = best_us(
+        lambda: pk.paged_decode_attention(q, k, v, meta, out=out), calls)
+    try:
+        import torch
+        tk, tv, tq, tout = (torch.from_numpy(a) for a in (k, v, q, out))
+        res["python_torch_meta_us"] = best_us(
+            lambda: pk.paged_decode_attention(tq, tk, tv, meta, out=tout), calls)
+    except ImportError:
+        res["python_torch_meta_us"] = None
+    if cpp_bench:
+        raw = subprocess.run([cpp_bench, "--benchmark_format=json",
+                              "--benchmark_repetitions=5"],
+                             check=True, capture_output=True, text=True).stdout
+        runs = [b for b in json.loads(raw)["benchmarks"] if b.get("run_type") == "iteration"]
+        res["cpp_us"] = min(b["real_time"] for b in runs) / 1e3  # time_unit ns
+        res["overhead_us"] = res["python_numpy_tables_us"] - res["cpp_us"]
+        res["overhead_meta_us"] = res["python_numpy_meta_us"] - res["cpp_us"]
+    return res
+
+
+def engine_run(prompts: list[str], steps: int, block_size: int, backend: str):
+    """(tokens/s, generated ids per prompt) of one engine run."""
+    import run_engine
+    from engine import Engine
+    model, tok = run_engine.load(os.path.join(REPO, "models", "stories260K.bin"),
+                                 os.path.join(REPO, "models", "tok512.bin"), backend)
+    eng = Engine(model, num_blocks=64 * len(prompts), block_size=block_size)
+    reqs = []
+    for i, text in enumerate(prompts):
+        ids = tok.encode(text)
+        reqs.append(eng.submit(i, ids, steps - len(ids) + 1))
+    t0 = time.perf_counter()
+    eng.run()
+    secs = time.perf_counter() - t0
+    return sum(len(r.output) for r in reqs) / secs, [r.output for r in reqs]
+
+
+def generate_run(cli: str, prompts: list[str], steps: int, block_size: int):
+    """(tokens/s, generated ids per prompt) of one `pagedkv generate --cache paged` run."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write("\n".join(prompts) + "\n")
+    try:
+        raw = subprocess.run([cli, "generate", "--cache", "paged", "--json", "--prompts",
+                              f.name, "--steps", str(steps), "--block-size", str(block_size)],
+                             check=True, capture_output=True, text=True).stdout
+    finally:
+        os.unlink(f.name)
+    j = json.loads(raw)
+    return j["modes"][0]["tokens_per_s"], [s["generated_ids"] for s in j["sequences"]]
+
+
+def engine_vs_generate(cli: str, steps: int, repeat: int, backends: list[str]) -> list[dict]:
+    try:
+        import torch
+        torch.set_num_threads(1)
+    except ImportError:
+        backends = [b for b in backends if b != "torch"]
+    rows = []
+    for n in BATCHES:
+        prompts = PROMPTS[:n]
+        g = [generate_run(cli, prompts, steps, 16) for _ in range(repeat)]
+        row = {"prompts": n, "positions": steps, "generate_tokens_per_s": max(t for t, _ in g),
+               "tokens": sum(len(ids) for ids in g[0][1])}
+        for backend in backends:
+            e = [engine_run(prompts, steps, 16, backend) for _ in range(repeat)]
+            row[f"engine_{backend}_tokens_per_s"] = max(t for t, _ in e)
+            row[f"ratio_{backend}"] = row[f"engine_{backend}_tokens_per_s"] / row[
+                "generate_tokens_per_s"]
+            row[f"same_ids_{backend}"] = e[0][1] == g[0][1]
+        rows.append(row)
+    return rows
+
+
+def cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description="issue 21 item 6 benchmarks (JSON on stdout)")
+    p.add_argument("--cpp-bench", help="build/benchmarks/bench_call_overhead")
+    p.add_argument("--cli", help="build/src/cli/pagedkv (for the engine comparison)")
+    p.add_argument("--steps", type=int, default=256, help="positions per sequence")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--calls", type=int, default=20000)
+    p.add_argument("--backends", default="numpy+torch,numpy,torch", help="the engine's, comma-separated")
+    a = p.parse_args()
+    out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "cpu": cpu_name(), "cores": os.cpu_count(), "python": sys.version.split()[0],
+           "numpy": np.__version__, "per_call": per_call(a.cpp_bench, a.calls)}
+    try:
+        import torch
+        out["torch"] = torch.__version__
+    except ImportError:
+        out["torch"] = None
+    if a.cli:
+        out["engine_vs_generate"] = engine_vs_generate(a.cli, a.steps, a.repeat,
+                                                         a.backends.split(","))
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
