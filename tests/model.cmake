@@ -71,6 +71,12 @@ add_test(NAME cli.generate.kv_nmse
   COMMAND pagedkv_cli generate --steps 60 --cache paged --kv-nmse)
 set_tests_properties(cli.generate.kv_nmse PROPERTIES LABELS cli
   PASS_REGULAR_EXPRESSION "KV storage error, teacher-forced[^\n]*\n  fp16 +NMSE [0-9][^\n]*\n  bf16 +NMSE [0-9][^\n]*\n  int8 +NMSE [0-9][^\n]*\n  fp8_e4m3 +NMSE [0-9][^\n]*\n  fp8_e5m2 +NMSE [0-9][^\n]*over [0-9]+ outputs\n")
+add_test(NAME cli.generate.kv_scale_headroom_range
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
+          "-DARGS=generate|--kv-dtype|int8|--kv-scale-headroom|0.5"
+          "-DSTDERR_REGEX=^pagedkv generate: --kv-scale-headroom[^\n]*0.5[^\n]*\n$"
+          -P ${_expect})
+set_tests_properties(cli.generate.kv_scale_headroom_range PROPERTIES LABELS cli)
 add_test(NAME cli.generate.kv_nmse_needs_fp32
   COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
           "-DARGS=generate|--steps|20|--kv-nmse|--kv-dtype|int8"

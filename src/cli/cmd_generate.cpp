@@ -51,6 +51,7 @@ struct Options {
   std::string device = "cpu";
   int32_t block_size = 16;
   std::string kv_dtype = "fp32";
+  float kv_scale_headroom = 1.0f;
   bool kv_nmse = false;
   bool json = false;
 };
@@ -366,6 +367,7 @@ void run_generate(const Options& o) {
   g.seed = o.seed;
   g.block_size = o.block_size;
   g.kv_dtype = parse_dtype(o.kv_dtype);  // validated by the option's check
+  g.kv_scale_headroom = o.kv_scale_headroom;
   const int64_t logit_bytes = static_cast<int64_t>(prompts.size()) * steps * cfg.vocab_size * 4;
   g.record_logits = modes.size() > 1 && logit_bytes <= kMaxLogitBytes;
   const model::GenerateOptions paged_options = with_shadows(o, g);  // after every field of g
@@ -493,6 +495,11 @@ void add_generate_command(CLI::App& app) {
           return std::string(e.what());
         }
       });
+  sub->add_option("--kv-scale-headroom", opts->kv_scale_headroom,
+                  "8-bit caches: calibrate scales as H x max |x| / format max on the prefill, "
+                  "leaving room for later tokens (1 = vLLM's calculate_kv_scales)")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0f, 65536.0f));
   sub->add_flag("--kv-nmse", opts->kv_nmse,
                 "measure each storage dtype's error on this run's real K/V: fp16, bf16, int8, "
                 "fp8_e4m3 and fp8_e5m2 shadow paged caches fed the same q/k/v as the fp32 paged "

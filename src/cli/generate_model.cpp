@@ -24,7 +24,6 @@ constexpr int64_t kMaxRandomFloats = int64_t{1} << 32;
 /// At most this many prompts from --prompts (each gets a full-length paged pool share).
 constexpr size_t kMaxPrompts = 1024;
 
-
 /// The folders searched for the default model, in order: the installed copy beside this
 /// executable (<prefix>/bin/pagedkv -> <prefix>/share/pagedkv/models), then models/ of the source
 /// tree it was built from (in a build tree, build/src/cli/pagedkv has no share/ beside it).

@@ -194,6 +194,7 @@ GenerateResult generate(LlamaModel& model, const std::vector<std::vector<TokenId
   KVBackendConfig backend_config =
       model.backend_config(opt.block_size, static_cast<int32_t>(pool.blocks));
   if (mode == CacheMode::kPaged) backend_config.kv_dtype = opt.kv_dtype;
+  backend_config.kv_scale_headroom = opt.kv_scale_headroom;
   std::unique_ptr<KVBackend> backend = make_kv_backend(mode, backend_config, opt.device);
   const ShadowKVBackend* shadow = nullptr;
   if (!opt.shadow_kv_dtypes.empty()) {

@@ -31,6 +31,8 @@ struct GenerateOptions {
   /// Storage dtype of the paged mode's KV (the contiguous and none modes stay fp32, so a run of
   /// all three measures what an 8-bit or 16-bit paged cache changes).
   DType kv_dtype = DType::kF32;
+  /// Calibration headroom of 8-bit pools (KVCacheConfig::calibration_headroom), shadows included.
+  float kv_scale_headroom = 1.0f;
   /// Teacher-forced storage error (kv_shadow.hpp): with the paged mode on the CPU, one shadow
   /// paged cache per dtype here is fed the same q/k/v as the run's cache, and the NMSE of its
   /// attention outputs is reported in GenerateResult::shadow_errors. Empty: none.

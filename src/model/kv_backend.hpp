@@ -58,6 +58,8 @@ struct KVBackendConfig {
   /// Storage dtype of the paged mode's pools (the 8-bit ones calibrate their per-tensor scales
   /// on the first prefill, HostKVCache::write); the other modes keep fp32.
   DType kv_dtype = DType::kF32;
+  /// KVCacheConfig::calibration_headroom of the 8-bit pools (>= 1).
+  float kv_scale_headroom = 1.0f;
 };
 
 /// One forward step's attention for a batch of sequences.

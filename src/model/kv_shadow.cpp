@@ -13,8 +13,7 @@ double ShadowError::nmse() const {
   return sum_sq_reference > 0 ? sum_sq_error / sum_sq_reference : 0.0;
 }
 
-ShadowKVBackend::ShadowKVBackend(std::unique_ptr<KVBackend> primary,
-                                 const KVBackendConfig& config,
+ShadowKVBackend::ShadowKVBackend(std::unique_ptr<KVBackend> primary, const KVBackendConfig& config,
                                  const std::vector<DType>& shadow_dtypes)
     : primary_(std::move(primary)) {
   if (!primary_) throw Error("kv shadow: the primary backend is null");

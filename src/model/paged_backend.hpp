@@ -44,8 +44,10 @@ inline AttentionParams attention_params(const KVBackendConfig& c) {
 
 /// HND pools of c.kv_dtype in the default placement for the backend's geometry.
 inline KVCacheConfig storage_config(const KVBackendConfig& c) {
-  return KVCacheConfig{c.num_layers, c.num_blocks, c.block_size,  c.num_kv_heads,
-                       c.head_dim,   c.kv_dtype,   KVLayout::kHND};
+  KVCacheConfig s{c.num_layers, c.num_blocks, c.block_size,  c.num_kv_heads,
+                  c.head_dim,   c.kv_dtype,   KVLayout::kHND};
+  s.calibration_headroom = c.kv_scale_headroom;
+  return s;
 }
 
 /// The paged backends' begin_step bookkeeping: manager.append_slots for every sequence, handing

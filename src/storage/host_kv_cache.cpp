@@ -117,8 +117,9 @@ void HostKVCache::write(int32_t layer, std::span<const Slot> slot_mapping, std::
     const int64_t token_elems = int64_t{config_.num_kv_heads} * config_.head_dim;
     if (static_cast<int64_t>(k.size()) == static_cast<int64_t>(slot_mapping.size()) * token_elems &&
         k.size() == v.size()) {
-      const KVScales s = calibrate_kv_scales(config_.dtype, config_.scale_granularity,
-                                             config_.num_kv_heads, config_.head_dim, k, v);
+      const KVScales s =
+          calibrate_kv_scales(config_.dtype, config_.scale_granularity, config_.num_kv_heads,
+                              config_.head_dim, k, v, config_.calibration_headroom);
       const std::vector<float> saved = scales_;
       const size_t heads = static_cast<size_t>(config_.num_kv_heads);
       std::copy(s.k.begin(), s.k.end(),

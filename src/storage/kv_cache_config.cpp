@@ -1,5 +1,6 @@
 #include "pagedkv/storage/kv_cache_config.hpp"
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -38,6 +39,9 @@ void validate(const KVCacheConfig& c) {
   PAGEDKV_CHECK(
       granularity_raw >= 0 && granularity_raw <= static_cast<int>(KVScaleGranularity::kPerHead),
       "KVCacheConfig: unknown scale_granularity value {}", granularity_raw);
+  PAGEDKV_CHECK(std::isfinite(c.calibration_headroom) && c.calibration_headroom >= 1.0f,
+                "KVCacheConfig: calibration_headroom must be finite and >= 1, got {}",
+                c.calibration_headroom);
   // Four int32 factors can reach 2^124: check every partial product so that pool_elements() and
   // kv_cache_bytes() (which multiply without checks, being constexpr helpers) cannot overflow.
   int64_t n = c.num_blocks;

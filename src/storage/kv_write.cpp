@@ -67,12 +67,15 @@ void detail::write_slots(const KVLayerView& cache, std::span<const Slot> slot_ma
 }
 
 KVScales calibrate_kv_scales(DType dtype, KVScaleGranularity granularity, int32_t num_kv_heads,
-                             int32_t head_dim, std::span<const float> k, std::span<const float> v) {
+                             int32_t head_dim, std::span<const float> k, std::span<const float> v,
+                             float headroom) {
   constexpr const char* kFn = "calibrate_kv_scales";
   PAGEDKV_CHECK(dtype_is_quantized(dtype), "{}: dtype {} has no scales (8-bit dtypes only)", kFn,
                 dtype_name(dtype));
   PAGEDKV_CHECK(num_kv_heads >= 1 && head_dim >= 1,
                 "{}: num_kv_heads {} and head_dim {} must be >= 1", kFn, num_kv_heads, head_dim);
+  PAGEDKV_CHECK(std::isfinite(headroom) && headroom >= 1.0f,
+                "{}: headroom must be finite and >= 1, got {}", kFn, headroom);
   const int64_t token_elems = int64_t{num_kv_heads} * head_dim;
   PAGEDKV_CHECK(k.size() == v.size() && static_cast<int64_t>(k.size()) % token_elems == 0,
                 "{}: k has {} and v {} elements; both must be the same multiple of {} (kv heads "
@@ -99,8 +102,11 @@ KVScales calibrate_kv_scales(DType dtype, KVScaleGranularity granularity, int32_
     }
     // A subnormal max would divide to 0: the smallest normal float keeps the scale valid.
     for (float& m : maxes) {
-      m = m > 0.0f ? std::max(m / dtype_max_finite(dtype), std::numeric_limits<float>::min())
-                   : 1.0f;
+      // Clamped to the largest float: a huge max times the headroom must stay a valid scale.
+      m = m > 0.0f
+              ? std::clamp(m / dtype_max_finite(dtype) * headroom,
+                           std::numeric_limits<float>::min(), std::numeric_limits<float>::max())
+              : 1.0f;
     }
     (kv == 0 ? s.k : s.v) = std::move(maxes);
   }

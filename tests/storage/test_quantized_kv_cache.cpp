@@ -154,6 +154,50 @@ TEST(QuantizedKVCache, FirstWriteCalibratesPerTensorOrPerHead) {
       ThrowsMessage<Error>(HasSubstr("k has 4 and v 2 elements")));
 }
 
+TEST(QuantizedKVCache, CalibrationHeadroomScalesTheMaxAndLeavesRoomAboveIt) {
+  // K peaks at |-8|, V at 4 (the batch of FirstWriteCalibratesPerTensorOrPerHead, one head).
+  const std::vector<float> k = {1, -8, 2, 2, 0, 1}, v = {0.5f, 0, 0, 4, 0, 0};
+  KVCacheConfig c = config(DType::kInt8);
+  c.calibration_headroom = 2.0f;
+  HostKVCache cache(c);
+  cache.write(0, std::vector<Slot>{3}, k, v);
+  // With 2 kv heads of 3 dims per token in config(): k holds one token of both heads.
+  EXPECT_THAT(cache.scales(0, false), ElementsAre(2.0f * 8 / 127, 2.0f * 8 / 127));
+  EXPECT_THAT(cache.scales(0, true), ElementsAre(2.0f * 4 / 127, 2.0f * 4 / 127));
+  // A later K of 15 (under 2 x 8) is stored unsaturated: round(15 / (16 / 127)) = 119.
+  cache.write(0, std::vector<Slot>{4}, std::vector<float>{15, 0, 0, 0, 0, 0},
+              std::vector<float>(6, 0.0f));
+  const auto* kb = static_cast<const int8_t*>(cache.layer(0).k);
+  EXPECT_EQ(kb[cache.layer(0).slot_offset(0, 4)], 119);
+  // Headroom 1 saturates the same value at 127.
+  HostKVCache tight(config(DType::kInt8));
+  tight.write(0, std::vector<Slot>{3}, k, v);
+  tight.write(0, std::vector<Slot>{4}, std::vector<float>{15, 0, 0, 0, 0, 0},
+              std::vector<float>(6, 0.0f));
+  EXPECT_EQ(static_cast<const int8_t*>(tight.layer(0).k)[tight.layer(0).slot_offset(0, 4)], 127);
+  // The free function: exactly headroom x max / format max; a huge max stays a finite scale.
+  const KVScales s = calibrate_kv_scales(DType::kFP8E4M3, KVScaleGranularity::kPerTensor, 1, 2,
+                                         std::vector<float>{-8, 1}, std::vector<float>{4, 0}, 3.0f);
+  EXPECT_THAT(s.k, ElementsAre(8.0f / 448 * 3));
+  EXPECT_THAT(s.v, ElementsAre(4.0f / 448 * 3));
+  const float big = std::numeric_limits<float>::max();
+  const KVScales h = calibrate_kv_scales(DType::kInt8, KVScaleGranularity::kPerTensor, 1, 1,
+                                         std::vector<float>{big}, std::vector<float>{1}, 65536.0f);
+  EXPECT_EQ(h.k[0], big);
+  for (float bad : {0.5f, 0.0f, kNaN, INFINITY}) {
+    EXPECT_THAT(
+        [&] {
+          (void)calibrate_kv_scales(DType::kInt8, KVScaleGranularity::kPerTensor, 1, 1,
+                                    std::vector<float>{1}, std::vector<float>{1}, bad);
+        },
+        ThrowsMessage<Error>(HasSubstr("headroom must be finite and >= 1")));
+    KVCacheConfig b = config(DType::kInt8);
+    b.calibration_headroom = bad;
+    EXPECT_THAT([&] { validate(b); },
+                ThrowsMessage<Error>(HasSubstr("calibration_headroom must be finite and >= 1")));
+  }
+}
+
 TEST(QuantizedKVCache, BadScalesAreRejectedNamingThemAndChangeNothing) {
   HostKVCache cache(config(DType::kInt8, KVScaleGranularity::kPerHead));
   const float good[] = {0.5f};

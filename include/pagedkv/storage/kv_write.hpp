@@ -37,14 +37,18 @@ struct KVScales {
 };
 
 /// Calibrates the scales of a quantized `dtype` from a batch of K/V (the first prefill, as
-/// vLLM's calculate_kv_scales does): scale = max |x| / dtype_max_finite(dtype), over the whole
-/// batch (kPerTensor, then repeated per head) or per kv head (kPerHead). Non-finite elements
-/// are left out of the max; a max of 0 (or no finite element) gives scale 1.
+/// vLLM's calculate_kv_scales does): scale = headroom * max |x| / dtype_max_finite(dtype), over
+/// the whole batch (kPerTensor, then repeated per head) or per kv head (kPerHead). Non-finite
+/// elements are left out of the max; a max of 0 (or no finite element) gives scale 1.
+/// headroom (>= 1): 1 maps the batch's max to the format's max; 2 leaves room for values twice
+/// as large before they saturate (KVCacheConfig::calibration_headroom).
 /// Shapes: k, v [num_tokens, num_kv_heads, head_dim] fp32; returns [num_kv_heads] each.
-/// Errors: throws pagedkv::Error if dtype is not quantized, num_kv_heads or head_dim < 1, or
-/// the sizes are not a multiple of num_kv_heads * head_dim or differ from each other.
+/// Errors: throws pagedkv::Error if dtype is not quantized, num_kv_heads or head_dim < 1, the
+/// sizes are not a multiple of num_kv_heads * head_dim or differ from each other, or headroom
+/// is not finite and >= 1.
 [[nodiscard]] KVScales calibrate_kv_scales(DType dtype, KVScaleGranularity granularity,
                                            int32_t num_kv_heads, int32_t head_dim,
-                                           std::span<const float> k, std::span<const float> v);
+                                           std::span<const float> k, std::span<const float> v,
+                                           float headroom = 1.0f);
 
 }  // namespace pagedkv
