@@ -32,7 +32,8 @@ struct Active {
   int64_t generated = 0;  // output tokens so far
   int64_t reserved = 0;   // contiguous: positions reserved at admission
   bool admitted_once = false;
-  int64_t first_token_step = -1;  // step whose end delivered the first output token
+  bool swapped = false;         // swap preemption: its K/V wait in host memory
+  double first_token_ms = -1;   // end of the step that delivered the first output token, ms
   std::vector<TokenId> tokens;    // prefix caching: ids of [0, target) while waiting
 };
 
