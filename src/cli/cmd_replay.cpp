@@ -158,7 +158,7 @@ void run_sweep(const Options& o, const sim::ModelPreset& model, const sim::Repla
     const std::string title = fmt::format(
         "{}, {}, {}", model.display, std::filesystem::path(o.trace_path).filename().string(),
         sim::format_bytes(static_cast<double>(config.kv_memory_bytes)));
-    sim::write_text_file(o.svg_path, sim::render_svg(sim::sweep_panels(points, base_rps, title)));
+    sim::write_text_file(o.svg_path, sim::render_svg(sim::sweep_panels(points, base_rps, title, slo)));
   }
   const auto best = sim::max_rate_at_slo(points, slo);
   if (o.json) {
