@@ -152,6 +152,7 @@ void run_sweep(const Options& o, const sim::ModelPreset& model, const sim::Repla
     if (bar) fmt::print(stderr, "\rsweep: {}/{} runs", d, n);
   });
   if (bar) fmt::print(stderr, "\r{:40}\r", "");
+  warn_rejected(trace, model, points.front().result.rejected_too_long, config.max_context);
   const double span_s = trace.requests.back().arrival_ms / 1000.0;
   const double base_rps = span_s > 0 ? static_cast<double>(trace.requests.size()) / span_s : 0.0;
   if (!o.svg_path.empty()) {
