@@ -131,8 +131,8 @@ std::string time_model_text(const Options& o, const sim::ReplayConfig& config) {
       !config.roofline
           ? fmt::format("step {} ms (constant)", config.step_ms)
           : fmt::format("roofline step time on {} (bandwidth x{}, FLOP/s x{}, +{} ms per step)",
-                        sim::find_hardware(o.hardware).display, o.bw_efficiency,
-                        o.flops_efficiency, o.step_overhead_ms);
+                        sim::find_hardware(o.hardware).display, o.bw_efficiency, o.flops_efficiency,
+                        o.step_overhead_ms);
   if (config.preemption == sim::Preemption::kSwap) {
     text += fmt::format("; swap preemption over {:.0f} GB/s", config.host_link_bytes_per_s / 1e9);
   }
@@ -159,7 +159,8 @@ void run_sweep(const Options& o, const sim::ModelPreset& model, const sim::Repla
     const std::string title = fmt::format(
         "{}, {}, {}", model.display, std::filesystem::path(o.trace_path).filename().string(),
         sim::format_bytes(static_cast<double>(config.kv_memory_bytes)));
-    sim::write_text_file(o.svg_path, sim::render_svg(sim::sweep_panels(points, base_rps, title, slo)));
+    sim::write_text_file(o.svg_path,
+                         sim::render_svg(sim::sweep_panels(points, base_rps, title, slo)));
   }
   const auto best = sim::max_rate_at_slo(points, slo);
   if (o.json) {
@@ -260,8 +261,7 @@ void run_replay(const Options& o) {
       "step, {} seqs max, watermark {}{}\n",
       sim::format_bytes(static_cast<double>(config.kv_memory_bytes)),
       config.kv_memory_bytes / config.kv_bytes_per_token, config.max_context,
-      time_model_text(o, config),
-      config.max_batch_tokens, config.max_seqs, config.watermark,
+      time_model_text(o, config), config.max_batch_tokens, config.max_seqs, config.watermark,
       config.rate_scale == 1.0
           ? std::string()
           : fmt::format("; request rate x{} (--rate-scale)", config.rate_scale));
@@ -323,8 +323,7 @@ void add_replay_command(CLI::App& app) {
                   "roofline: fraction of peak FLOP/s reached")
       ->capture_default_str()
       ->check(CLI::Range(1e-3, 1.0));
-  sub->add_option("--step-overhead-ms", opts->step_overhead_ms,
-                  "roofline: fixed cost per step, ms")
+  sub->add_option("--step-overhead-ms", opts->step_overhead_ms, "roofline: fixed cost per step, ms")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1e6));
   sub->add_option("--preemption", opts->preemption,

@@ -4,21 +4,21 @@
 /// links that swap preemption copies K/V over. Datasheet figures only; what a real kernel
 /// reaches of them is the model's efficiency factor, not part of the preset.
 
+#include <span>
 #include <string>
 #include <string_view>
-#include <span>
 
 namespace pagedkv::sim {
 
 /// One GPU. Units: bytes, bytes per second, FLOP per second.
 struct HardwarePreset {
-  std::string name;                   ///< CLI key, lowercase, e.g. "h200"
-  std::string display;                ///< e.g. "NVIDIA H200 SXM 141GB"
-  double memory_bytes = 0;            ///< HBM capacity, bytes (1 GB = 1e9 bytes)
-  double bandwidth_bytes_per_s = 0;   ///< peak HBM bandwidth, bytes/s
-  double bf16_flops_per_s = 0;        ///< peak dense BF16/FP16 tensor-core FLOP/s (no sparsity)
-  double host_link_bytes_per_s = 0;   ///< effective host link (PCIe) bandwidth, bytes/s, one way
-  std::string source;                 ///< where the numbers come from
+  std::string name;                  ///< CLI key, lowercase, e.g. "h200"
+  std::string display;               ///< e.g. "NVIDIA H200 SXM 141GB"
+  double memory_bytes = 0;           ///< HBM capacity, bytes (1 GB = 1e9 bytes)
+  double bandwidth_bytes_per_s = 0;  ///< peak HBM bandwidth, bytes/s
+  double bf16_flops_per_s = 0;       ///< peak dense BF16/FP16 tensor-core FLOP/s (no sparsity)
+  double host_link_bytes_per_s = 0;  ///< effective host link (PCIe) bandwidth, bytes/s, one way
+  std::string source;                ///< where the numbers come from
 };
 
 /// A100-40GB, A100-80GB, H100-SXM, H200, in that order.

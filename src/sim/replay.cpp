@@ -27,8 +27,8 @@ class SeriesBuilder {
 
   /// Adds `length` time units (of step_ms: a constant-model step is one) of identical state
   /// starting at time unit `start`.
-  void add(double start, double length, double util, bool has_util, double running,
-           double waiting, double reserved_fraction);
+  void add(double start, double length, double util, bool has_util, double running, double waiting,
+           double reserved_fraction);
 
   std::vector<SeriesPoint> points(double unit_ms) const {
     std::vector<SeriesPoint> out;
@@ -290,8 +290,8 @@ class Scheduler {
   }
   /// Host-link copy time of `positions` K/V positions, ms.
   double swap_ms(int64_t positions) const {
-    return 1000.0 * static_cast<double>(positions) * static_cast<double>(config_.kv_bytes_per_token) /
-           config_.host_link_bytes_per_s;
+    return 1000.0 * static_cast<double>(positions) *
+           static_cast<double>(config_.kv_bytes_per_token) / config_.host_link_bytes_per_s;
   }
   /// Time units (of step_ms): ms / step_ms; the constant model counts whole steps exactly.
   double unit(double ms) const { return ms / config_.step_ms; }
@@ -470,16 +470,16 @@ class Scheduler {
   std::vector<double> tpot_;     ///< ms, per completed request with output >= 2
   double norm_sum_ = 0;          ///< s per token, summed over completed requests with output >= 1
   int64_t norm_n_ = 0;
-  size_t cursor_ = 0;  ///< next trace request to arrive
-  int64_t step_ = 0;   ///< steps so far (constant model: including idle grid steps)
-  double now_ms_ = 0;  ///< start of the current step, simulated ms
+  size_t cursor_ = 0;        ///< next trace request to arrive
+  int64_t step_ = 0;         ///< steps so far (constant model: including idle grid steps)
+  double now_ms_ = 0;        ///< start of the current step, simulated ms
   double step_ms_ = 0;       ///< length of the current step, ms
   double extra_ms_ = 0;      ///< swap time so far (constant model: shifts the step grid), ms
   double step_swap_ms_ = 0;  ///< swap copies of the current step, ms
   double swap_ms_total_ = 0;
   double busy_ms_ = 0;  ///< time in steps that ran something, ms
   int64_t busy_steps_ = 0;
-  StepWork work_;  ///< what the current step computes
+  StepWork work_;     ///< what the current step computes
   int64_t done_ = 0;  ///< requests finished or rejected
 };
 
@@ -505,8 +505,7 @@ void validate(const ReplayConfig& c) {
   PAGEDKV_CHECK(c.rate_scale > 0 && std::isfinite(c.rate_scale),
                 "replay: rate scale must be > 0 and finite, got {}", c.rate_scale);
   PAGEDKV_CHECK(c.host_link_bytes_per_s > 0 && std::isfinite(c.host_link_bytes_per_s),
-                "replay: host link bandwidth must be > 0 bytes/s, got {}",
-                c.host_link_bytes_per_s);
+                "replay: host link bandwidth must be > 0 bytes/s, got {}", c.host_link_bytes_per_s);
   if (c.roofline) validate(*c.roofline);
 }
 

@@ -124,16 +124,16 @@ struct ReplayResult {
   int64_t recomputed_tokens = 0;   ///< computed positions discarded by recompute preemptions
   int64_t swapped_tokens = 0;      ///< positions copied to host by swap preemptions
   double swap_seconds = 0;         ///< simulated time of all swap copies (out and in), s
-  int64_t steps = 0;  ///< simulated steps until the last request finished (the constant model
-                      ///< counts idle steps too, the roofline model only steps that ran)
+  int64_t steps = 0;        ///< simulated steps until the last request finished (the constant model
+                            ///< counts idle steps too, the roofline model only steps that ran)
   double mean_step_ms = 0;  ///< mean length of the steps that ran something, ms
-  int64_t processed_tokens = 0;    ///< prefill + decode positions written (recompute included)
-  int64_t generated_tokens = 0;    ///< output tokens
-  double tokens_per_step = 0;      ///< processed_tokens / steps
-  double generated_per_step = 0;   ///< generated_tokens / steps
-  double queue_mean_steps = 0;     ///< first admission step - arrival step, over admitted
-  double queue_p99_steps = 0;      ///< nearest-rank 99th percentile of the same
-  int64_t prompt_tokens = 0;       ///< prompt positions of admitted requests (first admission)
+  int64_t processed_tokens = 0;   ///< prefill + decode positions written (recompute included)
+  int64_t generated_tokens = 0;   ///< output tokens
+  double tokens_per_step = 0;     ///< processed_tokens / steps
+  double generated_per_step = 0;  ///< generated_tokens / steps
+  double queue_mean_steps = 0;    ///< first admission step - arrival step, over admitted
+  double queue_p99_steps = 0;     ///< nearest-rank 99th percentile of the same
+  int64_t prompt_tokens = 0;      ///< prompt positions of admitted requests (first admission)
   /// Prefix caching (manager stats): prompt positions looked up (re-admissions after a
   /// preemption included), served from the cache, their ratio, and cached blocks evicted.
   int64_t prefix_query_tokens = 0;

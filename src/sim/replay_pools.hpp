@@ -34,7 +34,7 @@ struct Active {
   bool admitted_once = false;
   bool swapped = false;         // swap preemption: its K/V wait in host memory
   double first_token_ms = -1;   // end of the step that delivered the first output token, ms
-  std::vector<TokenId> tokens;    // prefix caching: ids of [0, target) while waiting
+  std::vector<TokenId> tokens;  // prefix caching: ids of [0, target) while waiting
 };
 
 /// A memory strategy: admission, decode growth and release of requests' KV positions. Tracks

@@ -65,7 +65,8 @@ void validate(const RooflineModel& m) {
 }
 
 StepTime step_time(const RooflineModel& m, const StepWork& w) {
-  const double bytes = m.weight_bytes + m.kv_bytes_per_token * static_cast<double>(w.kv_read + w.tokens);
+  const double bytes =
+      m.weight_bytes + m.kv_bytes_per_token * static_cast<double>(w.kv_read + w.tokens);
   const double flops = m.flops_per_token * static_cast<double>(w.tokens) +
                        m.flops_per_pair * static_cast<double>(w.attention_pairs);
   StepTime t;

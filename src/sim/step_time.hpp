@@ -44,15 +44,15 @@ struct StepWork {
 
 /// The model's constants, from a model preset, a hardware preset and the efficiencies.
 struct RooflineModel {
-  double weight_bytes = 0;              ///< W, bytes
-  double flops_per_token = 0;           ///< 2 N, FLOP
-  double kv_bytes_per_token = 0;        ///< bytes per position, all layers, K and V
-  double flops_per_pair = 0;            ///< 4 L H_q D, FLOP
-  double bandwidth_bytes_per_s = 0;     ///< BW
-  double flops_per_s = 0;               ///< F
-  double bandwidth_efficiency = 0.5;    ///< eff_bw in (0, 1]
-  double flops_efficiency = 0.5;        ///< eff_flops in (0, 1]
-  double overhead_ms = 1.0;             ///< fixed per-step cost, ms, >= 0
+  double weight_bytes = 0;            ///< W, bytes
+  double flops_per_token = 0;         ///< 2 N, FLOP
+  double kv_bytes_per_token = 0;      ///< bytes per position, all layers, K and V
+  double flops_per_pair = 0;          ///< 4 L H_q D, FLOP
+  double bandwidth_bytes_per_s = 0;   ///< BW
+  double flops_per_s = 0;             ///< F
+  double bandwidth_efficiency = 0.5;  ///< eff_bw in (0, 1]
+  double flops_efficiency = 0.5;      ///< eff_flops in (0, 1]
+  double overhead_ms = 1.0;           ///< fixed per-step cost, ms, >= 0
 };
 
 /// The two roofline terms and the step time, ms.

@@ -139,14 +139,17 @@ std::vector<SvgPanel> sweep_panels(std::span<const SweepPoint> points, double ba
   if (slo.normalized_latency_s && !latency.series.empty()) {
     const double bound = *slo.normalized_latency_s;
     const auto& pts = latency.series.front().points;
-    latency.series.push_back(
-        {"SLO " + fmt::format("{:g}", bound) + " s/token",
-         {{pts.front().first, bound}, {pts.back().first, bound}}, true, false});
+    latency.series.push_back({"SLO " + fmt::format("{:g}", bound) + " s/token",
+                              {{pts.front().first, bound}, {pts.back().first, bound}},
+                              true,
+                              false});
     latency.y_max = 5 * bound;
   }
   if (slo.describe() == "none") return {latency, throughput};
-  SvgPanel bars{title + ": throughput at the SLO (" + slo.describe() + ")", "",
-                "served at the highest rate meeting it (requests/s)", {}};
+  SvgPanel bars{title + ": throughput at the SLO (" + slo.describe() + ")",
+                "",
+                "served at the highest rate meeting it (requests/s)",
+                {}};
   for (const auto& [name, rate] : max_rate_at_slo(points, slo)) {
     double served = 0;
     for (const SweepPoint& p : points) {

@@ -136,12 +136,18 @@ TEST(ReplayTiming, BadHostLinkAndModelThrow) {
   const Trace t = make_trace({{0, 4, 2}});
   ReplayConfig c = one_byte_per_token(8);
   c.host_link_bytes_per_s = 0;
-  EXPECT_THAT([&] { (void)replay(t, c, {StrategyKind::kPaged, 2}); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("host link bandwidth must be > 0")));
+  EXPECT_THAT(
+      [&] {
+        (void)replay(t, c, {StrategyKind::kPaged, 2});
+      },
+      ::testing::ThrowsMessage<Error>(HasSubstr("host link bandwidth must be > 0")));
   c = toy_roofline(8);
   c.roofline->flops_efficiency = 2;
-  EXPECT_THAT([&] { (void)replay(t, c, {StrategyKind::kPaged, 2}); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("FLOPs efficiency must be in (0, 1]")));
+  EXPECT_THAT(
+      [&] {
+        (void)replay(t, c, {StrategyKind::kPaged, 2});
+      },
+      ::testing::ThrowsMessage<Error>(HasSubstr("FLOPs efficiency must be in (0, 1]")));
 }
 
 }  // namespace

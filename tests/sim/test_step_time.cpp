@@ -98,9 +98,9 @@ TEST(StepTime, BadModelsThrowNamingTheValue) {
   const ModelPreset& builtin = find_preset("builtin");
   EXPECT_THAT([&] { (void)make_roofline(builtin, 1, find_hardware("h200")); },
               ThrowsMessage<Error>(HasSubstr("model 'builtin' has no parameter count")));
-  EXPECT_THAT([&] { (void)make_roofline(find_preset("opt-13b"), 1, find_hardware("a100-40gb"),
-                                        1.5); },
-              ThrowsMessage<Error>(HasSubstr("got 1.5")));
+  EXPECT_THAT(
+      [&] { (void)make_roofline(find_preset("opt-13b"), 1, find_hardware("a100-40gb"), 1.5); },
+      ThrowsMessage<Error>(HasSubstr("got 1.5")));
 }
 
 TEST(HardwarePreset, DatasheetFiguresAndLookup) {
