@@ -7,6 +7,7 @@
 #include "pagedkv/error.hpp"
 #include "sim/replay.hpp"
 #include "sim/step_time.hpp"
+#include "sim/sweep.hpp"
 #include "sim_test_util.hpp"
 
 namespace pagedkv::sim {
@@ -130,6 +131,27 @@ TEST(ReplayTiming, SwapUnderRooflineAddsCopyTime) {
   EXPECT_EQ(swap.steps, 8);
   EXPECT_NEAR(swap.mean_step_ms, total_us / 1000 / 8, 1e-12);
   EXPECT_EQ(swap.processed_tokens, 7 + 3 + 3);
+}
+
+// The SLO search under the roofline model, answer by hand: alone, a (P4, O2) request takes
+// 1.008 + 1.006 + 1.007 = 3.021 ms (the first test's steps), normalized latency 1.5105 ms per
+// token. Eight of them 10 ms apart: at rate xk they arrive every 10 / k ms, so they never
+// overlap while 10 / k >= 3.021 (k <= 3.31). At x4 (2.5 ms) the second arrives during the
+// first's last step and waits for the next step start: latency above the bound. Max rate: x3.
+TEST(ReplayTiming, SloSearchUnderRooflineHasTheHandAnswer) {
+  std::vector<std::array<double, 3>> reqs;
+  for (int i = 0; i < 8; ++i) reqs.push_back({10.0 * i, 4, 2});
+  const Trace t = make_trace(reqs);
+  const std::vector<Strategy> strategies = {{StrategyKind::kPaged, 4}};
+  const std::vector<double> rates = {1, 2, 3, 4, 5};
+  const auto points = sweep(t, toy_roofline(100), strategies, rates, 1);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_NEAR(points[i].result.normalized_latency_s, 3.021 / 2 / 1000, 1e-15) << rates[i];
+  }
+  EXPECT_GT(points[3].result.normalized_latency_s, 3.021 / 2 / 1000 + 1e-7);
+  Slo slo;
+  slo.normalized_latency_s = 3.021 / 2 / 1000 + 1e-9;
+  EXPECT_EQ(max_rate_at_slo(points, slo).at(0).second, 3.0);
 }
 
 TEST(ReplayTiming, BadHostLinkAndModelThrow) {
