@@ -249,7 +249,7 @@ std::vector<TokenId> synthesize_tokens(const Trace& trace, size_t index, int64_t
 }
 
 void replay_detail::synthesize_into(const Trace& trace, size_t index, int64_t begin, int64_t end,
-                     int32_t vocab_size, std::vector<TokenId>& out) {
+                                    int32_t vocab_size, std::vector<TokenId>& out) {
   PAGEDKV_CHECK(index < trace.requests.size(), "synthesize_tokens: request {} out of range ({})",
                 index, trace.requests.size());
   PAGEDKV_CHECK(0 <= begin && begin <= end, "synthesize_tokens: bad range [{}, {})", begin, end);

@@ -32,8 +32,8 @@ struct Active {
   int64_t generated = 0;  // output tokens so far
   int64_t reserved = 0;   // contiguous: positions reserved at admission
   bool admitted_once = false;
-  bool swapped = false;         // swap preemption: its K/V wait in host memory
-  double first_token_ms = -1;   // end of the step that delivered the first output token, ms
+  bool swapped = false;        // swap preemption: its K/V wait in host memory
+  double first_token_ms = -1;  // end of the step that delivered the first output token, ms
 };
 
 /// A memory strategy: admission, decode growth and release of requests' KV positions. Tracks
