@@ -156,9 +156,11 @@ void run_sweep(const Options& o, const sim::ModelPreset& model, const sim::Repla
   const double span_s = trace.requests.back().arrival_ms / 1000.0;
   const double base_rps = span_s > 0 ? static_cast<double>(trace.requests.size()) / span_s : 0.0;
   if (!o.svg_path.empty()) {
-    const std::string title = fmt::format(
-        "{}, {}, {}", model.display, std::filesystem::path(o.trace_path).filename().string(),
-        sim::format_bytes(static_cast<double>(config.kv_memory_bytes)));
+    const std::string title =
+        fmt::format("{}, {}, {}, {}", model.display,
+                    o.hardware.empty() ? fmt::format("{} ms steps", config.step_ms) : o.hardware,
+                    std::filesystem::path(o.trace_path).filename().string(),
+                    sim::format_bytes(static_cast<double>(config.kv_memory_bytes)));
     sim::write_text_file(o.svg_path,
                          sim::render_svg(sim::sweep_panels(points, base_rps, title, slo)));
   }
