@@ -103,6 +103,23 @@ add_test(NAME cli.replay.unknown_strategy
   COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
           "-DARGS=replay\;--trace\;${_fx}/good.csv\;--strategies\;buddy-16"
           "-DSTDERR_REGEX=^pagedkv replay: unknown strategy 'buddy-16'[^\n]*\n$" -P ${_expect})
+add_test(NAME cli.replay.unknown_hardware
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
+          "-DARGS=replay\;--trace\;${_fx}/good.csv\;--hardware\;tpu"
+          "-DSTDERR_REGEX=^pagedkv replay: unknown hardware preset 'tpu' \\(known: a100-40gb, a100-80gb, h100-sxm, h200\\)\n$"
+          -P ${_expect})
+add_test(NAME cli.replay.hardware_needs_parameter_count
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
+          "-DARGS=replay\;--trace\;${_fx}/good.csv\;--preset\;builtin\;--hardware\;h200"
+          "-DSTDERR_REGEX=^pagedkv replay: step-time model: model 'builtin' has no parameter count[^\n]*\n$"
+          -P ${_expect})
+# The roofline model and swap preemption end to end (llama-3-8b: 16 GB of weights on an H200 at
+# half bandwidth -> steps of about 7.7 ms; the header names the model).
+add_test(NAME cli.replay.hardware_and_swap
+  COMMAND pagedkv_cli replay --trace ${_fx}/good.csv --preset llama-3-8b --kv-memory 1GiB
+          --strategies paged-16 --hardware h200 --preemption swap --json)
+set_tests_properties(cli.replay.hardware_and_swap PROPERTIES LABELS "cli;sim"
+  PASS_REGULAR_EXPRESSION "\"preemption\": \"swap\".*\"step_model\": \"roofline\".*\"mean_step_ms\": 7\\.[0-9]+")
 add_test(NAME cli.memory.unknown_preset
   COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
           "-DARGS=memory\;--preset\;llama-9" "-DSTDERR_REGEX=^pagedkv memory: unknown model preset 'llama-9'[^\n]*\n$"

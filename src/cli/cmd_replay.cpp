@@ -20,6 +20,7 @@
 #include "cli/commands.hpp"
 #include "cli/model_flags.hpp"
 #include "pagedkv/error.hpp"
+#include "sim/hardware_preset.hpp"
 #include "sim/model_preset.hpp"
 #include "sim/replay.hpp"
 #include "sim/report.hpp"
@@ -61,6 +62,12 @@ struct Options {
   std::string kv_memory = "40GiB";
   std::vector<std::string> strategies;
   double step_ms = 25.0;
+  std::string hardware;  // roofline step-time model when set
+  double bw_efficiency = sim::kDefaultBandwidthEfficiency;
+  double flops_efficiency = sim::kDefaultFlopsEfficiency;
+  double step_overhead_ms = sim::kDefaultStepOverheadMs;
+  std::string preemption = "recompute";
+  std::string host_link;  // default: the hardware preset's, else pcie4
   int64_t max_batch_tokens = 8192;
   int32_t max_seqs = 256;
   double watermark = 0.01;
@@ -101,6 +108,37 @@ class ProgressBar {
   bool drawn_ = false;
 };
 
+/// --hardware (roofline), --preemption and --host-link into the config.
+void set_time_model(const Options& o, const sim::ModelPreset& model, sim::ReplayConfig& config) {
+  const sim::HardwarePreset* hw = o.hardware.empty() ? nullptr : &sim::find_hardware(o.hardware);
+  if (hw != nullptr) {
+    config.roofline = sim::make_roofline(model, config.kv_bytes_per_token, *hw, o.bw_efficiency,
+                                         o.flops_efficiency, o.step_overhead_ms);
+  }
+  if (o.preemption == "swap") {
+    config.preemption = sim::Preemption::kSwap;
+  } else if (o.preemption != "recompute") {
+    throw Error(fmt::format("--preemption must be recompute or swap, got '{}'", o.preemption));
+  }
+  config.host_link_bytes_per_s = !o.host_link.empty() ? sim::host_link_bandwidth(o.host_link)
+                                 : hw != nullptr      ? hw->host_link_bytes_per_s
+                                                      : sim::host_link_bandwidth("pcie4");
+}
+
+/// "step 25 ms (constant)" or "roofline step time on NVIDIA H200 SXM 141GB (...)".
+std::string time_model_text(const Options& o, const sim::ReplayConfig& config) {
+  std::string text =
+      !config.roofline
+          ? fmt::format("step {} ms (constant)", config.step_ms)
+          : fmt::format("roofline step time on {} (bandwidth x{}, FLOP/s x{}, +{} ms per step)",
+                        sim::find_hardware(o.hardware).display, o.bw_efficiency, o.flops_efficiency,
+                        o.step_overhead_ms);
+  if (config.preemption == sim::Preemption::kSwap) {
+    text += fmt::format("; swap preemption over {:.0f} GB/s", config.host_link_bytes_per_s / 1e9);
+  }
+  return text;
+}
+
 /// --rates: every (rate, strategy) run, the sweep table, the highest rate meeting the SLO per
 /// strategy, and the two sweep plots.
 void run_sweep(const Options& o, const sim::ModelPreset& model, const sim::ReplayConfig& config,
@@ -114,13 +152,17 @@ void run_sweep(const Options& o, const sim::ModelPreset& model, const sim::Repla
     if (bar) fmt::print(stderr, "\rsweep: {}/{} runs", d, n);
   });
   if (bar) fmt::print(stderr, "\r{:40}\r", "");
+  warn_rejected(trace, model, points.front().result.rejected_too_long, config.max_context);
   const double span_s = trace.requests.back().arrival_ms / 1000.0;
   const double base_rps = span_s > 0 ? static_cast<double>(trace.requests.size()) / span_s : 0.0;
   if (!o.svg_path.empty()) {
-    const std::string title = fmt::format(
-        "{}, {}, {}", model.display, std::filesystem::path(o.trace_path).filename().string(),
-        sim::format_bytes(static_cast<double>(config.kv_memory_bytes)));
-    sim::write_text_file(o.svg_path, sim::render_svg(sim::sweep_panels(points, base_rps, title)));
+    const std::string title =
+        fmt::format("{}, {}, {}, {}", model.display,
+                    o.hardware.empty() ? fmt::format("{} ms steps", config.step_ms) : o.hardware,
+                    std::filesystem::path(o.trace_path).filename().string(),
+                    sim::format_bytes(static_cast<double>(config.kv_memory_bytes)));
+    sim::write_text_file(o.svg_path,
+                         sim::render_svg(sim::sweep_panels(points, base_rps, title, slo)));
   }
   const auto best = sim::max_rate_at_slo(points, slo);
   if (o.json) {
@@ -135,9 +177,9 @@ void run_sweep(const Options& o, const sim::ModelPreset& model, const sim::Repla
     fmt::print("{}\n", j.dump(2));
     return;
   }
-  fmt::print("model: {}; KV budget {}; trace {} ({} requests, {:.2f} requests/s at rate x1)\n",
+  fmt::print("model: {}; KV budget {}; {}; trace {} ({} requests, {:.2f} requests/s at rate x1)\n",
              model.display, sim::format_bytes(static_cast<double>(config.kv_memory_bytes)),
-             trace.source, trace.requests.size(), base_rps);
+             time_model_text(o, config), trace.source, trace.requests.size(), base_rps);
   fmt::print("SLO: {}\n\n{}\n", slo.describe(), sim::format_sweep_table(points, slo));
   for (const auto& [name, rate] : best) {
     if (rate > 0) {
@@ -162,6 +204,7 @@ void run_replay(const Options& o) {
   config.max_seqs = o.max_seqs;
   config.watermark = o.watermark;
   config.rate_scale = o.rate_scale;
+  set_time_model(o, model, config);
   sim::validate(config);
 
   std::vector<sim::Strategy> strategies;
@@ -216,11 +259,11 @@ void run_replay(const Options& o) {
       model.display, model.num_layers, model.num_kv_heads, model.head_dim, dtype_name(model.dtype),
       sim::format_bytes(static_cast<double>(config.kv_bytes_per_token)));
   fmt::print(
-      "KV budget: {} = {} token positions; max context {} tokens; step {} ms, {} tokens/"
+      "KV budget: {} = {} token positions; max context {} tokens; {}, {} tokens/"
       "step, {} seqs max, watermark {}{}\n",
       sim::format_bytes(static_cast<double>(config.kv_memory_bytes)),
-      config.kv_memory_bytes / config.kv_bytes_per_token, config.max_context, config.step_ms,
-      config.max_batch_tokens, config.max_seqs, config.watermark,
+      config.kv_memory_bytes / config.kv_bytes_per_token, config.max_context,
+      time_model_text(o, config), config.max_batch_tokens, config.max_seqs, config.watermark,
       config.rate_scale == 1.0
           ? std::string()
           : fmt::format("; request rate x{} (--rate-scale)", config.rate_scale));
@@ -266,9 +309,33 @@ void add_replay_command(CLI::App& app) {
                   "prefix-<bs> (default: contiguous-max, contiguous-exact, paged-1/8/16/32/128, "
                   "prefix-16)")
       ->delimiter(',');
-  sub->add_option("--step-ms", opts->step_ms, "simulated duration of one scheduler step, ms")
+  CLI::Option* step = sub->add_option("--step-ms", opts->step_ms,
+                                      "constant step-time model: every scheduler step lasts MS")
+                          ->capture_default_str()
+                          ->check(CLI::Range(1e-3, 1e6));
+  sub->add_option("--hardware", opts->hardware,
+                  "roofline step-time model on this GPU (" + sim::hardware_names() +
+                      "): each step lasts max(bytes / bandwidth, FLOPs / FLOP/s) + overhead")
+      ->excludes(step);
+  sub->add_option("--bw-efficiency", opts->bw_efficiency,
+                  "roofline: fraction of peak HBM bandwidth reached")
       ->capture_default_str()
-      ->check(CLI::Range(1e-3, 1e6));
+      ->check(CLI::Range(1e-3, 1.0));
+  sub->add_option("--flops-efficiency", opts->flops_efficiency,
+                  "roofline: fraction of peak FLOP/s reached")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-3, 1.0));
+  sub->add_option("--step-overhead-ms", opts->step_overhead_ms, "roofline: fixed cost per step, ms")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
+  sub->add_option("--preemption", opts->preemption,
+                  "what a decode short of memory does to its victim: recompute or swap")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"recompute", "swap"}));
+  sub->add_option("--host-link", opts->host_link,
+                  "swap bandwidth: pcie4 (25 GB/s) or pcie5 (50 GB/s); default the "
+                  "--hardware preset's, else pcie4")
+      ->check(CLI::IsMember({"pcie4", "pcie5"}));
   sub->add_option("--max-batch-tokens", opts->max_batch_tokens,
                   "tokens (prefill chunks + decodes) per step")
       ->capture_default_str()

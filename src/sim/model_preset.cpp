@@ -14,39 +14,54 @@ namespace pagedkv::sim {
 namespace {
 
 // Numbers from each model's released config.json (Hugging Face) or paper, as cited in `source`.
-// head_dim = hidden_size / num_attention_heads in every case here.
-const std::array<ModelPreset, 9>& table() {
-  static const std::array<ModelPreset, 9> presets = {{
+// head_dim = hidden_size / num_attention_heads in every case here. The last field, the parameter
+// count, is the checkpoint's total as its Hugging Face page reports it (0 for the built-in model).
+const std::array<ModelPreset, 10>& table() {
+  static const std::array<ModelPreset, 10> presets = {{
       {"gpt2", "GPT-2 small (124M)", 12, 12, 12, 64, DType::kF32, 1024, 0,
        "Radford et al. 2019; HF openai-community/gpt2 config.json: n_layer 12, n_head 12, "
-       "n_embd 768, n_positions 1024 (fp32 checkpoint)"},
+       "n_embd 768, n_positions 1024 (fp32 checkpoint)",
+       124439808},
       {"llama-2-7b", "Llama-2-7B", 32, 32, 32, 128, DType::kF16, 4096, 0,
        "Touvron et al. 2023 (Llama 2), Table 1; HF meta-llama/Llama-2-7b-hf config.json: "
-       "32 layers, 32 heads, no GQA, hidden 4096, max_position_embeddings 4096, float16"},
+       "32 layers, 32 heads, no GQA, hidden 4096, max_position_embeddings 4096, float16",
+       6738415616},
       {"llama-3-8b", "Llama-3-8B", 32, 32, 8, 128, DType::kBF16, 8192, 0,
        "Meta Llama 3 model card; HF meta-llama/Meta-Llama-3-8B config.json: 32 layers, "
-       "32 heads, 8 kv heads, hidden 4096, max_position_embeddings 8192, bfloat16"},
+       "32 heads, 8 kv heads, hidden 4096, max_position_embeddings 8192, bfloat16",
+       8030261248},
       {"llama-3.1-8b", "Llama-3.1-8B", 32, 32, 8, 128, DType::kBF16, 131072, 0,
        "Dubey et al. 2024 (The Llama 3 Herd of Models), Table 3: 32 layers, model dim 4096, "
        "32 heads, 8 kv heads, context 128K; HF meta-llama/Llama-3.1-8B config.json: "
-       "max_position_embeddings 131072, bfloat16"},
+       "max_position_embeddings 131072, bfloat16",
+       8030261248},
       {"llama-3.1-70b", "Llama-3.1-70B", 80, 64, 8, 128, DType::kBF16, 131072, 0,
        "Dubey et al. 2024 (The Llama 3 Herd of Models), Table 3: 80 layers, model dim 8192, "
        "64 heads, 8 kv heads, context 128K; HF meta-llama/Llama-3.1-70B config.json: "
-       "max_position_embeddings 131072, bfloat16"},
+       "max_position_embeddings 131072, bfloat16",
+       70553706496},
       {"mistral-7b", "Mistral-7B v0.1", 32, 32, 8, 128, DType::kBF16, 8192, 4096,
        "Jiang et al. 2023 (Mistral 7B), Table 1: 32 layers, 32 heads, 8 kv heads, head_dim "
-       "128, window_size 4096, context_len 8192; bfloat16 checkpoint"},
+       "128, window_size 4096, context_len 8192; bfloat16 checkpoint",
+       7241732096},
       {"qwen2.5-7b", "Qwen2.5-7B", 28, 28, 4, 128, DType::kBF16, 32768, 0,
        "Qwen2.5 Technical Report (2024), Table 1; HF Qwen/Qwen2.5-7B-Instruct config.json: "
        "28 layers, 28 heads, 4 kv heads, hidden 3584, max_position_embeddings 32768 "
-       "(131072 with YaRN), bfloat16"},
+       "(131072 with YaRN), bfloat16",
+       7615616512},
+      {"opt-13b", "OPT-13B", 40, 40, 40, 128, DType::kF16, 2048, 0,
+       "Zhang et al. 2022 (OPT), Table 1: 40 layers, 40 heads, d_model 5120, context 2048; "
+       "fp16 checkpoint; 12.85B parameters (HF facebook/opt-13b); the vLLM paper's one-A100-40GB "
+       "model (Kwon et al., SOSP 2023, sec. 6.1)",
+       12853473280},
       {"builtin", "pagedkv built-in model", 4, 8, 4, 64, DType::kF32, 512, 0,
        "src/model/checkpoint.hpp builtin_config(): dim 512, 4 layers, 8 heads, 4 kv heads, "
-       "seq_len 512; fp32 cache"},
+       "seq_len 512; fp32 cache",
+       0},
       {"stories260k", "stories260K (llama2.c)", 5, 8, 4, 8, DType::kF32, 512, 0,
        "karpathy/tinyllamas stories260K checkpoint header: dim 64, 5 layers, 8 heads, "
-       "4 kv heads, seq_len 512 (shared/models/SOURCES.md); fp32 cache"},
+       "4 kv heads, seq_len 512 (shared/models/SOURCES.md); fp32 cache",
+       260000},
   }};
   return presets;
 }

@@ -2,7 +2,7 @@
 /// @file model_preset.hpp
 /// KV-cache geometry of published model architectures, for memory arithmetic and trace replay.
 /// Only the numbers that size the KV cache are kept (layers, KV heads, head_dim, dtype, context);
-/// weights are never needed.
+/// weights are never needed (only their count, for the step-time model).
 
 #include <cstdint>
 #include <optional>
@@ -27,10 +27,13 @@ struct ModelPreset {
   int64_t max_context = 0;     ///< maximum positions per sequence, tokens
   int64_t sliding_window = 0;  ///< attention window, tokens; 0 = full attention
   std::string source;          ///< where the numbers come from
+  /// Total parameters N of the checkpoint (Hugging Face's count), for the roofline step-time
+  /// model's weight bytes and 2N FLOPs per token (step_time.hpp); 0 = unknown.
+  int64_t num_params = 0;
 };
 
 /// Every built-in preset, in a fixed order: gpt2, llama-2-7b, llama-3-8b, llama-3.1-8b,
-/// llama-3.1-70b, mistral-7b, qwen2.5-7b, builtin, stories260k.
+/// llama-3.1-70b, mistral-7b, qwen2.5-7b, opt-13b, builtin, stories260k.
 [[nodiscard]] std::span<const ModelPreset> model_presets();
 
 /// The preset called `name` (case-insensitive; "_" and "-" are interchangeable).

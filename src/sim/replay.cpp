@@ -25,19 +25,20 @@ class SeriesBuilder {
  public:
   explicit SeriesBuilder(int32_t points) : max_buckets_(2 * static_cast<size_t>(points)) {}
 
-  /// Adds `count` identical steps starting at `step`.
-  void add(int64_t step, int64_t count, double util, bool has_util, double running, double waiting,
+  /// Adds `length` time units (of step_ms: a constant-model step is one) of identical state
+  /// starting at time unit `start`.
+  void add(double start, double length, double util, bool has_util, double running, double waiting,
            double reserved_fraction);
 
-  std::vector<SeriesPoint> points(double step_ms) const {
+  std::vector<SeriesPoint> points(double unit_ms) const {
     std::vector<SeriesPoint> out;
     for (size_t b = 0; b < buckets_.size(); ++b) {
       const Bucket& k = buckets_[b];
-      if (k.steps == 0) continue;
-      const double n = static_cast<double>(k.steps);
+      if (k.steps <= 0) continue;
+      const double n = k.steps;
       SeriesPoint p;
-      p.time_s = (static_cast<double>(b) * width_ + n / 2.0) * step_ms / 1000.0;
-      p.utilization = k.util_steps > 0 ? k.util_sum / static_cast<double>(k.util_steps) : -1.0;
+      p.time_s = (static_cast<double>(b) * width_ + n / 2.0) * unit_ms / 1000.0;
+      p.utilization = k.util_steps > 0 ? k.util_sum / k.util_steps : -1.0;
       p.concurrency = k.running_sum / n;
       p.waiting = k.waiting_sum / n;
       p.reserved_fraction = k.reserved_sum / n;
@@ -49,11 +50,11 @@ class SeriesBuilder {
  private:
   struct Bucket {
     double util_sum = 0;
-    int64_t util_steps = 0;
+    double util_steps = 0;  // time units with reservations
     double running_sum = 0;
     double waiting_sum = 0;
     double reserved_sum = 0;
-    int64_t steps = 0;
+    double steps = 0;  // time units covered
   };
   void merge() {
     std::vector<Bucket> merged((buckets_.size() + 1) / 2);
@@ -72,32 +73,34 @@ class SeriesBuilder {
   }
 
   size_t max_buckets_;
-  int64_t width_ = 1;
+  double width_ = 1;  // time units per bucket
   std::vector<Bucket> buckets_;
 };
 
-void SeriesBuilder::add(int64_t step, int64_t count, double util, bool has_util, double running,
+void SeriesBuilder::add(double start, double length, double util, bool has_util, double running,
                         double waiting, double reserved_fraction) {
-  while (count > 0) {
-    size_t b = static_cast<size_t>(step / width_);
+  // Walks the buckets the interval covers by index, so rounding cannot stall the walk.
+  auto b = static_cast<size_t>(std::max(0.0, start / width_));
+  while (length > 0) {
     while (b >= max_buckets_) {
       merge();
-      b = static_cast<size_t>(step / width_);
+      b /= 2;
     }
     if (b >= buckets_.size()) buckets_.resize(b + 1);
-    const int64_t in_bucket = std::min(count, (static_cast<int64_t>(b) + 1) * width_ - step);
+    const double end = (static_cast<double>(b) + 1) * width_;
+    const double w = std::min(length, std::max(0.0, end - start));
     Bucket& k = buckets_[b];
-    const auto w = static_cast<double>(in_bucket);
     if (has_util) {
       k.util_sum += util * w;
-      k.util_steps += in_bucket;
+      k.util_steps += w;
     }
     k.running_sum += running * w;
     k.waiting_sum += waiting * w;
     k.reserved_sum += reserved_fraction * w;
-    k.steps += in_bucket;
-    step += in_bucket;
-    count -= in_bucket;
+    k.steps += w;
+    start += w;
+    length -= w;
+    ++b;
   }
 }
 
@@ -108,39 +111,41 @@ class Accumulator {
 
   Accumulator(int64_t budget_tokens, int32_t points)
       : budget_tokens_(static_cast<double>(std::max<int64_t>(budget_tokens, 1))),
-        hist_(kBins + 1, 0),
+        hist_(kBins + 1, 0.0),
         series_(points) {}
 
-  void sample(int64_t step, int64_t count, int64_t running, int64_t waiting, int64_t live,
+  /// Samples `count` time units (of step_ms) starting at unit `start` in one state.
+  void sample(double start, double count, int64_t running, int64_t waiting, int64_t live,
               int64_t reserved) {
     PAGEDKV_CHECK(0 <= live && live <= reserved,
-                  "replay: internal error at step {}: {} live positions but {} reserved", step,
-                  live, reserved);
+                  "replay: internal error at time unit {}: {} live positions but {} reserved",
+                  start, live, reserved);
     const bool has_util = reserved > 0;
     const double util = has_util ? static_cast<double>(live) / static_cast<double>(reserved) : 0;
     if (has_util) {
-      util_sum_ += util * static_cast<double>(count);
+      util_sum_ += util * count;
       util_steps_ += count;
       hist_[static_cast<size_t>(std::lround(util * kBins))] += count;
     }
-    reserved_sum_ += static_cast<double>(reserved) * static_cast<double>(count);
-    waste_sum_ += static_cast<double>(reserved - live) * static_cast<double>(count);
-    running_sum_ += static_cast<double>(running) * static_cast<double>(count);
+    reserved_sum_ += static_cast<double>(reserved) * count;
+    waste_sum_ += static_cast<double>(reserved - live) * count;
+    running_sum_ += static_cast<double>(running) * count;
     peak_ = std::max(peak_, running);
     steps_ += count;
-    series_.add(step, count, util, has_util, static_cast<double>(running),
+    series_.add(start, count, util, has_util, static_cast<double>(running),
                 static_cast<double>(waiting), static_cast<double>(reserved) / budget_tokens_);
   }
 
   void finish(ReplayResult& r, int64_t bytes_per_token, double step_ms) const {
-    const double steps = static_cast<double>(std::max<int64_t>(steps_, 1));
-    r.util_mean = util_steps_ > 0 ? util_sum_ / static_cast<double>(util_steps_) : 0.0;
+    const double steps = steps_ > 0 ? steps_ : 1.0;
+    r.util_mean = util_steps_ > 0 ? util_sum_ / util_steps_ : 0.0;
     r.frag_mean = util_steps_ > 0 ? 1.0 - r.util_mean : 0.0;
     r.util_p5 = 0.0;
     if (util_steps_ > 0) {
-      // Nearest rank: the value at rank ceil(0.05 n).
-      const auto rank = static_cast<int64_t>(std::ceil(0.05 * static_cast<double>(util_steps_)));
-      int64_t seen = 0;
+      // Nearest rank, time-weighted: the first bin where the covered time reaches 5% (with
+      // whole steps, the value at rank ceil(0.05 n)).
+      const double rank = 0.05 * util_steps_;
+      double seen = 0;
       for (int b = 0; b <= kBins; ++b) {
         seen += hist_[b];
         if (seen >= rank) {
@@ -159,13 +164,13 @@ class Accumulator {
  private:
   double budget_tokens_;
   double util_sum_ = 0;
-  int64_t util_steps_ = 0;
-  std::vector<int64_t> hist_;
+  double util_steps_ = 0;
+  std::vector<double> hist_;
   double reserved_sum_ = 0;
   double waste_sum_ = 0;
   double running_sum_ = 0;
   int64_t peak_ = 0;
-  int64_t steps_ = 0;
+  double steps_ = 0;
   SeriesBuilder series_;
 };
 
@@ -193,8 +198,11 @@ class Scheduler {
       skip_idle();
       take_arrivals();
       int64_t budget = config_.max_batch_tokens;
+      work_ = StepWork{};
+      step_swap_ms_ = 0;
       run_running(budget);
       admit_waiting(budget);
+      step_ms_ = step_duration_ms();
       // The step's forward pass: what each running request computed now holds K/V, and only
       // now may a later prompt share it (a request admitted in this same step may not).
       for (const Active& r : running_) pool_->commit(r);
@@ -202,7 +210,7 @@ class Scheduler {
                     "replay: internal error: nothing runs at step {} but {} requests wait", step_,
                     waiting_.size());
       sample_and_retire();
-      ++step_;
+      advance_clock();
       if (progress && done_ >= next_report) {
         progress(done_, total);
         next_report = done_ + report_every_;
@@ -215,6 +223,7 @@ class Scheduler {
   void finish() {
     pool_->finish(res_);
     res_.steps = step_;
+    res_.swap_seconds = swap_ms_total_ / 1000.0;
     acc_.finish(res_, config_.kv_bytes_per_token, config_.step_ms);
     const double steps = static_cast<double>(std::max<int64_t>(step_, 1));
     res_.tokens_per_step = static_cast<double>(res_.processed_tokens) / steps;
@@ -233,7 +242,8 @@ class Scheduler {
     res_.tpot_p50_ms = nearest_rank(tpot_, 0.50);
     res_.tpot_p99_ms = nearest_rank(tpot_, 0.99);
     res_.normalized_latency_s = norm_n_ > 0 ? norm_sum_ / static_cast<double>(norm_n_) : 0.0;
-    const double seconds = static_cast<double>(step_) * config_.step_ms / 1000.0;
+    const double seconds = now_ms_ / 1000.0;
+    res_.mean_step_ms = busy_steps_ > 0 ? busy_ms_ / static_cast<double>(busy_steps_) : 0.0;
     if (seconds > 0) {
       res_.throughput_rps = static_cast<double>(res_.completed) / seconds;
       res_.output_tokens_per_s = static_cast<double>(res_.generated_tokens) / seconds;
@@ -251,16 +261,48 @@ class Scheduler {
 
  private:
   double arrival_ms(size_t i) const { return reqs_[i].arrival_ms / config_.rate_scale; }
+  bool constant_model() const { return !config_.roofline.has_value(); }
+  /// Constant model: the step (of the grid shifted by the swap time so far) in which request i
+  /// arrives; it is visible from that step on, as in replay.hpp.
   int64_t arrival_step(size_t i) const {
-    return static_cast<int64_t>(std::floor(arrival_ms(i) / config_.step_ms));
+    return static_cast<int64_t>(std::floor((arrival_ms(i) - extra_ms_) / config_.step_ms));
   }
-  /// End of step s, simulated ms.
-  double end_ms(int64_t s) const { return static_cast<double>(s + 1) * config_.step_ms; }
+  /// Whether request i has arrived for the step starting now: the constant model sees the
+  /// arrivals of its whole step (its length is known in advance); the roofline model only those
+  /// up to the step's start (its length depends on the batch it forms).
+  bool arrived(size_t i) const {
+    return constant_model() ? arrival_step(i) <= step_ : arrival_ms(i) <= now_ms_;
+  }
+  /// The current step's length: constant or roofline, plus its swap copies.
+  double step_duration_ms() const {
+    const double compute =
+        constant_model() ? config_.step_ms : step_time(*config_.roofline, work_).total_ms;
+    return compute + step_swap_ms_;
+  }
+  /// Moves the clock past the step just run.
+  void advance_clock() {
+    ++step_;
+    ++busy_steps_;
+    busy_ms_ += step_ms_;
+    extra_ms_ += step_swap_ms_;
+    now_ms_ = constant_model() ? static_cast<double>(step_) * config_.step_ms + extra_ms_
+                               : now_ms_ + step_ms_;
+  }
+  /// Host-link copy time of `positions` K/V positions, ms.
+  double swap_ms(int64_t positions) const {
+    return 1000.0 * static_cast<double>(positions) *
+           static_cast<double>(config_.kv_bytes_per_token) / config_.host_link_bytes_per_s;
+  }
+  /// Time units (of step_ms): ms / step_ms; the constant model counts whole steps exactly.
+  double unit(double ms) const { return ms / config_.step_ms; }
+  double now_unit() const {
+    return constant_model() ? static_cast<double>(step_) + unit(extra_ms_) : unit(now_ms_);
+  }
 
   /// The latency of a finished request (this step): TTFT, TPOT, normalized latency.
   void record_latency(const Active& r) {
-    const double e2e = end_ms(step_) - arrival_ms(r.index);
-    const double ttft = end_ms(r.first_token_step) - arrival_ms(r.index);
+    const double e2e = now_ms_ + step_ms_ - arrival_ms(r.index);
+    const double ttft = r.first_token_ms - arrival_ms(r.index);
     ttft_.push_back(ttft);
     if (r.output >= 2) tpot_.push_back((e2e - ttft) / static_cast<double>(r.output - 1));
     if (r.output >= 1) {
@@ -272,16 +314,25 @@ class Scheduler {
   /// Nothing runs or waits: jump to the next arrival, sampling the idle steps in O(1).
   void skip_idle() {
     if (!running_.empty() || !waiting_.empty()) return;
-    const int64_t next = arrival_step(cursor_);
-    if (next > step_) {
-      acc_.sample(step_, next - step_, 0, 0, 0, 0);
-      step_ = next;
+    if (constant_model()) {
+      const int64_t next = arrival_step(cursor_);
+      if (next > step_) {
+        acc_.sample(now_unit(), static_cast<double>(next - step_), 0, 0, 0, 0);
+        step_ = next;
+        now_ms_ = static_cast<double>(step_) * config_.step_ms + extra_ms_;
+      }
+      return;
+    }
+    const double next = arrival_ms(cursor_);
+    if (next > now_ms_) {
+      acc_.sample(now_unit(), unit(next - now_ms_), 0, 0, 0, 0);
+      now_ms_ = next;
     }
   }
 
   /// 1. Arrivals join the waiting queue; a request longer than max_context is rejected.
   void take_arrivals() {
-    while (cursor_ < reqs_.size() && arrival_step(cursor_) <= step_) {
+    while (cursor_ < reqs_.size() && arrived(cursor_)) {
       const TraceRequest& q = reqs_[cursor_];
       if (q.prompt_tokens + q.output_tokens > config_.max_context) {
         ++res_.rejected_too_long;
@@ -289,7 +340,7 @@ class Scheduler {
       } else {
         Active a;
         a.index = cursor_;
-        a.arrival_step = arrival_step(cursor_);
+        a.arrival_step = step_;
         a.prompt = q.prompt_tokens;
         a.output = q.output_tokens;
         a.target = q.prompt_tokens;
@@ -304,6 +355,7 @@ class Scheduler {
     for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
       if (running_[i].computed < running_[i].target) {
         const int64_t n = std::min(running_[i].target - running_[i].computed, budget);
+        work_.add(running_[i].computed, n);
         running_[i].computed += n;
         budget -= n;
         res_.processed_tokens += n;
@@ -317,6 +369,7 @@ class Scheduler {
       }
       if (self_preempted) return;
       Active& r = running_[i];
+      work_.add(r.computed, 1);
       ++r.cached;
       ++r.computed;
       ++r.generated;
@@ -326,13 +379,20 @@ class Scheduler {
     }
   }
 
-  /// Recompute preemption of the newest running request (vLLM's victim choice).
+  /// Preemption of the newest running request (vLLM's victim choice): recompute discards its
+  /// K/V; swap copies its positions to host memory over the host link (this step pays the time).
   void preempt_newest() {
     Active v = std::move(running_.back());
     running_.pop_back();
     pool_->preempt(v);
     ++res_.preemptions;
-    res_.recomputed_tokens += v.computed;
+    if (config_.preemption == Preemption::kSwap) {
+      v.swapped = true;
+      res_.swapped_tokens += v.cached;
+      charge_swap(v.cached);
+    } else {
+      res_.recomputed_tokens += v.computed;
+    }
     v.target = v.prompt + v.generated;
     v.cached = 0;
     v.computed = 0;
@@ -357,7 +417,13 @@ class Scheduler {
         delays_.push_back(step_ - r.arrival_step);
         res_.prompt_tokens += r.prompt;
       }
+      if (r.swapped) {  // swap-in: what the prefix cache did not supply comes back from host
+        r.swapped = false;
+        charge_swap(r.target - r.computed);
+        r.computed = r.target;
+      }
       const int64_t n = std::min(r.target - r.computed, budget);
+      work_.add(r.computed, n);
       r.computed += n;
       budget -= n;
       res_.processed_tokens += n;
@@ -366,13 +432,20 @@ class Scheduler {
     }
   }
 
+  void charge_swap(int64_t positions) {
+    const double ms = swap_ms(positions);
+    step_swap_ms_ += ms;
+    swap_ms_total_ += ms;
+  }
+
   /// 4. Sample the step, then retire finished requests.
   void sample_and_retire() {
-    acc_.sample(step_, 1, static_cast<int64_t>(running_.size()),
+    const double length = constant_model() ? 1.0 + unit(step_swap_ms_) : unit(step_ms_);
+    acc_.sample(now_unit(), length, static_cast<int64_t>(running_.size()),
                 static_cast<int64_t>(waiting_.size()), pool_->live(), pool_->reserved());
     for (Active& r : running_) {
       const bool delivered = r.output > 0 ? r.generated >= 1 : r.computed >= r.target;
-      if (r.first_token_step < 0 && delivered) r.first_token_step = step_;
+      if (r.first_token_ms < 0 && delivered) r.first_token_ms = now_ms_ + step_ms_;
     }
     std::erase_if(running_, [&](Active& r) {
       if (r.computed < r.target || r.generated < r.output) return false;
@@ -397,8 +470,16 @@ class Scheduler {
   std::vector<double> tpot_;     ///< ms, per completed request with output >= 2
   double norm_sum_ = 0;          ///< s per token, summed over completed requests with output >= 1
   int64_t norm_n_ = 0;
-  size_t cursor_ = 0;  ///< next trace request to arrive
-  int64_t step_ = 0;
+  size_t cursor_ = 0;        ///< next trace request to arrive
+  int64_t step_ = 0;         ///< steps so far (constant model: including idle grid steps)
+  double now_ms_ = 0;        ///< start of the current step, simulated ms
+  double step_ms_ = 0;       ///< length of the current step, ms
+  double extra_ms_ = 0;      ///< swap time so far (constant model: shifts the step grid), ms
+  double step_swap_ms_ = 0;  ///< swap copies of the current step, ms
+  double swap_ms_total_ = 0;
+  double busy_ms_ = 0;  ///< time in steps that ran something, ms
+  int64_t busy_steps_ = 0;
+  StepWork work_;     ///< what the current step computes
   int64_t done_ = 0;  ///< requests finished or rejected
 };
 
@@ -423,6 +504,9 @@ void validate(const ReplayConfig& c) {
   PAGEDKV_CHECK(c.vocab_size >= 4, "replay: vocab size must be >= 4, got {}", c.vocab_size);
   PAGEDKV_CHECK(c.rate_scale > 0 && std::isfinite(c.rate_scale),
                 "replay: rate scale must be > 0 and finite, got {}", c.rate_scale);
+  PAGEDKV_CHECK(c.host_link_bytes_per_s > 0 && std::isfinite(c.host_link_bytes_per_s),
+                "replay: host link bandwidth must be > 0 bytes/s, got {}", c.host_link_bytes_per_s);
+  if (c.roofline) validate(*c.roofline);
 }
 
 ReplayResult replay(const Trace& trace, const ReplayConfig& config, const Strategy& strategy,

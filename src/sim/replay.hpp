@@ -3,16 +3,21 @@
 /// Continuous-batching scheduler simulation over a request trace, on the real KVCacheManager
 /// (metadata only: no K/V data, no attention math), under a KV memory budget.
 ///
-/// Time is counted in scheduler steps of a fixed simulated duration (ReplayConfig::step_ms); a
-/// request arriving at t ms becomes visible at step floor(t / step_ms). One step:
+/// Time: with the constant model (ReplayConfig::roofline unset) every scheduler step lasts
+/// step_ms and a request arriving at t ms becomes visible at step floor(t / step_ms). With the
+/// roofline model (step_time.hpp) each step lasts what its work costs on the hardware preset,
+/// and a request is visible to the first step that starts at or after its arrival. Swap copies
+/// (below) lengthen the step that makes them, under either model. One step:
 ///  1. arrivals join the tail of the waiting queue (trace order); a request with
 ///     P + O > max_context is rejected (all strategies alike);
 ///  2. running requests, oldest admission first, each take their next tokens from the step's
 ///     token budget (chunked prefill, vLLM max_num_batched_tokens): the next prefill chunk
 ///     min(remaining, budget), or one decode position. A decode that gets no memory preempts the
-///     newest running request (recompute: its memory is released and it rejoins the FRONT of
-///     the waiting queue, to prefill prompt + generated tokens again), repeatedly, possibly
-///     itself (vLLM's policy);
+///     newest running request, repeatedly, possibly itself (vLLM's policy): its memory is
+///     released and it rejoins the FRONT of the waiting queue. Recompute (the default) prefills
+///     prompt + generated tokens again on re-admission; swap (Kwon et al., SOSP 2023, sec. 4.5)
+///     copies its positions to host memory now and back at re-admission, each copy taking
+///     positions x kv_bytes_per_token / host_link_bytes_per_s (host memory is unlimited);
 ///  3. waiting requests are admitted first-come-first-served while the budget, max_seqs and the
 ///     memory strategy allow (head-of-line blocking: a request that does not fit stops
 ///     admission; one that can never fit is rejected); admission assigns the request its whole
@@ -47,14 +52,19 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "pagedkv/types.hpp"
+#include "sim/step_time.hpp"
 #include "sim/strategy.hpp"
 #include "sim/trace.hpp"
 
 namespace pagedkv::sim {
+
+/// Preemption mode (vLLM's preemption_mode): discard and recompute, or swap to host memory.
+enum class Preemption { kRecompute, kSwap };
 
 /// Scheduler and memory parameters shared by every strategy of a run.
 struct ReplayConfig {
@@ -71,6 +81,13 @@ struct ReplayConfig {
   /// Request-rate multiplier: arrival times are divided by it (2 = the trace's requests arrive
   /// twice as fast, 0.5 = half as fast); > 0 and finite.
   double rate_scale = 1.0;
+  /// Step-time model: unset = every step lasts step_ms; set = each step's time from the
+  /// roofline of its work (step_time.hpp; step_ms is then only the unit of the time series).
+  std::optional<RooflineModel> roofline;
+  /// What a decode that finds no memory does to its victim (see above).
+  Preemption preemption = Preemption::kRecompute;
+  /// Swap copies' bandwidth, bytes/s one way (> 0); default PCIe 4 x16 (hardware_preset.hpp).
+  double host_link_bytes_per_s = 25e9;
 };
 
 /// Checks every field. Errors: throws pagedkv::Error naming the field and value.
@@ -103,24 +120,28 @@ struct ReplayResult {
   double reserved_mean_bytes = 0;  ///< time-weighted mean of reserved bytes (all steps)
   int32_t peak_concurrency = 0;    ///< most requests running in one step
   double mean_concurrency = 0;     ///< running requests, time-weighted over all steps
-  int64_t preemptions = 0;         ///< recompute preemptions
-  int64_t recomputed_tokens = 0;   ///< computed positions discarded by preemptions
-  int64_t steps = 0;               ///< simulated steps until the last request finished
-  int64_t processed_tokens = 0;    ///< prefill + decode positions written (recompute included)
-  int64_t generated_tokens = 0;    ///< output tokens
-  double tokens_per_step = 0;      ///< processed_tokens / steps
-  double generated_per_step = 0;   ///< generated_tokens / steps
-  double queue_mean_steps = 0;     ///< first admission step - arrival step, over admitted
-  double queue_p99_steps = 0;      ///< nearest-rank 99th percentile of the same
-  int64_t prompt_tokens = 0;       ///< prompt positions of admitted requests (first admission)
+  int64_t preemptions = 0;         ///< preemptions (recompute or swap)
+  int64_t recomputed_tokens = 0;   ///< computed positions discarded by recompute preemptions
+  int64_t swapped_tokens = 0;      ///< positions copied to host by swap preemptions
+  double swap_seconds = 0;         ///< simulated time of all swap copies (out and in), s
+  int64_t steps = 0;        ///< simulated steps until the last request finished (the constant model
+                            ///< counts idle steps too, the roofline model only steps that ran)
+  double mean_step_ms = 0;  ///< mean length of the steps that ran something, ms
+  int64_t processed_tokens = 0;   ///< prefill + decode positions written (recompute included)
+  int64_t generated_tokens = 0;   ///< output tokens
+  double tokens_per_step = 0;     ///< processed_tokens / steps
+  double generated_per_step = 0;  ///< generated_tokens / steps
+  double queue_mean_steps = 0;    ///< first admission step - arrival step, over admitted
+  double queue_p99_steps = 0;     ///< nearest-rank 99th percentile of the same
+  int64_t prompt_tokens = 0;      ///< prompt positions of admitted requests (first admission)
   /// Prefix caching (manager stats): prompt positions looked up (re-admissions after a
   /// preemption included), served from the cache, their ratio, and cached blocks evicted.
   int64_t prefix_query_tokens = 0;
   int64_t prefix_hit_tokens = 0;
   double prefix_hit_rate = 0;
   int64_t prefix_evictions = 0;
-  /// Latency and throughput in simulated time (a step lasts step_ms; a token is delivered at the
-  /// end of the step that computed it). TTFT: arrival to the first output token (to the end of
+  /// Latency and throughput in simulated time (a token is delivered at the end of the step
+  /// that computed it). TTFT: arrival to the first output token (to the end of
   /// the prefill for output 0); TPOT: (end-to-end - TTFT) / (output - 1), requests with output
   /// >= 2; normalized latency: end-to-end / output tokens, mean over requests with output >= 1,
   /// in s per token (the metric of Kwon et al., SOSP 2023, sec. 6.2). Percentiles nearest-rank

@@ -1,6 +1,7 @@
 #include "sim/replay_pools.hpp"
 
 #include <algorithm>
+#include <array>
 #include <optional>
 #include <span>
 
@@ -14,6 +15,7 @@ namespace {
 using replay_detail::Active;
 using replay_detail::Admit;
 using replay_detail::Pool;
+using replay_detail::synthesize_into;
 
 // ---- token synthesis ---------------------------------------------------------------------------
 
@@ -26,9 +28,27 @@ uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// An id in [3, vocab_size) from the hash: the high half of h x (vocab_size - 3) (Lemire, "Fast
+// random integer generation in an interval", TOMACS 2019), a multiply where `%` was a 64-bit
+// division (a third of a Mooncake prefix-16 replay).
 TokenId token_for(uint64_t key, int64_t position, int32_t vocab_size) {
   const uint64_t h = mix64(key ^ mix64(static_cast<uint64_t>(position)));
-  return static_cast<TokenId>(3 + h % static_cast<uint64_t>(vocab_size - 3));
+  const auto range = static_cast<unsigned __int128>(static_cast<uint64_t>(vocab_size - 3));
+  return static_cast<TokenId>(3 + static_cast<uint64_t>((h * range) >> 64));
+}
+
+/// Keys of unique content have the top bit set; hash-id keys never do (ids are < 2^63).
+uint64_t own_key(size_t index) { return (uint64_t{1} << 63) | static_cast<uint64_t>(index); }
+
+/// The id at prompt-or-generated position `pos` of request `index` (synthesize_tokens, one id).
+TokenId token_at(const Trace& trace, size_t index, int64_t pos, int32_t vocab_size) {
+  const TraceRequest& r = trace.requests[index];
+  const int64_t hb = trace.hash_block_tokens;
+  if (hb > 0 && pos < r.prompt_tokens && pos / hb < static_cast<int64_t>(r.hash_count)) {
+    return token_for(static_cast<uint64_t>(trace.hashes(r)[static_cast<size_t>(pos / hb)]),
+                     pos % hb, vocab_size);
+  }
+  return token_for(own_key(index), pos, vocab_size);
 }
 
 // ---- memory strategies -------------------------------------------------------------------------
@@ -95,8 +115,13 @@ class PagedPool final : public Pool {
     if (blocks_for_tokens(r.prompt + r.output, block_size_) > limit) return Admit::kNever;
     std::span<const TokenId> ids;
     if (prefix_) {
-      if (r.tokens.empty()) r.tokens = synthesize_tokens(trace_, r.index, 0, r.target, vocab_size_);
-      ids = r.tokens;
+      // Only the queue's head is tried, often several steps running: synthesize its ids once,
+      // into one buffer reused by every request (no allocation per admission).
+      if (scratch_index_ != r.index || static_cast<int64_t>(scratch_.size()) != r.target) {
+        synthesize_into(trace_, r.index, 0, r.target, vocab_size_, scratch_);
+        scratch_index_ = r.index;
+      }
+      ids = scratch_;
     } else {
       // Without prefix caching only the prompt length matters; share one zero buffer.
       if (static_cast<int64_t>(zeros_.size()) < r.target) zeros_.resize(r.target, 0);
@@ -114,7 +139,7 @@ class PagedPool final : public Pool {
     PAGEDKV_CHECK(added.has_value(), "replay: add_sequence failed after can_add_sequence kOk");
     r.cached = r.target;
     r.computed = added->num_computed_tokens;
-    r.tokens = {};
+    scratch_index_ = kNoRequest;
     waste_ += waste(r.cached);
     return Admit::kOk;
   }
@@ -123,8 +148,7 @@ class PagedPool final : public Pool {
     std::optional<AppendResult> appended;
     if (prefix_) {
       // Generated tokens are recorded too, so a recomputed request can hit its own blocks.
-      const std::vector<TokenId> id =
-          synthesize_tokens(trace_, r.index, r.cached, r.cached + 1, vocab_size_);
+      const std::array<TokenId, 1> id = {token_at(trace_, r.index, r.cached, vocab_size_)};
       appended = manager_.append_tokens(seq(r), id);
     } else {
       appended = manager_.append_slots(seq(r), 1);
@@ -182,6 +206,9 @@ class PagedPool final : public Pool {
   bool prefix_;
   KVCacheManager manager_;
   std::vector<TokenId> zeros_;
+  std::vector<TokenId> scratch_;  // prefix: ids of the request scratch_index_ is trying
+  static constexpr size_t kNoRequest = ~size_t{0};
+  size_t scratch_index_ = kNoRequest;
   int64_t waste_ = 0;  // sum over running requests of waste(cached)
 };
 
@@ -216,6 +243,13 @@ std::unique_ptr<Pool> replay_detail::make_pool(const Trace& trace, const ReplayC
 // Declared in replay.hpp; defined here, beside the prefix pool that feeds its ids to the manager.
 std::vector<TokenId> synthesize_tokens(const Trace& trace, size_t index, int64_t begin, int64_t end,
                                        int32_t vocab_size) {
+  std::vector<TokenId> out;
+  synthesize_into(trace, index, begin, end, vocab_size, out);
+  return out;
+}
+
+void replay_detail::synthesize_into(const Trace& trace, size_t index, int64_t begin, int64_t end,
+                                    int32_t vocab_size, std::vector<TokenId>& out) {
   PAGEDKV_CHECK(index < trace.requests.size(), "synthesize_tokens: request {} out of range ({})",
                 index, trace.requests.size());
   PAGEDKV_CHECK(0 <= begin && begin <= end, "synthesize_tokens: bad range [{}, {})", begin, end);
@@ -223,19 +257,23 @@ std::vector<TokenId> synthesize_tokens(const Trace& trace, size_t index, int64_t
   const TraceRequest& r = trace.requests[index];
   const std::span<const int64_t> hashes = trace.hashes(r);
   const int64_t hb = trace.hash_block_tokens;
-  // Keys of unique content have the top bit set; hash-id keys never do (ids are < 2^63).
-  const uint64_t own_key = (uint64_t{1} << 63) | static_cast<uint64_t>(index);
-  std::vector<TokenId> out;
-  out.reserve(static_cast<size_t>(end - begin));
-  for (int64_t pos = begin; pos < end; ++pos) {
-    const int64_t block = hb > 0 ? pos / hb : 0;
-    if (hb > 0 && pos < r.prompt_tokens && block < static_cast<int64_t>(hashes.size())) {
-      out.push_back(token_for(static_cast<uint64_t>(hashes[block]), pos % hb, vocab_size));
-    } else {
-      out.push_back(token_for(own_key, pos, vocab_size));
+  // Positions below `shared_end` take their hash block's ids; walk them block by block so the
+  // loop divides once per block, not per position.
+  const int64_t shared_end =
+      hb > 0 ? std::min(r.prompt_tokens, static_cast<int64_t>(hashes.size()) * hb) : 0;
+  out.resize(static_cast<size_t>(end - begin));
+  TokenId* dst = out.data();
+  int64_t pos = begin;
+  while (pos < std::min(end, shared_end)) {
+    const int64_t block = pos / hb;
+    const auto key = static_cast<uint64_t>(hashes[static_cast<size_t>(block)]);
+    const int64_t stop = std::min({end, shared_end, (block + 1) * hb});
+    for (int64_t off = pos - block * hb; pos < stop; ++pos, ++off) {
+      *dst++ = token_for(key, off, vocab_size);
     }
   }
-  return out;
+  const uint64_t own = own_key(index);
+  for (; pos < end; ++pos) *dst++ = token_for(own, pos, vocab_size);
 }
 
 }  // namespace pagedkv::sim

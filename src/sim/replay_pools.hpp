@@ -32,8 +32,8 @@ struct Active {
   int64_t generated = 0;  // output tokens so far
   int64_t reserved = 0;   // contiguous: positions reserved at admission
   bool admitted_once = false;
-  int64_t first_token_step = -1;  // step whose end delivered the first output token
-  std::vector<TokenId> tokens;    // prefix caching: ids of [0, target) while waiting
+  bool swapped = false;        // swap preemption: its K/V wait in host memory
+  double first_token_ms = -1;  // end of the step that delivered the first output token, ms
 };
 
 /// A memory strategy: admission, decode growth and release of requests' KV positions. Tracks
@@ -63,5 +63,9 @@ class Pool {
 /// Errors: throws pagedkv::Error if the budget holds no block of a paged strategy.
 [[nodiscard]] std::unique_ptr<Pool> make_pool(const Trace& trace, const ReplayConfig& config,
                                               const Strategy& strategy, ReplayResult& res);
+
+/// synthesize_tokens (replay.hpp) into `out` (resized to end - begin; its capacity is kept).
+void synthesize_into(const Trace& trace, size_t index, int64_t begin, int64_t end,
+                     int32_t vocab_size, std::vector<TokenId>& out);
 
 }  // namespace pagedkv::sim::replay_detail

@@ -71,7 +71,19 @@ nlohmann::json replay_to_json(const Trace& trace, const ModelPreset& model,
                  {"max_batch_tokens", config.max_batch_tokens},
                  {"max_seqs", config.max_seqs},
                  {"watermark", config.watermark},
-                 {"rate_scale", config.rate_scale}};
+                 {"rate_scale", config.rate_scale},
+                 {"step_model", config.roofline ? "roofline" : "constant"},
+                 {"preemption", config.preemption == Preemption::kSwap ? "swap" : "recompute"},
+                 {"host_link_bytes_per_s", config.host_link_bytes_per_s}};
+  if (config.roofline) {
+    const RooflineModel& m = *config.roofline;
+    j["config"]["roofline"] = {{"weight_bytes", m.weight_bytes},
+                               {"bandwidth_bytes_per_s", m.bandwidth_bytes_per_s},
+                               {"flops_per_s", m.flops_per_s},
+                               {"bandwidth_efficiency", m.bandwidth_efficiency},
+                               {"flops_efficiency", m.flops_efficiency},
+                               {"overhead_ms", m.overhead_ms}};
+  }
   json problems = json::array();
   for (const TraceProblem& p : trace.problems) problems.push_back(p.message);
   j["trace"] = {{"source", trace.source},
@@ -101,7 +113,10 @@ nlohmann::json replay_to_json(const Trace& trace, const ModelPreset& model,
               {"mean_concurrency", r.mean_concurrency},
               {"preemptions", r.preemptions},
               {"recomputed_tokens", r.recomputed_tokens},
+              {"swapped_tokens", r.swapped_tokens},
+              {"swap_seconds", r.swap_seconds},
               {"steps", r.steps},
+              {"mean_step_ms", r.mean_step_ms},
               {"processed_tokens", r.processed_tokens},
               {"generated_tokens", r.generated_tokens},
               {"tokens_per_step", r.tokens_per_step},

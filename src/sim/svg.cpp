@@ -71,7 +71,55 @@ std::string tick_label(double v, double step) {
   return fmt::format("{:.{}f}", v, decimals);
 }
 
+/// A bar panel (SvgPanel::bars): y from 0 to a nice bound, one bar per category.
+void render_bars(std::string& out, const SvgPanel& p, int width, int top, int height) {
+  const double left = 70, right = 250, pad_top = 30, pad_bottom = 45;
+  const double x0 = left, x1 = width - right, y0 = top + height - pad_bottom, y1 = top + pad_top;
+  double ymax = p.y_max;
+  for (const auto& [label, v] : p.bars) {
+    if (std::isfinite(v)) ymax = std::max(ymax, v);
+  }
+  if (!(ymax > 0)) ymax = 1;
+  const double ystep = nice_step(ymax, 6);
+  ymax = std::ceil(ymax / ystep - 1e-9) * ystep;
+  auto sy = [&](double y) { return y0 - y / ymax * (y0 - y1); };
+  out += fmt::format(
+      "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"15\" font-weight=\"bold\">{}</text>\n", x0,
+      top + 20.0, escape(shorten(p.title, static_cast<size_t>((width - x0) / 8.5))));
+  for (double y = 0; y <= ymax + ystep * 1e-6; y += ystep) {
+    out += fmt::format(
+        "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#e0e0e0\"/>\n"
+        "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" text-anchor=\"end\">{}</text>\n",
+        x0, sy(y), x1, sy(y), x0 - 6, sy(y) + 4, tick_label(y, ystep));
+  }
+  out += fmt::format(
+      "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"none\" "
+      "stroke=\"#444\"/>\n<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\" "
+      "text-anchor=\"middle\" transform=\"rotate(-90 {:.1f} {:.1f})\">{}</text>\n",
+      x0, y1, x1 - x0, y0 - y1, 18.0, (y0 + y1) / 2, 18.0, (y0 + y1) / 2, escape(p.y_label));
+  const double slot = (x1 - x0) / static_cast<double>(std::max<size_t>(1, p.bars.size()));
+  for (size_t i = 0; i < p.bars.size(); ++i) {
+    const auto& [label, v] = p.bars[i];
+    const double value = std::isfinite(v) ? std::max(0.0, v) : 0.0;
+    const double cx = x0 + slot * (static_cast<double>(i) + 0.5);
+    const double w = slot * 0.6;
+    out += fmt::format(
+        "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\">"
+        "<title>{}: {:g}</title></rect>\n",
+        cx - w / 2, sy(value), w, y0 - sy(value), kPalette[i % kPalette.size()], escape(label),
+        value);
+    out += fmt::format(
+        "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" text-anchor=\"middle\">{:.3g}</text>\n"
+        "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" text-anchor=\"middle\">{}</text>\n",
+        cx, sy(value) - 4, value, cx, y0 + 16, escape(shorten(label, 20)));
+  }
+}
+
 void render_panel(std::string& out, const SvgPanel& p, int width, int top, int height) {
+  if (!p.bars.empty()) {
+    render_bars(out, p, width, top, height);
+    return;
+  }
   const double left = 70, right = 250, pad_top = 30, pad_bottom = 45;
   const double x0 = left, x1 = width - right, y0 = top + height - pad_bottom, y1 = top + pad_top;
 
@@ -139,7 +187,12 @@ void render_panel(std::string& out, const SvgPanel& p, int width, int top, int h
       "transform=\"rotate(-90 {:.1f} {:.1f})\">{}</text>\n",
       18.0, (y0 + y1) / 2, 18.0, (y0 + y1) / 2, escape(p.y_label));
 
-  // Lines (a non-finite y breaks the line), then the legend.
+  // Lines (a non-finite y breaks the line), clipped to the plot area, then the legend.
+  const std::string clip = fmt::format("clip{}", top);
+  out += fmt::format(
+      "<clipPath id=\"{}\"><rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" "
+      "height=\"{:.1f}\"/></clipPath>\n",
+      clip, x0, y1, x1 - x0, y0 - y1);
   for (size_t i = 0; i < p.series.size(); ++i) {
     const SvgSeries& s = p.series[i];
     const char* colour = kPalette[i % kPalette.size()];
@@ -156,13 +209,13 @@ void render_panel(std::string& out, const SvgPanel& p, int width, int top, int h
     }
     if (!path.empty()) {
       out += fmt::format(
-          "<path d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.6\"{}>"
-          "<title>{}</title></path>\n",
-          path, colour, s.dashed ? " stroke-dasharray=\"6 4\"" : "", escape(s.label));
+          "<path d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.6\"{} "
+          "clip-path=\"url(#{})\"><title>{}</title></path>\n",
+          path, colour, s.dashed ? " stroke-dasharray=\"6 4\"" : "", clip, escape(s.label));
     }
     if (s.markers) {
       for (const auto& [x, y] : s.points) {
-        if (!std::isfinite(x) || !std::isfinite(y)) continue;
+        if (!std::isfinite(x) || !std::isfinite(y) || sy(y) < y1 - 0.5) continue;
         out += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.5\" fill=\"{}\"/>\n", sx(x),
                            sy(y), colour);
       }

@@ -25,13 +25,16 @@ struct SvgPanel {
   std::string y_label;
   std::vector<SvgSeries> series;
   bool y_from_zero = true;  ///< the y axis starts at 0 even if the data do not (x too)
-  double y_max = 0;         ///< fixed upper bound when > 0 (e.g. 1 for a ratio)
+  double y_max = 0;  ///< fixed upper bound when > 0 (e.g. 1 for a ratio); lines are clipped to it
+  /// A bar chart instead of lines when non-empty: (category, value >= 0), drawn left to right
+  /// in palette order, each labelled with its value; `series` and x_label are then ignored.
+  std::vector<std::pair<std::string, double>> bars = {};
 };
 
 /// Renders panels stacked vertically into one SVG document, `width` pixels wide and
 /// `panel_height` pixels per panel. Series colours come from a fixed 10-colour palette in series
-/// order. Panels without data points are drawn with empty axes. Titles longer than the plot
-/// width and legend labels longer than 32 characters are shortened with "...".
+/// order (bars too). Panels without data points are drawn with empty axes. Titles longer than the
+/// plot width and legend labels longer than 32 characters are shortened with "...".
 [[nodiscard]] std::string render_svg(const std::vector<SvgPanel>& panels, int width = 900,
                                      int panel_height = 360);
 

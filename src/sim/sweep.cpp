@@ -112,7 +112,7 @@ std::string format_sweep_table(std::span<const SweepPoint> points, const Slo& sl
 }
 
 std::vector<SvgPanel> sweep_panels(std::span<const SweepPoint> points, double base_rps,
-                                   const std::string& title) {
+                                   const std::string& title, const Slo& slo) {
   SvgPanel latency{title + ": normalized latency vs request rate",
                    "request rate (requests/s)",
                    "normalized latency (s/token)",
@@ -136,7 +136,28 @@ std::vector<SvgPanel> sweep_panels(std::span<const SweepPoint> points, double ba
   for (SvgPanel* panel : {&latency, &throughput}) {
     for (SvgSeries& s : panel->series) std::sort(s.points.begin(), s.points.end());
   }
-  return {latency, throughput};
+  if (slo.normalized_latency_s && !latency.series.empty()) {
+    const double bound = *slo.normalized_latency_s;
+    const auto& pts = latency.series.front().points;
+    latency.series.push_back({"SLO " + fmt::format("{:g}", bound) + " s/token",
+                              {{pts.front().first, bound}, {pts.back().first, bound}},
+                              true,
+                              false});
+    latency.y_max = 5 * bound;
+  }
+  if (slo.describe() == "none") return {latency, throughput};
+  SvgPanel bars{title + ": throughput at the SLO (" + slo.describe() + ")",
+                "",
+                "served at the highest rate meeting it (requests/s)",
+                {}};
+  for (const auto& [name, rate] : max_rate_at_slo(points, slo)) {
+    double served = 0;
+    for (const SweepPoint& p : points) {
+      if (p.result.strategy == name && p.rate_scale == rate) served = p.result.throughput_rps;
+    }
+    bars.bars.emplace_back(name, served);
+  }
+  return {latency, throughput, bars};
 }
 
 }  // namespace pagedkv::sim

@@ -54,9 +54,14 @@ struct SweepPoint {
 /// p50/p99, normalized latency, preemptions, util mean, and whether the SLO is met.
 [[nodiscard]] std::string format_sweep_table(std::span<const SweepPoint> points, const Slo& slo);
 
-/// Two panels: normalized latency vs request rate (one line per strategy, as the paper plots
-/// it; rates as multiples of `base_rps`, the trace's own rate), and throughput vs rate.
+/// Normalized latency vs request rate (one line per strategy, as the paper plots it, x in
+/// requests/s = rate multiple x `base_rps`, the trace's own rate) and throughput vs rate; when
+/// `slo` sets any bound, a third panel of bars: per strategy, the throughput served (requests/s)
+/// at its highest rate meeting the SLO (0 when none does). With a normalized-latency bound the
+/// first panel draws it as a dashed line and stops its y axis at 5x the bound (the curves shoot
+/// up past saturation).
 [[nodiscard]] std::vector<SvgPanel> sweep_panels(std::span<const SweepPoint> points,
-                                                 double base_rps, const std::string& title);
+                                                 double base_rps, const std::string& title,
+                                                 const Slo& slo = {});
 
 }  // namespace pagedkv::sim

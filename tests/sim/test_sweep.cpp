@@ -75,6 +75,34 @@ TEST(Sweep, SloAndMaxRate) {
   EXPECT_THAT(format_sweep_table(points, slo), HasSubstr("| x0.5 | contiguous-exact |"));
 }
 
+// The plots: latency and throughput lines per strategy; with an SLO, the bound as a dashed line,
+// the latency axis stopped at 5x the bound, and bars of the throughput at the highest rate
+// meeting it (x1 here: 4 requests over the 20 steps of 1 ms that x1 takes, 200 requests/s).
+TEST(Sweep, PanelsWithTheSloBars) {
+  const Trace t = four_requests();
+  const std::vector<Strategy> strategies = {{StrategyKind::kContiguousExact, 0}};
+  const std::vector<double> rates = {0.5, 1, 2, 4};
+  const auto points = sweep(t, one_byte_per_token(8), strategies, rates, 1);
+  EXPECT_EQ(sweep_panels(points, 200, "t").size(), 2u);
+  Slo slo;
+  slo.normalized_latency_s = 5.0 / 4 / 1000;
+  const auto panels = sweep_panels(points, 200, "t", slo);
+  ASSERT_EQ(panels.size(), 3u);
+  ASSERT_EQ(panels[0].series.size(), 2u);  // the strategy and the SLO line
+  EXPECT_EQ(panels[0].series[0].points.size(), 4u);
+  EXPECT_DOUBLE_EQ(panels[0].series[0].points[1].first, 200.0);  // rate x1 = 200 requests/s
+  EXPECT_TRUE(panels[0].series[1].dashed);
+  EXPECT_DOUBLE_EQ(panels[0].series[1].points[0].second, slo.normalized_latency_s.value());
+  EXPECT_DOUBLE_EQ(panels[0].y_max, 5 * slo.normalized_latency_s.value());
+  ASSERT_EQ(panels[2].bars.size(), 1u);
+  EXPECT_EQ(panels[2].bars[0].first, "contiguous-exact");
+  EXPECT_DOUBLE_EQ(panels[2].bars[0].second, points[1].result.throughput_rps);
+  EXPECT_DOUBLE_EQ(points[1].result.throughput_rps, 4 / 20e-3);  // done at the end of step 19
+  const std::string svg = render_svg(panels);
+  EXPECT_THAT(svg, HasSubstr("<title>contiguous-exact: 200</title></rect>"));
+  EXPECT_THAT(svg, HasSubstr("clip-path=\"url(#clip0)\""));
+}
+
 TEST(Sweep, ThreadCountDoesNotChangeResults) {
   const Trace t = four_requests();
   const std::vector<Strategy> strategies = {{StrategyKind::kPaged, 2}, {StrategyKind::kPaged, 4}};
