@@ -14,9 +14,9 @@
 #include <utility>
 
 #include "bindings.hpp"
-#include "pools.hpp"
 #include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/storage/kv_write.hpp"
+#include "pools.hpp"
 
 namespace pagedkv::py {
 
@@ -247,7 +247,11 @@ void bind_ops(nb::module_& m) {
                std::string layout, float scale, int32_t window, int32_t sinks,
                std::optional<Any> out, std::optional<std::string> kv_dtype,
                std::optional<Any> k_scale, std::optional<Any> v_scale) {
-              AttentionArgs args{std::move(layout), scale, window, sinks, std::move(out),
+              AttentionArgs args{std::move(layout),
+                                 scale,
+                                 window,
+                                 sinks,
+                                 std::move(out),
                                  {std::move(kv_dtype), std::move(k_scale), std::move(v_scale)}};
               return attend(q, k, v, meta.padded.view(), std::nullopt, args);
             },
@@ -259,10 +263,14 @@ void bind_ops(nb::module_& m) {
         m.def(
             "paged_decode_attention",
             [](const Any& q, const Any& k, std::optional<Any> v, const Any& block_tables,
-               const Any& seq_lens, std::string layout, float scale, int32_t window,
-               int32_t sinks, std::optional<Any> out, std::optional<std::string> kv_dtype,
+               const Any& seq_lens, std::string layout, float scale, int32_t window, int32_t sinks,
+               std::optional<Any> out, std::optional<std::string> kv_dtype,
                std::optional<Any> k_scale, std::optional<Any> v_scale) {
-              AttentionArgs args{std::move(layout), scale, window, sinks, std::move(out),
+              AttentionArgs args{std::move(layout),
+                                 scale,
+                                 window,
+                                 sinks,
+                                 std::move(out),
                                  {std::move(kv_dtype), std::move(k_scale), std::move(v_scale)}};
               const KVLayerView geometry =
                   pool_view(k, v, parse_layout(args.layout), args.quant, false).base;
@@ -280,10 +288,14 @@ void bind_ops(nb::module_& m) {
                std::string layout, float scale, int32_t window, int32_t sinks,
                std::optional<Any> out, std::optional<std::string> kv_dtype,
                std::optional<Any> k_scale, std::optional<Any> v_scale) {
-              AttentionArgs args{std::move(layout), scale, window, sinks, std::move(out),
+              AttentionArgs args{std::move(layout),
+                                 scale,
+                                 window,
+                                 sinks,
+                                 std::move(out),
                                  {std::move(kv_dtype), std::move(k_scale), std::move(v_scale)}};
-              return attend(q, k, v, meta.padded.view(),
-                            std::span<const int32_t>(meta.query_start), args);
+              return attend(q, k, v, meta.padded.view(), std::span<const int32_t>(meta.query_start),
+                            args);
             },
             a...);
       },

@@ -138,8 +138,8 @@ std::string dtype_of(const Any& a) {
   return kind + std::to_string(a.dtype().bits);
 }
 
-void check_dense(const char* name, const Any& a, size_t ndim, nb::dlpack::dtype_code code,
-                 int bits, const char* what) {
+void check_dense(const char* name, const Any& a, size_t ndim, nb::dlpack::dtype_code code, int bits,
+                 const char* what) {
   check_cpu(name, a);
   if (a.ndim() != ndim || !is(a, code, bits)) {
     bad(std::string(name) + ": expected " + what + ", got " + dtype_of(a) + " of shape " +
@@ -163,8 +163,8 @@ DType activation_dtype(const char* name, const Any& a) {
 
 nb::dlpack::dtype dlpack_dtype(DType dtype) {
   if (dtype == DType::kF32) return nb::dtype<float>();
-  const auto code = dtype == DType::kF16 ? nb::dlpack::dtype_code::Float
-                                         : nb::dlpack::dtype_code::Bfloat;
+  const auto code =
+      dtype == DType::kF16 ? nb::dlpack::dtype_code::Float : nb::dlpack::dtype_code::Bfloat;
   return {static_cast<uint8_t>(code), 16, 1};
 }
 

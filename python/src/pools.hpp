@@ -35,8 +35,8 @@ bool is(const Any& a, nb::dlpack::dtype_code code, int bits);
 void check_cpu(const char* name, const Any& a);
 /// ValueError unless a is a C-contiguous CPU array of `ndim` dims of the given element type
 /// (`what` describes the expected shape and dtype in the message).
-void check_dense(const char* name, const Any& a, size_t ndim, nb::dlpack::dtype_code code,
-                 int bits, const char* what);
+void check_dense(const char* name, const Any& a, size_t ndim, nb::dlpack::dtype_code code, int bits,
+                 const char* what);
 /// "NHD" or "HND"; ValueError naming anything else.
 KVLayout parse_layout(const std::string& layout);
 /// A q / out dtype: float32, float16 or bfloat16; ValueError naming the array and its dtype.

@@ -83,17 +83,17 @@ std::tuple<nb::object, Bytes, Bytes> host_kv_cache_attention(
   }
   auto* heap = new std::vector<float>(std::move(out));
   nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
-  nb::object o = nb::cast(nb::ndarray<nb::numpy, float>(heap->data(),
-                                                        {q.shape(0), q.shape(1), q.shape(2)}, owner));
+  nb::object o = nb::cast(
+      nb::ndarray<nb::numpy, float>(heap->data(), {q.shape(0), q.shape(1), q.shape(2)}, owner));
   return {o, pool_bytes(cache, false), pool_bytes(cache, true)};
 }
 
 }  // namespace
 
 void bind_testing(nb::module_& m) {
-  m.def("_host_kv_cache_attention", &host_kv_cache_attention, "key"_a, "value"_a,
-        "slot_mapping"_a, "q"_a, "block_tables"_a, "seq_lens"_a, "query_start"_a.none(),
-        "kv_dtype"_a, "num_blocks"_a, "block_size"_a, "layout"_a, "k_scale"_a, "v_scale"_a,
+  m.def("_host_kv_cache_attention", &host_kv_cache_attention, "key"_a, "value"_a, "slot_mapping"_a,
+        "q"_a, "block_tables"_a, "seq_lens"_a, "query_start"_a.none(), "kv_dtype"_a, "num_blocks"_a,
+        "block_size"_a, "layout"_a, "k_scale"_a, "v_scale"_a,
         "Tests only: one layer of a HostKVCache (separate pools) with these scales, the K/V "
         "written, attention over it: (out float32, K bytes, V bytes [num_blocks, block bytes]).");
 }

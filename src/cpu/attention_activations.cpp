@@ -42,7 +42,8 @@ std::span<float> fp32_target(MutableActivationView out, std::vector<float>& buff
 
 void store_rounded(std::span<const float> result, MutableActivationView out) {
   if (out.dtype == DType::kF32) return;  // written in place
-  for (size_t i = 0; i < result.size(); ++i) store_from_f32(out.data, out.dtype, int64_t(i), result[i]);
+  for (size_t i = 0; i < result.size(); ++i)
+    store_from_f32(out.data, out.dtype, int64_t(i), result[i]);
 }
 
 /// Runs `kernel(q fp32, out fp32)` between the widening and the rounding. For an fp32 out the
@@ -64,19 +65,17 @@ void with_fp32(const char* fn, ActivationView q, MutableActivationView out, Kern
 void paged_decode_attention(const AttentionParams& params, const KVLayerView& cache,
                             const BlockTableView& tables, ActivationView q,
                             MutableActivationView out) {
-  with_fp32("paged_decode_attention", q, out,
-            [&](std::span<const float> qf, std::span<float> of) {
-              paged_decode_attention(params, cache, tables, qf, of);
-            });
+  with_fp32("paged_decode_attention", q, out, [&](std::span<const float> qf, std::span<float> of) {
+    paged_decode_attention(params, cache, tables, qf, of);
+  });
 }
 
 void paged_prefill_attention(const AttentionParams& params, const KVLayerView& cache,
                              const BlockTableView& tables, std::span<const int32_t> query_start,
                              ActivationView q, MutableActivationView out) {
-  with_fp32("paged_prefill_attention", q, out,
-            [&](std::span<const float> qf, std::span<float> of) {
-              paged_prefill_attention(params, cache, tables, query_start, qf, of);
-            });
+  with_fp32("paged_prefill_attention", q, out, [&](std::span<const float> qf, std::span<float> of) {
+    paged_prefill_attention(params, cache, tables, query_start, qf, of);
+  });
 }
 
 }  // namespace pagedkv

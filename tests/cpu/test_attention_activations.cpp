@@ -161,8 +161,8 @@ std::vector<ActCase> cases() {
     }
   }
   // A sliding window with sinks, so masked rows round too.
-  out.push_back({.prefill = true, .group = 2, .dtype = DType::kF16, .window_left = 7,
-                 .sink_tokens = 2});
+  out.push_back(
+      {.prefill = true, .group = 2, .dtype = DType::kF16, .window_left = 7, .sink_tokens = 2});
   return out;
 }
 
