@@ -53,6 +53,11 @@ def test_bfloat16_torch_q_and_out_equal_the_float32_path_rounded(op):
     out = torch.full((rows, H, D), float("nan"), dtype=torch.bfloat16)
     fn(qb, kb, vb, meta, out=out)
     assert torch.equal(out, want)
+    # torch float16 queries: a new numpy float16 out
+    qh = qb.to(torch.float16)
+    half = fn(qh, kb, vb, meta)
+    assert isinstance(half, np.ndarray) and half.dtype == np.float16
+    np.testing.assert_array_equal(half, fn(qh.float().numpy(), kb, vb, meta).astype(np.float16))
     # float32 queries over the same pools still give float32, unrounded
     f32 = fn(qb.float(), kb, vb, meta)
     assert f32.dtype == np.float32 and not np.array_equal(f32, want.float().numpy())
