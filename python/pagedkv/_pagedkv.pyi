@@ -180,45 +180,59 @@ def block_hash(parent: int, tokens: Sequence[int], extra_key: int = 0) -> int:
 # Paged attention on pools the engine owns (CPU kernels; any __dlpack__ array: numpy, torch CPU
 # tensors), read in place through their own strides. Pools: vLLM-style separate k_cache and
 # v_cache, each [num_blocks, block_size, kv_heads, head_dim] (layout "NHD") or
-# [num_blocks, kv_heads, block_size, head_dim] ("HND"), float32 / float16 / bfloat16, head_dim
-# contiguous; or FlashInfer's combined pool as k_cache with v_cache None:
-# [num_pages, 2, page_size, kv_heads, head_dim] ("NHD") or [num_pages, 2, kv_heads, page_size,
-# head_dim] ("HND"), V at index 1. q and out float32, C-contiguous. ValueError names a wrong
-# shape, dtype, device or stride; ContractError comes from the kernel (head_dim or block_size
-# mismatch, a block id out of range). GIL released while the kernel runs.
+# [num_blocks, kv_heads, block_size, head_dim] ("HND"), head_dim contiguous; or FlashInfer's
+# combined pool as k_cache with v_cache None: [num_pages, 2, page_size, kv_heads, head_dim]
+# ("NHD") or [num_pages, 2, kv_heads, page_size, head_dim] ("HND"), V at index 1.
+# Pool dtypes: float32 / float16 / bfloat16; int8 (kv_dtype None or "int8"); uint8 holding fp8
+# bytes, with kv_dtype "fp8_e4m3" or "fp8_e5m2" (required: uint8 does not say which). 8-bit
+# pools take k_scale and v_scale, float32 [1] (per tensor) or [kv_heads] (per head), finite and
+# > 0: x = stored * scale (vLLM's k_scale / v_scale). q and out float32, float16 or bfloat16
+# (torch), C-contiguous, out of q's dtype; computed in fp32, out rounded to nearest even.
+# ValueError names a wrong shape, dtype, device, stride, kv_dtype or scale; ContractError comes
+# from the kernel (head_dim or block_size mismatch, a block id out of range). GIL released while
+# the kernel runs.
 
 @overload
 def paged_decode_attention(q: Any, k_cache: Any, v_cache: Optional[Any], meta: BatchMetadata,
                            *, layout: str = "NHD", scale: float = 0.0, window_left: int = -1,
-                           sink_tokens: int = 0, out: Optional[Any] = None) -> Any:
+                           sink_tokens: int = 0, out: Optional[Any] = None,
+                           kv_dtype: Optional[str] = None, k_scale: Optional[Any] = None,
+                           v_scale: Optional[Any] = None) -> Any:
     """Decode: q [num_seqs, heads, dim], one query per sequence over its whole context;
-    returns out [num_seqs, heads, dim] (a new numpy array unless out is given). The tables'
-    block_size (meta.block_size) must equal the pool's."""
+    returns out [num_seqs, heads, dim] of q's dtype (unless out is given, a new numpy array;
+    a torch tensor for bfloat16). The tables' block_size (meta.block_size) must equal the
+    pool's."""
 @overload
 def paged_decode_attention(q: Any, k_cache: Any, v_cache: Optional[Any], block_tables: Any,
                            seq_lens: Any, *, layout: str = "NHD", scale: float = 0.0,
                            window_left: int = -1, sink_tokens: int = 0,
-                           out: Optional[Any] = None) -> Any:
+                           out: Optional[Any] = None, kv_dtype: Optional[str] = None,
+                           k_scale: Optional[Any] = None, v_scale: Optional[Any] = None) -> Any:
     """Decode over block_tables [num_seqs, max_blocks] int32 and seq_lens [num_seqs] int32,
     built for the pool's block size."""
 def paged_prefill_attention(q: Any, k_cache: Any, v_cache: Optional[Any], meta: BatchMetadata,
                             *, layout: str = "NHD", scale: float = 0.0, window_left: int = -1,
-                            sink_tokens: int = 0, out: Optional[Any] = None) -> Any:
+                            sink_tokens: int = 0, out: Optional[Any] = None,
+                            kv_dtype: Optional[str] = None, k_scale: Optional[Any] = None,
+                            v_scale: Optional[Any] = None) -> Any:
     """Chunked causal prefill: q [meta.query_start_loc[-1], heads, dim], sequence i's rows at
     its last query_start_loc[i + 1] - query_start_loc[i] positions (their K/V written), after
     its cached prefix."""
 
 def write_kv(key: Any, value: Any, k_cache: Any, v_cache: Optional[Any], slot_mapping: Any, *,
-             layout: str = "NHD") -> None:
+             layout: str = "NHD", kv_dtype: Optional[str] = None, k_scale: Optional[Any] = None,
+             v_scale: Optional[Any] = None) -> None:
     """reshape_and_cache: key, value [num_tokens, kv_heads, head_dim] float32 go to their
     slot_mapping [num_tokens] int64 slots of the pools (either form above), converted to the
-    pools' dtype (round to nearest even); negative slots are padding. Every slot is checked
-    before anything is written (ContractError naming the slot)."""
+    pools' dtype (round to nearest even; 8-bit: x / scale, saturated); negative slots are
+    padding. Every slot and scale is checked before anything is written (ContractError naming
+    the slot, ValueError naming the scale)."""
 
 def copy_blocks(pools: List[Any], block_copies: Any, *, layout: str = "NHD") -> None:
     """Copy-on-write in every layer at once: pools [num_layers] of (k_cache, v_cache) tuples or
     combined pools; block_copies [n, 2] int32 (src, dst), applied in order (an AppendResult's
-    copies). Ids checked against each pool first (ContractError)."""
+    copies). Ids checked against each pool first (ContractError). 8-bit pools need neither
+    kv_dtype nor scales: bytes are copied as they are."""
 
 def swap_blocks(src_pools: List[Any], dst_pools: List[Any], block_copies: Any, *,
                 src_layout: str = "NHD", dst_layout: str = "NHD") -> None:

@@ -87,5 +87,6 @@ class PyManager {
 void bind_types(nb::module_& m);    // types.cpp: enums, configs, results, stats, events
 void bind_manager(nb::module_& m);  // manager.cpp: KVCacheManager
 void bind_ops(nb::module_& m);      // ops.cpp: paged attention on the engine's pools
+void bind_testing(nb::module_& m);  // testing.cpp: the C++ HostKVCache path for the tests
 
 }  // namespace pagedkv::py

@@ -16,4 +16,5 @@ NB_MODULE(_pagedkv, m) {
   pagedkv::py::bind_types(m);
   pagedkv::py::bind_manager(m);
   pagedkv::py::bind_ops(m);
+  pagedkv::py::bind_testing(m);
 }

@@ -1,133 +1,28 @@
 // Paged attention on pools the engine owns: any object with __dlpack__ (numpy, torch CPU
 // tensors) is read in place through a KVLayerView built from its own shape and strides, and
 // the CPU kernels (src/cpu) run on it with the GIL released. vLLM's separate K and V pools and
-// FlashInfer's combined [num_pages, 2, ...] pool, HND and NHD; K/V fp32, fp16 or bf16; queries
-// and outputs fp32. Every wrong shape, dtype, device or stride is a ValueError naming it.
+// FlashInfer's combined [num_pages, 2, ...] pool, HND and NHD; K/V fp32, fp16, bf16 or 8-bit
+// (fp8_e4m3 / fp8_e5m2 as uint8, int8, with k_scale / v_scale); queries and outputs fp32, fp16
+// or bf16. Every wrong shape, dtype, device or stride is a ValueError naming it (pools.cpp).
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
 #include <optional>
 #include <span>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "bindings.hpp"
 #include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/storage/kv_write.hpp"
+#include "pools.hpp"
 
 namespace pagedkv::py {
 
 using namespace nb::literals;
 
 namespace {
-
-using Any = nb::ndarray<>;
-
-std::string shape_of(const Any& a) {
-  std::string s = "(";
-  for (size_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
-  return s + (a.ndim() == 1 ? ",)" : ")");
-}
-
-[[noreturn]] void bad(const std::string& msg) { throw nb::value_error(msg.c_str()); }
-
-void check_cpu(const char* name, const Any& a) {
-  if (a.device_type() != nb::device::cpu::value) {
-    bad(std::string(name) + " is on device type " + std::to_string(a.device_type()) +
-        ": these are the CPU kernels (CUDA tensors are not supported yet)");
-  }
-}
-
-bool is(const Any& a, nb::dlpack::dtype_code code, int bits) {
-  return a.dtype().code == static_cast<uint8_t>(code) && a.dtype().bits == bits &&
-         a.dtype().lanes == 1;
-}
-
-std::string dtype_of(const Any& a) {
-  const auto code = static_cast<nb::dlpack::dtype_code>(a.dtype().code);
-  const char* kind = code == nb::dlpack::dtype_code::Float    ? "float"
-                     : code == nb::dlpack::dtype_code::Bfloat ? "bfloat"
-                     : code == nb::dlpack::dtype_code::Int    ? "int"
-                     : code == nb::dlpack::dtype_code::UInt   ? "uint"
-                                                              : "other";
-  return kind + std::to_string(a.dtype().bits);
-}
-
-bool c_contiguous(const Any& a) {
-  int64_t expect = 1;
-  for (size_t i = a.ndim(); i-- > 0;) {
-    if (a.shape(i) != 1 && a.stride(i) != expect) return false;
-    expect *= static_cast<int64_t>(a.shape(i));
-  }
-  return true;
-}
-
-// A dense CPU array of `ndim` dims and the given element type (`what` names it in errors).
-void check_dense(const char* name, const Any& a, size_t ndim, nb::dlpack::dtype_code code, int bits,
-                 const char* what) {
-  check_cpu(name, a);
-  if (a.ndim() != ndim || !is(a, code, bits)) {
-    bad(std::string(name) + ": expected " + what + ", got " + dtype_of(a) + " of shape " +
-        shape_of(a));
-  }
-  if (!c_contiguous(a)) bad(std::string(name) + " must be C-contiguous");
-}
-
-DType kv_dtype(const Any& a) {
-  if (is(a, nb::dlpack::dtype_code::Float, 32)) return DType::kF32;
-  if (is(a, nb::dlpack::dtype_code::Float, 16)) return DType::kF16;
-  if (is(a, nb::dlpack::dtype_code::Bfloat, 16)) return DType::kBF16;
-  bad("k_cache: dtype " + dtype_of(a) + " is not float32, float16 or bfloat16");
-}
-
-KVLayout parse_layout(const std::string& layout) {
-  if (layout == "NHD") return KVLayout::kNHD;
-  if (layout == "HND") return KVLayout::kHND;
-  bad("layout = '" + layout + "' is not 'NHD' or 'HND'");
-}
-
-// The view of one layer's pools. Separate pools (v_cache given): k, v [blocks, bs, heads, dim]
-// (NHD) or [blocks, heads, bs, dim] (HND), same dtype, shape and strides. Combined (v_cache
-// None): k [blocks, 2, bs, heads, dim] (NHD) or [blocks, 2, heads, bs, dim] (HND), index 1 = V.
-KVLayerView pool_view(const Any& k, const std::optional<Any>& v, KVLayout layout) {
-  check_cpu("k_cache", k);
-  const size_t first = v ? 1 : 2;  // dim of block_size or heads after [blocks(, 2)]
-  if (k.ndim() != first + 3) {
-    bad(std::string("k_cache: expected ") +
-        (v ? "4 dims (separate K and V pools)" : "5 dims [num_pages, 2, ...] (v_cache None)") +
-        ", got shape " + shape_of(k));
-  }
-  if (v) {
-    check_cpu("v_cache", *v);
-    bool same = v->ndim() == k.ndim() && v->dtype() == k.dtype();
-    for (size_t i = 0; same && i < k.ndim(); ++i)
-      same = v->shape(i) == k.shape(i) && v->stride(i) == k.stride(i);
-    if (!same) {
-      bad("v_cache (" + dtype_of(*v) + " " + shape_of(*v) + ") differs from k_cache (" +
-          dtype_of(k) + " " + shape_of(k) + ") in dtype, shape or strides");
-    }
-  } else if (k.shape(1) != 2) {
-    bad("k_cache: a combined pool has 2 at dim 1 (K, V), got shape " + shape_of(k));
-  }
-  for (size_t i = 0; i < k.ndim(); ++i) {
-    if (k.stride(i) < 0) bad("k_cache: negative stride at dim " + std::to_string(i));
-  }
-  if (k.stride(k.ndim() - 1) != 1) bad("k_cache: head_dim (the last dim) must be contiguous");
-  const size_t tok = layout == KVLayout::kNHD ? first : first + 1;
-  const size_t head = layout == KVLayout::kNHD ? first + 1 : first;
-  KVLayerView view;
-  view.dtype = kv_dtype(k);
-  const int64_t esize = dtype_size(view.dtype);
-  view.k = k.data();
-  view.v = v ? v->data() : static_cast<char*>(k.data()) + k.stride(1) * esize;
-  view.num_blocks = static_cast<int32_t>(k.shape(0));
-  view.block_size = static_cast<int32_t>(k.shape(tok));
-  view.num_kv_heads = static_cast<int32_t>(k.shape(head));
-  view.head_dim = static_cast<int32_t>(k.shape(k.ndim() - 1));
-  view.block_stride = k.stride(0);
-  view.head_stride = k.stride(head);
-  view.token_stride = k.stride(tok);
-  return view;
-}
 
 AttentionParams params_for(const Any& q, const KVLayerView& cache, float scale, int32_t window,
                            int32_t sinks) {
@@ -141,23 +36,43 @@ AttentionParams params_for(const Any& q, const KVLayerView& cache, float scale, 
   return p;
 }
 
-// out: the caller's [rows, heads, dim] float32 array, checked, or a new numpy array.
-nb::object output_for(const Any& q, std::optional<Any>& out, std::span<float>& span) {
+// q (or out): [rows, heads, dim] float32, float16 or bfloat16, C-contiguous, on the CPU.
+DType check_activations(const char* name, const Any& a, const char* shape) {
+  check_cpu(name, a);
+  if (a.ndim() != 3) bad(std::string(name) + ": expected " + shape + ", got shape " + shape_of(a));
+  const DType dtype = activation_dtype(name, a);
+  check_dense(name, a, 3, static_cast<nb::dlpack::dtype_code>(a.dtype().code), a.dtype().bits,
+              shape);
+  return dtype;
+}
+
+// out: the caller's [rows, heads, dim] array of q's dtype, checked, or a new array of q's
+// dtype (numpy for float32 / float16; a torch tensor for bfloat16, which numpy lacks).
+nb::object output_for(const Any& q, DType dtype, std::optional<Any>& out,
+                      MutableActivationView& view) {
   if (out) {
-    check_dense("out", *out, 3, nb::dlpack::dtype_code::Float, 32, "float32 [rows, heads, dim]");
+    const DType out_dtype = check_activations("out", *out, "[rows, heads, dim]");
+    if (out_dtype != dtype) {
+      bad("out: dtype " + dtype_of(*out) + " differs from q's " + dtype_of(q) +
+          " (out must have q's dtype)");
+    }
     for (size_t i = 0; i < 3; ++i) {
       if (out->shape(i) != q.shape(i))
         bad("out shape " + shape_of(*out) + " != q shape " + shape_of(q));
     }
-    span = {static_cast<float*>(out->data()), out->size()};
+    view = {out->data(), out->size(), dtype};
     return nb::cast(*out);
   }
-  auto* heap = new std::vector<float>(q.size());
+  const size_t bytes = q.size() * static_cast<size_t>(dtype_size(dtype));
+  auto* heap = new std::vector<float>((bytes + sizeof(float) - 1) / sizeof(float));
   nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
-  span = {heap->data(), heap->size()};
+  view = {heap->data(), q.size(), dtype};
   static float anchor = 0.0f;
-  return nb::cast(nb::ndarray<nb::numpy, float>(heap->empty() ? &anchor : heap->data(),
-                                                {q.shape(0), q.shape(1), q.shape(2)}, owner));
+  void* data = heap->empty() ? &anchor : heap->data();
+  const std::initializer_list<size_t> shape = {q.shape(0), q.shape(1), q.shape(2)};
+  if (dtype == DType::kBF16)
+    return nb::cast(nb::ndarray<nb::pytorch>(data, shape, owner, {}, dlpack_dtype(dtype)));
+  return nb::cast(nb::ndarray<nb::numpy>(data, shape, owner, {}, dlpack_dtype(dtype)));
 }
 
 // Block tables from arrays: block_tables [num_seqs, max_blocks] int32, seq_lens [num_seqs]
@@ -178,45 +93,53 @@ BlockTableView tables_from(const Any& block_tables, const Any& seq_lens, const K
           0};
 }
 
-nb::object decode(const Any& q, const Any& k, std::optional<Any> v, const BlockTableView& tables,
-                  const std::string& layout, float scale, int32_t window, int32_t sinks,
-                  std::optional<Any> out) {
-  check_dense("q", q, 3, nb::dlpack::dtype_code::Float, 32, "float32 [num_seqs, heads, dim]");
-  if (q.shape(0) != static_cast<size_t>(tables.num_seqs)) {
+// The keyword arguments the attention ops share.
+struct AttentionArgs {
+  std::string layout = "NHD";
+  float scale = 0.0f;
+  int32_t window_left = -1;
+  int32_t sink_tokens = 0;
+  std::optional<Any> out;
+  QuantArgs quant;
+};
+
+// Decode (no query_start) or prefill (rows by query_start) over the given tables.
+nb::object attend(const Any& q, const Any& k, const std::optional<Any>& v,
+                  const BlockTableView& tables, std::optional<std::span<const int32_t>> query_start,
+                  AttentionArgs& args) {
+  const DType q_dtype = check_activations(
+      "q", q, query_start ? "[num_tokens, heads, dim]" : "[num_seqs, heads, dim]");
+  if (!query_start && q.shape(0) != static_cast<size_t>(tables.num_seqs)) {
     bad("q " + shape_of(q) + " has " + std::to_string(q.shape(0)) + " rows, the tables " +
         std::to_string(tables.num_seqs) + " sequences");
   }
-  const KVLayerView cache = pool_view(k, v, parse_layout(layout));
-  const AttentionParams params = params_for(q, cache, scale, window, sinks);
-  std::span<float> o;
-  nb::object result = output_for(q, out, o);
-  const std::span<const float> qs(static_cast<const float*>(q.data()), q.size());
+  const Pool pool = pool_view(k, v, parse_layout(args.layout), args.quant, /*scaled=*/true);
+  const KVLayerView cache = pool.view();
+  AttentionParams params;
+  params.num_heads = static_cast<int32_t>(q.shape(1));
+  params.num_kv_heads = cache.num_kv_heads;
+  params.head_dim = static_cast<int32_t>(q.shape(2));
+  params.scale = args.scale;
+  params.window_left = args.window_left;
+  params.sink_tokens = args.sink_tokens;
+  MutableActivationView o;
+  nb::object result = output_for(q, q_dtype, args.out, o);
+  const ActivationView qs{q.data(), q.size(), q_dtype};
   {
     nb::gil_scoped_release no_gil;
-    paged_decode_attention(params, cache, tables, qs, o);
-  }
-  return result;
-}
-
-nb::object prefill(const Any& q, const Any& k, std::optional<Any> v, const BlockTableView& tables,
-                   std::span<const int32_t> query_start, const std::string& layout, float scale,
-                   int32_t window, int32_t sinks, std::optional<Any> out) {
-  check_dense("q", q, 3, nb::dlpack::dtype_code::Float, 32, "float32 [num_tokens, heads, dim]");
-  const KVLayerView cache = pool_view(k, v, parse_layout(layout));
-  const AttentionParams params = params_for(q, cache, scale, window, sinks);
-  std::span<float> o;
-  nb::object result = output_for(q, out, o);
-  const std::span<const float> qs(static_cast<const float*>(q.data()), q.size());
-  {
-    nb::gil_scoped_release no_gil;
-    paged_prefill_attention(params, cache, tables, query_start, qs, o);
+    if (query_start) {
+      paged_prefill_attention(params, cache, tables, *query_start, qs, o);
+    } else {
+      paged_decode_attention(params, cache, tables, qs, o);
+    }
   }
   return result;
 }
 
 void write(const Any& key, const Any& value, const Any& k, std::optional<Any> v,
-           const Any& slot_mapping, const std::string& layout) {
-  const KVLayerView cache = pool_view(k, v, parse_layout(layout));
+           const Any& slot_mapping, const std::string& layout, QuantArgs quant) {
+  const Pool pool = pool_view(k, v, parse_layout(layout), quant, /*scaled=*/true);
+  const KVLayerView cache = pool.view();
   check_dense("slot_mapping", slot_mapping, 1, nb::dlpack::dtype_code::Int, 64,
               "int64 [num_tokens]");
   const char* shape = "float32 [num_tokens, kv_heads, head_dim]";
@@ -241,15 +164,18 @@ void write(const Any& key, const Any& value, const Any& k, std::optional<Any> v,
 }
 
 // One view per layer: an item of `pools` is a (k_cache, v_cache) tuple or a combined pool.
+// Block copies move bytes: 8-bit pools need neither kv_dtype nor scales here.
 std::vector<KVLayerView> layer_views(const nb::list& pools, const std::string& layout) {
   std::vector<KVLayerView> views;
+  const KVLayout parsed = parse_layout(layout);
   for (nb::handle item : pools) {
     if (nb::isinstance<nb::tuple>(item)) {
       const nb::tuple kv = nb::borrow<nb::tuple>(item);
       if (kv.size() != 2) bad("pools: a tuple item must be (k_cache, v_cache)");
-      views.push_back(pool_view(nb::cast<Any>(kv[0]), nb::cast<Any>(kv[1]), parse_layout(layout)));
+      views.push_back(
+          pool_view(nb::cast<Any>(kv[0]), nb::cast<Any>(kv[1]), parsed, {}, false).base);
     } else {
-      views.push_back(pool_view(nb::cast<Any>(item), std::nullopt, parse_layout(layout)));
+      views.push_back(pool_view(nb::cast<Any>(item), std::nullopt, parsed, {}, false).base);
     }
   }
   return views;
@@ -291,42 +217,89 @@ void bind_ops(nb::module_& m) {
         "src_layout"_a = "NHD", "dst_layout"_a = "NHD",
         "Block copies between two pools of every layer (a SwapResult's copies: device -> host "
         "for swap_out, host -> device for swap_in).");
-  m.def("write_kv", &write, "key"_a, "value"_a, "k_cache"_a, "v_cache"_a.none(), "slot_mapping"_a,
-        nb::kw_only(), "layout"_a = "NHD",
-        "reshape_and_cache: writes key/value [num_tokens, kv_heads, head_dim] float32 to their "
-        "slots of the pools (converted to the pools' dtype); negative slots are skipped.");
   m.def(
-      "paged_decode_attention",
-      [](const Any& q, const Any& k, std::optional<Any> v, const BatchMetadata& meta,
-         const std::string& layout, float scale, int32_t window, int32_t sinks,
-         std::optional<Any> out) {
-        return decode(q, k, std::move(v), meta.padded.view(), layout, scale, window, sinks,
-                      std::move(out));
+      "write_kv",
+      [](const Any& key, const Any& value, const Any& k, std::optional<Any> v,
+         const Any& slot_mapping, const std::string& layout, std::optional<std::string> kv_dtype,
+         std::optional<Any> k_scale, std::optional<Any> v_scale) {
+        write(key, value, k, std::move(v), slot_mapping, layout,
+              {std::move(kv_dtype), std::move(k_scale), std::move(v_scale)});
       },
-      "q"_a, "k_cache"_a, "v_cache"_a.none(), "meta"_a, nb::kw_only(), "layout"_a = "NHD",
-      "scale"_a = 0.0f, "window_left"_a = -1, "sink_tokens"_a = 0, "out"_a = nb::none());
-  m.def(
-      "paged_decode_attention",
-      [](const Any& q, const Any& k, std::optional<Any> v, const Any& block_tables,
-         const Any& seq_lens, const std::string& layout, float scale, int32_t window, int32_t sinks,
-         std::optional<Any> out) {
-        const KVLayerView cache = pool_view(k, v, parse_layout(layout));
-        return decode(q, k, std::move(v), tables_from(block_tables, seq_lens, cache), layout, scale,
-                      window, sinks, std::move(out));
+      "key"_a, "value"_a, "k_cache"_a, "v_cache"_a.none(), "slot_mapping"_a, nb::kw_only(),
+      "layout"_a = "NHD", "kv_dtype"_a = nb::none(), "k_scale"_a = nb::none(),
+      "v_scale"_a = nb::none(),
+      "reshape_and_cache: writes key/value [num_tokens, kv_heads, head_dim] float32 to their "
+      "slots of the pools (converted to the pools' dtype; 8-bit: divided by k_scale / v_scale, "
+      "rounded and saturated); negative slots are skipped.");
+  // The attention ops: (q, k_cache, v_cache, tables..., *, layout, scale, window_left,
+  // sink_tokens, out, kv_dtype, k_scale, v_scale).
+  const auto attention_kwargs = [](auto&&... positional) {
+    return std::make_tuple(positional..., nb::kw_only(), "layout"_a = "NHD", "scale"_a = 0.0f,
+                           "window_left"_a = -1, "sink_tokens"_a = 0, "out"_a = nb::none(),
+                           "kv_dtype"_a = nb::none(), "k_scale"_a = nb::none(),
+                           "v_scale"_a = nb::none());
+  };
+  std::apply(
+      [&](auto&&... a) {
+        m.def(
+            "paged_decode_attention",
+            [](const Any& q, const Any& k, std::optional<Any> v, const BatchMetadata& meta,
+               std::string layout, float scale, int32_t window, int32_t sinks,
+               std::optional<Any> out, std::optional<std::string> kv_dtype,
+               std::optional<Any> k_scale, std::optional<Any> v_scale) {
+              AttentionArgs args{std::move(layout),
+                                 scale,
+                                 window,
+                                 sinks,
+                                 std::move(out),
+                                 {std::move(kv_dtype), std::move(k_scale), std::move(v_scale)}};
+              return attend(q, k, v, meta.padded.view(), std::nullopt, args);
+            },
+            a...);
       },
-      "q"_a, "k_cache"_a, "v_cache"_a.none(), "block_tables"_a, "seq_lens"_a, nb::kw_only(),
-      "layout"_a = "NHD", "scale"_a = 0.0f, "window_left"_a = -1, "sink_tokens"_a = 0,
-      "out"_a = nb::none());
-  m.def(
-      "paged_prefill_attention",
-      [](const Any& q, const Any& k, std::optional<Any> v, const BatchMetadata& meta,
-         const std::string& layout, float scale, int32_t window, int32_t sinks,
-         std::optional<Any> out) {
-        return prefill(q, k, std::move(v), meta.padded.view(), meta.query_start, layout, scale,
-                       window, sinks, std::move(out));
+      attention_kwargs("q"_a, "k_cache"_a, "v_cache"_a.none(), "meta"_a));
+  std::apply(
+      [&](auto&&... a) {
+        m.def(
+            "paged_decode_attention",
+            [](const Any& q, const Any& k, std::optional<Any> v, const Any& block_tables,
+               const Any& seq_lens, std::string layout, float scale, int32_t window, int32_t sinks,
+               std::optional<Any> out, std::optional<std::string> kv_dtype,
+               std::optional<Any> k_scale, std::optional<Any> v_scale) {
+              AttentionArgs args{std::move(layout),
+                                 scale,
+                                 window,
+                                 sinks,
+                                 std::move(out),
+                                 {std::move(kv_dtype), std::move(k_scale), std::move(v_scale)}};
+              const KVLayerView geometry =
+                  pool_view(k, v, parse_layout(args.layout), args.quant, false).base;
+              return attend(q, k, v, tables_from(block_tables, seq_lens, geometry), std::nullopt,
+                            args);
+            },
+            a...);
       },
-      "q"_a, "k_cache"_a, "v_cache"_a.none(), "meta"_a, nb::kw_only(), "layout"_a = "NHD",
-      "scale"_a = 0.0f, "window_left"_a = -1, "sink_tokens"_a = 0, "out"_a = nb::none());
+      attention_kwargs("q"_a, "k_cache"_a, "v_cache"_a.none(), "block_tables"_a, "seq_lens"_a));
+  std::apply(
+      [&](auto&&... a) {
+        m.def(
+            "paged_prefill_attention",
+            [](const Any& q, const Any& k, std::optional<Any> v, const BatchMetadata& meta,
+               std::string layout, float scale, int32_t window, int32_t sinks,
+               std::optional<Any> out, std::optional<std::string> kv_dtype,
+               std::optional<Any> k_scale, std::optional<Any> v_scale) {
+              AttentionArgs args{std::move(layout),
+                                 scale,
+                                 window,
+                                 sinks,
+                                 std::move(out),
+                                 {std::move(kv_dtype), std::move(k_scale), std::move(v_scale)}};
+              return attend(q, k, v, meta.padded.view(), std::span<const int32_t>(meta.query_start),
+                            args);
+            },
+            a...);
+      },
+      attention_kwargs("q"_a, "k_cache"_a, "v_cache"_a.none(), "meta"_a));
 }
 
 }  // namespace pagedkv::py

@@ -143,7 +143,8 @@ def test_hostile_arguments_name_what_is_wrong():
     m, meta, k, v, keys, values = build(2, 4, [9, 5])
     q = np.zeros((2, H, D), np.float32)
     value_errors = [
-        (lambda: pk.paged_decode_attention(q.astype(np.float64), k, v, meta), "q: expected float32"),
+        (lambda: pk.paged_decode_attention(q.astype(np.float64), k, v, meta),
+         "q: dtype float64 is not float32"),
         (lambda: pk.paged_decode_attention(q[:, :, ::2], k[..., ::2].copy(), v[..., ::2].copy(),
                                            meta), "q must be C-contiguous"),
         (lambda: pk.paged_decode_attention(q[:1], k, v, meta), "1 rows"),

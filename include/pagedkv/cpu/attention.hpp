@@ -1,13 +1,16 @@
 #pragma once
 /// @file attention.hpp
 /// CPU attention through block tables: paged decode and chunked paged prefill.
-/// Query/output activations are fp32; K/V are read in place in the pool's dtype and converted
-/// to fp32; accumulation in fp32 with online softmax.
+/// Query/output activations are fp32 spans, or (ActivationView overloads) fp32, fp16 or bf16
+/// buffers; K/V are read in place in the pool's dtype and converted to fp32; accumulation in fp32
+/// with online softmax.
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
 #include "pagedkv/attention_params.hpp"
+#include "pagedkv/dtype.hpp"
 #include "pagedkv/metadata/batch_metadata.hpp"
 #include "pagedkv/storage/kv_layer_view.hpp"
 
@@ -38,6 +41,39 @@ void paged_decode_attention(const AttentionParams& params, const KVLayerView& ca
 void paged_prefill_attention(const AttentionParams& params, const KVLayerView& cache,
                              const BlockTableView& tables, std::span<const int32_t> query_start,
                              std::span<const float> q, std::span<float> out);
+
+/// Read-only query activations of a paged attention call in an engine's dtype: `size` elements
+/// of `dtype` at `data`, row-major [rows, num_heads, head_dim] as the fp32 spans.
+/// dtype: DType::kF32, kF16 or kBF16 (the 8-bit formats are storage formats, not activations).
+struct ActivationView {
+  const void* data = nullptr;  ///< first element; may be null only when size is 0
+  size_t size = 0;             ///< elements (not bytes)
+  DType dtype = DType::kF32;   ///< element type: fp32, fp16 or bf16
+};
+
+/// Writable output activations: as ActivationView.
+struct MutableActivationView {
+  void* data = nullptr;       ///< first element; may be null only when size is 0
+  size_t size = 0;            ///< elements (not bytes)
+  DType dtype = DType::kF32;  ///< element type: fp32, fp16 or bf16
+};
+
+/// paged_decode_attention with q and out in fp32, fp16 or bf16 (any combination): computed in
+/// fp32 (each q element widened exactly, each output rounded to nearest even into out.dtype as
+/// f32_to_f16 / f32_to_bf16 do), so the result is the fp32 overload's on the widened q, rounded.
+/// Shapes, contract and errors as the fp32 overload (sizes in elements), plus: throws
+/// pagedkv::Error naming the dtype if q.dtype or out.dtype is not fp32, fp16 or bf16, and
+/// naming the argument if its data is null with size > 0. out is written only once the whole
+/// call has succeeded (a failed call leaves it as it was).
+void paged_decode_attention(const AttentionParams& params, const KVLayerView& cache,
+                            const BlockTableView& tables, ActivationView q,
+                            MutableActivationView out);
+
+/// paged_prefill_attention with q and out in fp32, fp16 or bf16: as the paged_decode_attention
+/// overload above (fp32 compute, RNE on store, the same extra errors).
+void paged_prefill_attention(const AttentionParams& params, const KVLayerView& cache,
+                             const BlockTableView& tables, std::span<const int32_t> query_start,
+                             ActivationView q, MutableActivationView out);
 
 /// Attention over explicit key lists (sparse kept sets such as heavy hitters; see
 /// metadata/eviction_policy.hpp): query row i attends to exactly the keys at
