@@ -226,7 +226,8 @@ TEST(DecodeRejection, UnsupportedConfigurationsFailOnTheHost) {
       {DType::kF16, 128, 64, "block_size 64 is not supported (supported: 8, 16, 32)"},
       {DType::kF32, 64, 1, "block_size 1 is not supported (supported: 8, 16, 32)"},
       {DType::kBF16, 256, 7, "block_size 7 is not supported (supported: 8, 16, 32)"},
-      {static_cast<DType>(9), 128, 16, "dtype 9 is not supported (supported: fp32, fp16, bf16)"},
+      {static_cast<DType>(9), 128, 16,
+       "dtype 9 is not supported (supported: fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, int8)"},
   };
   for (const Unsupported& c : cases) {
     FakeProblem f(c.dtype, c.head_dim, c.block_size);
@@ -420,6 +421,12 @@ std::vector<GpuCase> shape_cases() {
   add(DType::kF16, 128, 16, 2, 4, KVLayout::kNHD, {1, 16, 17, 4097});  // NHD layout
   add(DType::kBF16, 256, 8, 2, 2, KVLayout::kNHD, {9, 1031});
   add(DType::kF32, 64, 16, 4, 5, KVLayout::kNHD, {33, 500});
+  // 8-bit pools (per-head scales that differ by head, from make_scenario): GQA groups 5 and 8,
+  // MQA, both layouts; the grid above has every (8-bit dtype, head_dim, block_size).
+  add(DType::kFP8E4M3, 128, 16, 2, 5, KVLayout::kNHD, {1, 333, 4097});
+  add(DType::kFP8E5M2, 64, 8, 4, 8, KVLayout::kHND, {17, 1031, 4097});
+  add(DType::kInt8, 256, 32, 1, 6, KVLayout::kNHD, {3, 1031, 2049});
+  add(DType::kInt8, 128, 16, 3, 3, KVLayout::kHND, {0, 100, 65});
   std::vector<int32_t> many;  // a wide batch of mixed lengths: one-pass territory
   for (int32_t i = 0; i < 64; ++i) many.push_back(1 + (i * 97) % 700);
   add(DType::kF16, 128, 16, 2, 4, KVLayout::kHND, many);
@@ -430,7 +437,7 @@ std::vector<GpuCase> mask_cases() {
   std::vector<GpuCase> cases;
   const std::pair<int32_t, int32_t> masks[] = {{0, 0},   {0, 3},  {1, 0},
                                                {100, 0}, {64, 4}, {2000, 0}};
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kFP8E4M3}) {
     for (auto [window, sinks] : masks) {
       GpuCase c;
       c.dtype = dtype;

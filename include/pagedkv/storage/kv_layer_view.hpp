@@ -111,6 +111,12 @@ void copy_blocks(const KVLayerView& src, const KVLayerView& dst, std::span<const
 /// k_scale or v_scale is null or holds a scale that is not finite and > 0 (naming it).
 void check_attention_params(const AttentionParams& params, const KVLayerView& cache);
 
+/// check_attention_params without reading the scales: every check but the scale values and
+/// pointers. For views whose scales live where the host cannot read them (device memory: the
+/// CUDA entry points check the pointers and DeviceKVCache::set_scales the values).
+/// Errors: as check_attention_params, less the scale checks.
+void check_attention_shape(const AttentionParams& params, const KVLayerView& cache);
+
 /// Checks that block tables (or slot lists) built for blocks of `block_size` tokens in a pool of
 /// `num_blocks` blocks (0 = not stated) can be read through `cache`: the geometry a
 /// BlockTableView or SlotListView carries, checked where it meets the cache by every attention
