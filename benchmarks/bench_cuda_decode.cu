@@ -8,8 +8,9 @@
 // 32, 128; GQA 4 and 8), and a second table of the 8-bit / bf16 paged decode time per shape.
 //
 // Goal (H200): >= 80% of the copy bandwidth at batch >= 32 and context >= 4k; paged within 5%
-// of contiguous; 8-bit / bf16 <= 0.55 at contexts >= 8k (half the bytes). Copy bandwidth counts bytes read + written (cudaMemcpyAsync D2D), the usual
-// convention (KINDS.md's ~4.3 TB/s); the kernel's bandwidth counts K/V bytes read.
+// of contiguous; 8-bit / bf16 <= 0.55 at contexts >= 8k (half the bytes). Copy bandwidth counts
+// bytes read + written (cudaMemcpyAsync D2D), the usual convention (KINDS.md's ~4.3 TB/s); the
+// kernel's bandwidth counts K/V bytes read.
 //
 // Run: bench_cuda_decode [--benchmark_filter=...]; scripts/gpu_check.sh runs it.
 
@@ -328,15 +329,23 @@ void print_quantized_ratios(const std::vector<Row>& rows) {
     if (r.dtype == "bf16" || r.dtype == "fp16" || it == bf16_us.end() || r.context < 8192) continue;
     const double ratio = r.paged_us / it->second;
     worst = std::max(worst, ratio);
-    std::printf("| %s | %d | %d | %d | %.1f | %.1f | %.3f |
-", r.dtype.c_str(), r.group, r.batch,
-                r.context, r.paged_us, it->second, ratio);
+    std::printf(
+        "| %s | %d | %d | %d | %.1f | %.1f | %.3f |
+        ", r.dtype.c_str(), r.group, r.batch,
+        r.context,
+        r.paged_us, it->second, ratio);
   }
   if (worst > 0) {
     std::printf("
-Worst 8-bit / bf16: %.3f (goal <= 0.55: %s).
-", worst,
-                worst <= 0.55 ? "met" : "NOT met");
+                    Worst 8 -
+                    bit / bf16
+                : % .3f(goal <= 0.55
+                        : % s)
+                                  .", worst,
+                              worst <=
+                          0.55
+                      ? "met"
+                      : "NOT met");
   }
 }
 

@@ -40,10 +40,10 @@ PAGEDKV_HOST_DEVICE inline uint8_t f32_to_fp8_bits(float f) {
   const uint32_t sign = (x >> 24) & 0x80u;
   const uint32_t abs = x & 0x7FFFFFFFu;
   if (abs > 0x7F800000u) return static_cast<uint8_t>(sign | kNanCode);
-  const int exp = static_cast<int>(abs >> 23);  // fp32 biased exponent
-  if (exp == 0) return static_cast<uint8_t>(sign);  // fp32 zero or subnormal: below every fp8
+  const int exp = static_cast<int>(abs >> 23);         // fp32 biased exponent
+  if (exp == 0) return static_cast<uint8_t>(sign);     // fp32 zero or subnormal: below every fp8
   const uint32_t sig = (abs & 0x7FFFFFu) | 0x800000u;  // 24 bits, value sig x 2^(exp - 150)
-  const int e8 = exp - 127 + kBias;                     // fp8 biased exponent if normal
+  const int e8 = exp - 127 + kBias;                    // fp8 biased exponent if normal
   // Bits of sig below the fp8 quantum: 23 - kMan in a normal binade, more below it.
   const int shift = e8 >= 1 ? 23 - kMan : 24 - kMan - e8;
   if (shift > 24) return static_cast<uint8_t>(sign);  // < half the smallest subnormal

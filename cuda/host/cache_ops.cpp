@@ -28,11 +28,11 @@ void reshape_and_cache(const KVLayerView& cache, const NewKV& input, Stream stre
                 dtype_name(input.dtype));
   if (input.num_tokens == 0) return;
   if (dtype_is_quantized(cache.dtype)) {
-    for (const auto& [name, s] : {std::pair{"k_scale", cache.k_scale}, {"v_scale", cache.v_scale}}) {
+    for (const auto& [name, s] :
+         {std::pair{"k_scale", cache.k_scale}, {"v_scale", cache.v_scale}}) {
       PAGEDKV_CHECK(s != nullptr && reinterpret_cast<uintptr_t>(s) % alignof(float) == 0,
                     "{}: a {} cache needs a device {} of {} floats, got {}", kFn,
-                    dtype_name(cache.dtype), name, cache.num_kv_heads,
-                    static_cast<const void*>(s));
+                    dtype_name(cache.dtype), name, cache.num_kv_heads, static_cast<const void*>(s));
     }
   }
   PAGEDKV_CHECK(cache.k != nullptr && cache.v != nullptr, "{}: cache view has a null pool", kFn);

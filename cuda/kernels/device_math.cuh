@@ -69,7 +69,8 @@ __device__ __forceinline__ T quantize(float x) {
   } else {
     constexpr bool kE4M3 = std::is_same_v<T, E4M3Byte>;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    if (isnan(x)) return T{static_cast<uint8_t>((signbit(x) ? 0x80u : 0u) | (kE4M3 ? 0x7Fu : 0x7Eu))};
+    if (isnan(x))
+      return T{static_cast<uint8_t>((signbit(x) ? 0x80u : 0u) | (kE4M3 ? 0x7Fu : 0x7Eu))};
     return T{static_cast<uint8_t>(
         __nv_cvt_float_to_fp8(x, __NV_SATFINITE, kE4M3 ? __NV_E4M3 : __NV_E5M2))};
 #else
@@ -106,7 +107,8 @@ __device__ __forceinline__ void widen4(uint32_t w, float* dst) {
     hi = __byte_perm(w, 0u, 0x3424);
     if constexpr (std::is_same_v<T, E4M3Byte>) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-      const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w), __NV_E4M3);
+      const __half2_raw a =
+          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w), __NV_E4M3);
       const __half2_raw b =
           __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
       lo = static_cast<uint32_t>(a.x) | (static_cast<uint32_t>(a.y) << 16);

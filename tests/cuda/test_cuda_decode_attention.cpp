@@ -481,7 +481,10 @@ struct DenseCopy {
   KVLayerView view;
 };
 
-DenseCopy dense_copy(const PagedScenario& s, int32_t max_len) {
+/// The scenario's stored K/V re-laid as a contiguous cache on the device. An 8-bit cache
+/// stores stored / scale again (the code: the ulp of the round trip is far below half a code
+/// step) and borrows `scales`' device k_scale / v_scale (the paged copy's, the same values).
+DenseCopy dense_copy(const PagedScenario& s, int32_t max_len, const KVLayerView& scales) {
   const KVCacheConfig& c = s.config;
   const ContiguousKVShape shape{static_cast<int32_t>(s.seqs.size()),
                                 c.num_kv_heads,
@@ -498,11 +501,14 @@ DenseCopy dense_copy(const PagedScenario& s, int32_t max_len) {
     const std::vector<float> vs = s.stored(static_cast<size_t>(i), true);
     for (int64_t p = 0; p < s.seqs[static_cast<size_t>(i)].context_len; ++p) {
       for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+        const auto hs = static_cast<size_t>(h);
+        const float k_div = s.cache->scales(PagedScenario::kLayer, false)[hs];
+        const float v_div = s.cache->scales(PagedScenario::kLayer, true)[hs];
         for (int32_t d = 0; d < c.head_dim; ++d) {
           const int64_t src = (p * c.num_kv_heads + h) * c.head_dim + d;
           const int64_t dst = layout.offset(i, h, p) + d;  // sequence i is block i
-          store_from_f32(hk.data(), c.dtype, dst, ks[static_cast<size_t>(src)]);
-          store_from_f32(hv.data(), c.dtype, dst, vs[static_cast<size_t>(src)]);
+          store_from_f32(hk.data(), c.dtype, dst, ks[static_cast<size_t>(src)] / k_div);
+          store_from_f32(hv.data(), c.dtype, dst, vs[static_cast<size_t>(src)] / v_div);
         }
       }
     }
@@ -513,6 +519,8 @@ DenseCopy dense_copy(const PagedScenario& s, int32_t max_len) {
   out.k.upload(std::span<const std::byte>(hk));
   out.v.upload(std::span<const std::byte>(hv));
   out.view = contiguous_paged_view(shape, out.k.data(), out.v.data());
+  out.view.k_scale = scales.k_scale;
+  out.view.v_scale = scales.v_scale;
   return out;
 }
 
@@ -527,7 +535,7 @@ TEST_P(CudaContiguousDecode, SameBodyAsPaged) {
   DeviceKVCache device(s.config);
   device.upload(*s.cache);
   const int32_t max_len = *std::max_element(c.contexts.begin(), c.contexts.end()) + 5;
-  DenseCopy dense = dense_copy(s, max_len);
+  DenseCopy dense = dense_copy(s, max_len, device.layer(PagedScenario::kLayer));
   DeviceDecodeRunner runner;
   for (const DecodePlan& plan : {DecodePlan{}, make_split_plan(max_len, 9)}) {
     SCOPED_TRACE("splits " + std::to_string(plan.num_splits));
@@ -543,8 +551,10 @@ TEST_P(CudaContiguousDecode, SameBodyAsPaged) {
 
 std::vector<GpuCase> contiguous_cases() {
   std::vector<GpuCase> cases;
-  for (auto [dtype, d, bs] : {std::tuple{DType::kF16, 128, 16}, std::tuple{DType::kBF16, 64, 8},
-                              std::tuple{DType::kF32, 256, 32}}) {
+  for (auto [dtype, d, bs] :
+       {std::tuple{DType::kF16, 128, 16}, std::tuple{DType::kBF16, 64, 8},
+        std::tuple{DType::kF32, 256, 32}, std::tuple{DType::kFP8E4M3, 128, 16},
+        std::tuple{DType::kInt8, 64, 8}, std::tuple{DType::kFP8E5M2, 256, 32}}) {
     GpuCase c;
     c.dtype = dtype;
     c.head_dim = d;

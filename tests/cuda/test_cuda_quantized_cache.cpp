@@ -32,8 +32,8 @@ namespace {
 
 #if PAGEDKV_WITH_CUDA
 
-using ::testing::HasSubstr;
 using testing::all_bytes;
+using ::testing::HasSubstr;
 using testing::message_of;
 
 constexpr DType kQuantized[] = {DType::kFP8E4M3, DType::kFP8E5M2, DType::kInt8};
@@ -140,17 +140,16 @@ class CudaQuantizedWrite : public ::testing::TestWithParam<QuantCase> {};
 TEST_P(CudaQuantizedWrite, BytesEqualTheHostWrite) {
   PAGEDKV_REQUIRE_CUDA_DEVICE();
   const QuantCase& qc = GetParam();
-  const KVCacheConfig config =
-      quantized_config(qc.dtype, qc.granularity, qc.layout, qc.placement);
+  const KVCacheConfig config = quantized_config(qc.dtype, qc.granularity, qc.layout, qc.placement);
   const bool per_head = qc.granularity == KVScaleGranularity::kPerHead;
-  const std::vector<float> ks = per_head ? std::vector<float>{0.25f, 0.37f, 3.1f}
-                                         : std::vector<float>{0.25f};
-  const std::vector<float> vs = per_head ? std::vector<float>{0.5f, 1.7f, 0.011f}
-                                         : std::vector<float>{0.5f};
+  const std::vector<float> ks =
+      per_head ? std::vector<float>{0.25f, 0.37f, 3.1f} : std::vector<float>{0.25f};
+  const std::vector<float> vs =
+      per_head ? std::vector<float>{0.5f, 1.7f, 0.011f} : std::vector<float>{0.5f};
   const int64_t tokens = 40;
   std::vector<Slot> slots(static_cast<size_t>(tokens));
   std::iota(slots.begin(), slots.end(), 3);
-  slots[5] = -1;                                                  // padding
+  slots[5] = -1;                                                      // padding
   slots.back() = int64_t{config.num_blocks} * config.block_size - 1;  // the last slot
   const std::vector<float> k = edge_kv(qc.dtype, tokens, 3, 64, ks, 11);
   const std::vector<float> v = edge_kv(qc.dtype, tokens, 3, 64, vs, 12);
@@ -213,8 +212,8 @@ TEST(CudaQuantizedCache, CalibratesOnTheFirstHostWriteAsTheHostDoes) {
   PAGEDKV_REQUIRE_CUDA_DEVICE();
   for (DType dtype : kQuantized) {
     for (auto g : {KVScaleGranularity::kPerTensor, KVScaleGranularity::kPerHead}) {
-      SCOPED_TRACE(std::string(dtype_name(dtype)) + (g == KVScaleGranularity::kPerHead ? " head"
-                                                                                        : " tensor"));
+      SCOPED_TRACE(std::string(dtype_name(dtype)) +
+                   (g == KVScaleGranularity::kPerHead ? " head" : " tensor"));
       const KVCacheConfig config =
           quantized_config(dtype, g, KVLayout::kHND, KVPlacement::kSeparate);
       std::mt19937 rng(5);
@@ -253,20 +252,19 @@ TEST(CudaQuantizedCache, BadScalesAreRefusedNamingThem) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
   for (float bad : {0.0f, -1.0f, nan, inf}) {
-    EXPECT_THAT(message_of([&] {
-                  device.set_scales(0, std::vector<float>{1.0f, bad, 1.0f},
-                                    std::vector<float>{1.0f});
-                }),
-                HasSubstr("DeviceKVCache::set_scales: k_scale[1] is"));
+    EXPECT_THAT(
+        message_of([&] {
+          device.set_scales(0, std::vector<float>{1.0f, bad, 1.0f}, std::vector<float>{1.0f});
+        }),
+        HasSubstr("DeviceKVCache::set_scales: k_scale[1] is"));
   }
   EXPECT_THAT(message_of([&] {
                 device.set_scales(0, std::vector<float>{1.0f, 1.0f}, std::vector<float>{1.0f});
               }),
               HasSubstr("k_scale has 2 values, expected 1 or 3 (one per kv head)"));
-  EXPECT_THAT(message_of([&] {
-                device.set_scales(2, std::vector<float>{1.0f}, std::vector<float>{1.0f});
-              }),
-              HasSubstr("layer 2 out of range [0, 2)"));
+  EXPECT_THAT(
+      message_of([&] { device.set_scales(2, std::vector<float>{1.0f}, std::vector<float>{1.0f}); }),
+      HasSubstr("layer 2 out of range [0, 2)"));
   // A refused call changed nothing: the scales of the first call stay.
   EXPECT_EQ(device.scales(0, false)[1], 2.0f);
   EXPECT_EQ(device.scales(0, true)[2], 3.0f);
@@ -279,10 +277,9 @@ TEST(CudaQuantizedCache, BadScalesAreRefusedNamingThem) {
   KVCacheConfig f16 = config;
   f16.dtype = DType::kF16;
   DeviceKVCache plain(f16);
-  EXPECT_THAT(message_of([&] {
-                plain.set_scales(0, std::vector<float>{1.0f}, std::vector<float>{1.0f});
-              }),
-              HasSubstr("dtype fp16 has no scales"));
+  EXPECT_THAT(
+      message_of([&] { plain.set_scales(0, std::vector<float>{1.0f}, std::vector<float>{1.0f}); }),
+      HasSubstr("dtype fp16 has no scales"));
 }
 
 TEST(CudaQuantizedCache, UploadCarriesTheScales) {

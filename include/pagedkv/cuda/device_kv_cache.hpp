@@ -170,13 +170,13 @@ class DeviceKVCache {
   int32_t num_copy_pools_ = 0;
   int64_t copy_block_bytes_ = 0;
   DeviceBuffer arena_;
-  DeviceBuffer scales_;               // [num_layers][2][num_kv_heads] fp32, 8-bit dtypes only
-  std::vector<float> host_scales_;    // the same, host mirror (1 for the float dtypes)
-  std::vector<bool> scales_set_;      // per layer: set or calibrated
-  DeviceBuffer pool_ptrs_;     // [2 * num_layers] void*
-  DeviceBuffer pair_staging_;  // BlockCopy list for copy_blocks()
-  DeviceBuffer slot_staging_;  // write() from host memory: [num_tokens] int64
-  DeviceBuffer k_staging_;     // [num_tokens, num_kv_heads, head_dim] fp32
+  DeviceBuffer scales_;             // [num_layers][2][num_kv_heads] fp32, 8-bit dtypes only
+  std::vector<float> host_scales_;  // the same, host mirror (1 for the float dtypes)
+  std::vector<bool> scales_set_;    // per layer: set or calibrated
+  DeviceBuffer pool_ptrs_;          // [2 * num_layers] void*
+  DeviceBuffer pair_staging_;       // BlockCopy list for copy_blocks()
+  DeviceBuffer slot_staging_;       // write() from host memory: [num_tokens] int64
+  DeviceBuffer k_staging_;          // [num_tokens, num_kv_heads, head_dim] fp32
   DeviceBuffer v_staging_;
   PinnedHostBuffer host_pool_;
 };

@@ -19,9 +19,8 @@ namespace pagedkv::cuda {
 
 /// K/V storage dtypes of the decode kernels (queries and outputs are always fp32). The 8-bit
 /// ones are widened in registers and scaled by the view's k_scale / v_scale (dtype.hpp).
-inline constexpr std::array<DType, 6> kDecodeDTypes = {DType::kF32,     DType::kF16,
-                                                       DType::kBF16,    DType::kFP8E4M3,
-                                                       DType::kFP8E5M2, DType::kInt8};
+inline constexpr std::array<DType, 6> kDecodeDTypes = {
+    DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2, DType::kInt8};
 /// Head dimensions (elements) the decode kernels are instantiated for.
 inline constexpr std::array<int32_t, 3> kDecodeHeadDims = {64, 128, 256};
 /// Paged block sizes (tokens) the decode kernels accept; each a power of two.
