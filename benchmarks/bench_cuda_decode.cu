@@ -315,37 +315,22 @@ void print_quantized_ratios(const std::vector<Row>& rows) {
   for (const Row& r : rows) {
     if (r.dtype == "bf16") bf16_us[{r.group, r.batch, r.context}] = r.paged_us;
   }
-  std::printf("
-8-bit K/V vs bf16, paged decode time (goal <= 0.55 at context >= 8k):
-
-");
-  std::printf("| dtype | GQA | batch | context | paged us | bf16 us | 8-bit / bf16 |
-");
-  std::printf("|---|---|---|---|---|---|---|
-");
+  std::printf("\n8-bit K/V vs bf16, paged decode time (goal <= 0.55 at context >= 8k):\n\n");
+  std::printf("| dtype | GQA | batch | context | paged us | bf16 us | 8-bit / bf16 |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
   double worst = 0;
   for (const Row& r : rows) {
     const auto it = bf16_us.find({r.group, r.batch, r.context});
-    if (r.dtype == "bf16" || r.dtype == "fp16" || it == bf16_us.end() || r.context < 8192) continue;
+    const bool eight_bit = r.dtype != "bf16" && r.dtype != "fp16";
+    if (!eight_bit || it == bf16_us.end() || r.context < 8192) continue;
     const double ratio = r.paged_us / it->second;
     worst = std::max(worst, ratio);
-    std::printf(
-        "| %s | %d | %d | %d | %.1f | %.1f | %.3f |
-        ", r.dtype.c_str(), r.group, r.batch,
-        r.context,
-        r.paged_us, it->second, ratio);
+    std::printf("| %s | %d | %d | %d | %.1f | %.1f | %.3f |\n", r.dtype.c_str(), r.group, r.batch,
+                r.context, r.paged_us, it->second, ratio);
   }
   if (worst > 0) {
-    std::printf("
-                    Worst 8 -
-                    bit / bf16
-                : % .3f(goal <= 0.55
-                        : % s)
-                                  .", worst,
-                              worst <=
-                          0.55
-                      ? "met"
-                      : "NOT met");
+    std::printf("\nWorst 8-bit / bf16: %.3f (goal <= 0.55: %s).\n", worst,
+                worst <= 0.55 ? "met" : "NOT met");
   }
 }
 
