@@ -20,6 +20,7 @@
 #include "common/error_message.hpp"
 #include "pagedkv/config.hpp"
 #include "pagedkv/cuda/cache_ops.hpp"
+#include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/storage/host_kv_cache.hpp"
 
@@ -74,6 +75,33 @@ TEST(QuantizedCacheOpsRejection, ScalesAndInputDtypeCheckedOnTheHost) {
     EXPECT_THAT(message_of([&] { reshape_and_cache(half, eight); }),
                 HasSubstr("input dtype " + std::string(dtype_name(dtype)) +
                           ": new K/V are fp32, fp16 or bf16"));
+  }
+}
+
+TEST(QuantizedDecodeRejection, EightBitViewsNeedDeviceScales) {
+  // The launchers cannot read device scales, so they check the pointers, naming them; the
+  // values were checked by DeviceKVCache::set_scales.
+  AttentionParams params;
+  params.num_heads = 8;
+  params.num_kv_heads = 2;
+  params.head_dim = 64;
+  int32_t table[1] = {0};
+  int32_t ctx[1] = {1};
+  const BlockTableView tables{table, ctx, 1, 1, 16, 4};
+  const auto* q = reinterpret_cast<const float*>(uintptr_t{0x70000});
+  auto* out = reinterpret_cast<float*>(uintptr_t{0x80000});
+  for (DType dtype : kQuantized) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)));
+    KVLayerView view = fake_view(dtype);
+    const std::string needs = "a " + std::string(dtype_name(dtype)) + " cache needs a device ";
+    EXPECT_THAT(message_of([&] { paged_decode_attention(params, view, tables, q, out); }),
+                HasSubstr("cuda::paged_decode_attention: " + needs + "k_scale of 2 floats"));
+    view.k_scale = reinterpret_cast<const float*>(uintptr_t{0x50000});
+    EXPECT_THAT(message_of([&] { contiguous_decode_attention(params, view, ctx, q, out); }),
+                HasSubstr("cuda::contiguous_decode_attention: " + needs + "v_scale of 2 floats"));
+    view.v_scale = reinterpret_cast<const float*>(uintptr_t{0x50001});
+    EXPECT_THAT(message_of([&] { paged_decode_attention(params, view, tables, q, out); }),
+                HasSubstr(needs + "v_scale of 2 floats, got 0x50001"));
   }
 }
 
