@@ -103,7 +103,8 @@ __device__ __forceinline__ void widen4(uint32_t w, float* dst) {
     lo = __byte_perm(w ^ 0x80808080u, 0x64646464u, 0x4140);
     hi = __byte_perm(w ^ 0x80808080u, 0x64646464u, 0x4342);
   } else {
-    lo = __byte_perm(w, 0u, 0x1404);  // b << 8 per half: e5m2 as fp16
+    // b << 8 per half: e5m2 as fp16 (and where the e4m3 bit move below starts).
+    lo = __byte_perm(w, 0u, 0x1404);
     hi = __byte_perm(w, 0u, 0x3424);
     if constexpr (std::is_same_v<T, E4M3Byte>) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890

@@ -48,7 +48,10 @@ struct KVLayerView {
   int64_t token_stride = 0;
   /// Quantized dtypes (dtype_is_quantized): the scales of K and of V, [num_kv_heads] fp32 each
   /// (a per-tensor scale repeated per head): x = stored * k_scale[kv_head]. Required (non-null,
-  /// finite, > 0) for those dtypes; ignored (and may be null) for fp32 / fp16 / bf16.
+  /// finite, > 0) for those dtypes; ignored (and may be null) for fp32 / fp16 / bf16. In the
+  /// memory of the pools: host for the CPU kernels, device for the CUDA ones (a
+  /// cuda::DeviceKVCache view; its values are checked when set, the launchers check only the
+  /// pointers).
   const float* k_scale = nullptr;
   const float* v_scale = nullptr;  ///< see k_scale
 
