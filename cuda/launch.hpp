@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "pagedkv/attention_params.hpp"
 #include "pagedkv/dtype.hpp"
 #include "pagedkv/storage/kv_layer_view.hpp"
 #include "pagedkv/types.hpp"
@@ -57,6 +58,8 @@ struct DecodeProblem {
   float scale_log2 = 0.0f;  // softmax scale * log2(e): scores live in the log2 domain
   int32_t window_left = -1;
   int32_t sink_tokens = 0;
+  const float* k_scale = nullptr;  // [num_kv_heads], 8-bit dtypes only: x = stored * scale
+  const float* v_scale = nullptr;  // [num_kv_heads], 8-bit dtypes only
 };
 
 /// Paged K/V addressing: position `pos` of sequence `seq` lives in block
@@ -126,6 +129,8 @@ struct CacheWrite {
   int32_t head_dim = 0;
   DType src_dtype = DType::kF32;
   DType dtype = DType::kF32;
+  const float* k_scale = nullptr;  // [num_kv_heads], 8-bit dtype only: stored = Q(x / scale)
+  const float* v_scale = nullptr;
 };
 void launch_reshape_and_cache(const CacheWrite& args, void* stream);
 
@@ -150,6 +155,13 @@ void launch_build_csr(const MetadataBuffers& m, int32_t block_size, int32_t* ind
 void launch_build_slot_mapping(const MetadataBuffers& m, const int32_t* num_new_tokens,
                                int32_t block_size, int32_t* query_start, int64_t* slot_mapping,
                                int64_t max_tokens, void* stream);
+
+/// check_attention_params for a view of device pools (storage/kv_layer_view.hpp): the shape
+/// checks, and for an 8-bit dtype non-null, 4-byte aligned k_scale / v_scale (DEVICE arrays
+/// [num_kv_heads]; their values were checked by DeviceKVCache::set_scales, the host cannot read
+/// them). `fn` names the entry point. Defined in cuda/host/decode_attention.cpp.
+void check_device_attention_params(const char* fn, const AttentionParams& params,
+                                   const KVLayerView& cache);
 
 /// Throws pagedkv::Error "CUDA error <name> (<code>): <string> in <what> at <file>:<line>".
 /// Defined in cuda/host/runtime.cpp (C++ side, where fmt is available).

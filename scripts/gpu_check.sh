@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs every CUDA test (tests/cuda/test_cuda_*.cpp, tests/model/test_*cuda*.cpp), the CUDA decode
-# benchmark and the main job on the device (`pagedkv generate --model random --device
+# benchmark (with its 8-bit rows: fp8_e4m3 and int8 beside bf16 at contexts 8k and 32k, and the
+# 8-bit / bf16 time table, goal <= 0.55; BENCH_FILTER=BM_Decode8bit runs only those) and the main
+# job on the device (`pagedkv generate --model random --device
 # cuda --cache all`) on a machine with an NVIDIA GPU, and prints a Markdown section to paste into
 # docs/benchmarks.md.
 #

@@ -6,6 +6,7 @@
 #if PAGEDKV_WITH_CUDA
 
 #include <cstdint>
+#include <utility>
 
 #include "core/check.hpp"
 #include "cuda/launch.hpp"
@@ -22,11 +23,18 @@ void reshape_and_cache(const KVLayerView& cache, const NewKV& input, Stream stre
                 "{}: invalid cache view (num_blocks {}, block_size {}, num_kv_heads {}, "
                 "head_dim {})",
                 kFn, cache.num_blocks, cache.block_size, cache.num_kv_heads, cache.head_dim);
-  PAGEDKV_CHECK(!dtype_is_quantized(cache.dtype) && !dtype_is_quantized(input.dtype),
-                "{}: dtype {} (input {}): the 8-bit KV formats are CPU-only for now (CUDA: fp32, "
-                "fp16, bf16)",
-                kFn, dtype_name(cache.dtype), dtype_name(input.dtype));
+  PAGEDKV_CHECK(!dtype_is_quantized(input.dtype),
+                "{}: input dtype {}: new K/V are fp32, fp16 or bf16 (the pool may be 8-bit)", kFn,
+                dtype_name(input.dtype));
   if (input.num_tokens == 0) return;
+  if (dtype_is_quantized(cache.dtype)) {
+    for (const auto& [name, s] :
+         {std::pair{"k_scale", cache.k_scale}, {"v_scale", cache.v_scale}}) {
+      PAGEDKV_CHECK(s != nullptr && reinterpret_cast<uintptr_t>(s) % alignof(float) == 0,
+                    "{}: a {} cache needs a device {} of {} floats, got {}", kFn,
+                    dtype_name(cache.dtype), name, cache.num_kv_heads, static_cast<const void*>(s));
+    }
+  }
   PAGEDKV_CHECK(cache.k != nullptr && cache.v != nullptr, "{}: cache view has a null pool", kFn);
   PAGEDKV_CHECK(input.k != nullptr && input.v != nullptr && input.slot_mapping != nullptr,
                 "{}: null input for {} tokens (k={}, v={}, slot_mapping={})", kFn, input.num_tokens,
@@ -46,6 +54,8 @@ void reshape_and_cache(const KVLayerView& cache, const NewKV& input, Stream stre
   w.head_dim = cache.head_dim;
   w.src_dtype = input.dtype;
   w.dtype = cache.dtype;
+  w.k_scale = cache.k_scale;
+  w.v_scale = cache.v_scale;
   detail::launch_reshape_and_cache(w, stream);
 }
 

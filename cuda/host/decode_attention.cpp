@@ -7,6 +7,7 @@
 #if PAGEDKV_WITH_CUDA
 
 #include <cstdint>
+#include <utility>
 
 #include "core/check.hpp"
 #include "cuda/host/cuda_check.hpp"
@@ -94,6 +95,17 @@ detail::DecodeProblem make_problem(const char* fn, const AttentionParams& params
 
 }  // namespace
 
+void detail::check_device_attention_params(const char* fn, const AttentionParams& params,
+                                           const KVLayerView& cache) {
+  check_attention_shape(params, cache);
+  if (!dtype_is_quantized(cache.dtype)) return;
+  for (const auto& [name, s] : {std::pair{"k_scale", cache.k_scale}, {"v_scale", cache.v_scale}}) {
+    PAGEDKV_CHECK(s != nullptr && reinterpret_cast<uintptr_t>(s) % alignof(float) == 0,
+                  "{}: a {} cache needs a device {} of {} floats, got {}", fn,
+                  dtype_name(cache.dtype), name, cache.num_kv_heads, static_cast<const void*>(s));
+  }
+}
+
 DecodePlan make_decode_plan(const AttentionParams& params, DType dtype, int32_t num_seqs,
                             int64_t max_context_len) {
   check_decode_config(dtype, params.head_dim);
@@ -116,7 +128,7 @@ void paged_decode_attention(const AttentionParams& params, const KVLayerView& ca
                             const DecodeLaunch& launch) {
   constexpr const char* kFn = "cuda::paged_decode_attention";
   check_decode_config(cache.dtype, cache.head_dim, cache.block_size);
-  check_attention_params(params, cache);
+  detail::check_device_attention_params(kFn, params, cache);
   check_table_geometry(kFn, cache, tables.block_size, tables.num_blocks);
   PAGEDKV_CHECK(tables.num_seqs >= 0, "{}: num_seqs must be >= 0, got {}", kFn, tables.num_seqs);
   if (tables.num_seqs == 0) return;
@@ -124,8 +136,10 @@ void paged_decode_attention(const AttentionParams& params, const KVLayerView& ca
                 tables.max_blocks_per_seq);
   PAGEDKV_CHECK(tables.block_tables != nullptr, "{}: block_tables is null", kFn);
   check_device_view(kFn, cache);
-  const detail::DecodeProblem p =
+  detail::DecodeProblem p =
       make_problem(kFn, params, tables.num_seqs, tables.context_lens, q, out, launch);
+  p.k_scale = cache.k_scale;
+  p.v_scale = cache.v_scale;
 
   detail::PagedKV kv;
   kv.k = cache.k;
@@ -144,11 +158,13 @@ void contiguous_decode_attention(const AttentionParams& params, const KVLayerVie
                                  const DecodeLaunch& launch) {
   constexpr const char* kFn = "cuda::contiguous_decode_attention";
   check_decode_config(cache.dtype, cache.head_dim);
-  check_attention_params(params, cache);
+  detail::check_device_attention_params(kFn, params, cache);
   check_device_view(kFn, cache);
   // Sequence i is block i (contiguous_paged_view).
-  const detail::DecodeProblem p =
+  detail::DecodeProblem p =
       make_problem(kFn, params, cache.num_blocks, context_lens, q, out, launch);
+  p.k_scale = cache.k_scale;
+  p.v_scale = cache.v_scale;
   detail::launch_contiguous_decode(cache.dtype, cache.head_dim, p, detail::contiguous_kv(cache),
                                    launch.stream);
 }

@@ -11,6 +11,7 @@
 #include "core/attention_checks.hpp"
 #include "core/check.hpp"
 #include "cuda/host/staging.hpp"
+#include "cuda/launch.hpp"
 #include "pagedkv/cuda/device_decode_runner.hpp"
 
 namespace pagedkv::cuda {
@@ -50,7 +51,7 @@ void DeviceDecodeRunner::decode(const AttentionParams& params, const KVLayerView
                                 std::span<float> out, std::optional<DecodePlan> plan) {
   constexpr const char* kFn = "DeviceDecodeRunner::decode";
   check_decode_config(view.dtype, view.head_dim, view.block_size);
-  check_attention_params(params, view);
+  detail::check_device_attention_params(kFn, params, view);
   check_table_geometry(kFn, view, tables.block_size, tables.num_blocks);
   PAGEDKV_CHECK(tables.num_seqs >= 0 && tables.max_blocks_per_seq >= 0,
                 "{}: num_seqs {} and max_blocks_per_seq {} must be >= 0", kFn, tables.num_seqs,

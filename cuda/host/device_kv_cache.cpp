@@ -64,10 +64,6 @@ void check_config_equal(const char* fn, const KVCacheConfig& a, const KVCacheCon
 DeviceKVCache::DeviceKVCache(const KVCacheConfig& config, int32_t num_host_blocks)
     : config_(config), num_host_blocks_(num_host_blocks) {
   validate(config_);
-  PAGEDKV_CHECK(!dtype_is_quantized(config_.dtype),
-                "DeviceKVCache: dtype {}: the 8-bit KV formats are CPU-only for now (CUDA: fp32, "
-                "fp16, bf16)",
-                dtype_name(config_.dtype));
   PAGEDKV_CHECK(num_host_blocks >= 0, "DeviceKVCache: num_host_blocks must be >= 0, got {}",
                 num_host_blocks);
   require_device();
@@ -76,8 +72,9 @@ DeviceKVCache::DeviceKVCache(const KVCacheConfig& config, int32_t num_host_block
   const bool interleaved = config_.placement == KVPlacement::kInterleaved;
   num_copy_pools_ = interleaved ? config_.num_layers : 2 * config_.num_layers;
   copy_block_bytes_ = interleaved ? 2 * pool_block_bytes_ : pool_block_bytes_;
-  arena_ = DeviceBuffer(bytes());
+  arena_ = DeviceBuffer(bytes() - kv_scale_bytes(config_));
   arena_.zero();
+  init_scales();
   std::vector<void*> ptrs;
   for (int32_t p = 0; p < num_copy_pools_; ++p) ptrs.push_back(copy_pool(p));
   pool_ptrs_ = DeviceBuffer(static_cast<int64_t>(ptrs.size() * sizeof(void*)));
@@ -104,7 +101,13 @@ std::byte* DeviceKVCache::pool(int32_t layer, bool value) const {
 KVLayerView DeviceKVCache::layer(int32_t layer) const {
   PAGEDKV_CHECK(layer >= 0 && layer < config_.num_layers,
                 "DeviceKVCache::layer: layer {} out of range [0, {})", layer, config_.num_layers);
-  return layer_view(config_, pool(layer, false), pool(layer, true));
+  KVLayerView view = layer_view(config_, pool(layer, false), pool(layer, true));
+  if (dtype_is_quantized(config_.dtype)) {
+    const float* base = scales_.as<const float>() + 2 * int64_t{layer} * config_.num_kv_heads;
+    view.k_scale = base;
+    view.v_scale = base + config_.num_kv_heads;
+  }
+  return view;
 }
 
 void DeviceKVCache::write(int32_t layer, std::span<const Slot> slot_mapping,
@@ -125,6 +128,7 @@ void DeviceKVCache::write(int32_t layer, std::span<const Slot> slot_mapping,
                   slot_mapping[t], t, num_slots);
   }
   if (num_tokens == 0) return;
+  calibrate_if_unset(layer, k, v, stream);
   detail::ensure_bytes(slot_staging_, num_tokens * 8);
   detail::ensure_bytes(k_staging_, expected * 4);
   detail::ensure_bytes(v_staging_, expected * 4);
@@ -144,6 +148,11 @@ void DeviceKVCache::write(int32_t layer, std::span<const Slot> slot_mapping,
 void DeviceKVCache::write(int32_t layer, const NewKV& input, Stream stream) {
   PAGEDKV_CHECK(layer >= 0 && layer < config_.num_layers,
                 "DeviceKVCache::write: layer {} out of range [0, {})", layer, config_.num_layers);
+  PAGEDKV_CHECK(!dtype_is_quantized(config_.dtype) || input.num_tokens == 0 ||
+                    scales_set_[static_cast<size_t>(layer)],
+                "DeviceKVCache::write: layer {} ({}) has no scales yet: device inputs are not "
+                "calibrated, call set_scales (or write host spans once, which calibrates)",
+                layer, dtype_name(config_.dtype));
   reshape_and_cache(this->layer(layer), input, stream);
 }
 
@@ -248,6 +257,7 @@ void DeviceKVCache::upload(const HostKVCache& host) {
     PAGEDKV_CUDA_CHECK(
         cudaMemcpy(copy_pool(p), host_copy_pool(host, p), bytes, cudaMemcpyHostToDevice));
   }
+  upload_scales(host);
 }
 
 void DeviceKVCache::download(HostKVCache& host) const {
@@ -257,6 +267,7 @@ void DeviceKVCache::download(HostKVCache& host) const {
     PAGEDKV_CUDA_CHECK(
         cudaMemcpy(host_copy_pool(host, p), copy_pool(p), bytes, cudaMemcpyDeviceToHost));
   }
+  download_scales(host);
 }
 
 void DeviceKVCache::zero(Stream stream) { arena_.zero(stream); }

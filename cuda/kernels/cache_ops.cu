@@ -29,7 +29,12 @@ __device__ __forceinline__ void write_token(const CacheWrite& a, int64_t token) 
     const int64_t h = i / a.head_dim;
     const int64_t d = i % a.head_dim;
     const int64_t dst = base + h * a.head_stride + d;
-    if constexpr (std::is_same_v<Src, Dst>) {  // bit copy: no conversion, NaN payloads kept
+    if constexpr (kQuantized<Dst>) {
+      // x * (1 / scale), both rounded to nearest (__frcp_rn, __fmul_rn: no contraction), as
+      // the host's write computes it: the same bytes.
+      k_cache[dst] = quantize<Dst>(__fmul_rn(to_f32(k[i]), __frcp_rn(a.k_scale[h])));
+      v_cache[dst] = quantize<Dst>(__fmul_rn(to_f32(v[i]), __frcp_rn(a.v_scale[h])));
+    } else if constexpr (std::is_same_v<Src, Dst>) {  // bit copy: no conversion, NaN kept
       k_cache[dst] = k[i];
       v_cache[dst] = v[i];
     } else {
@@ -43,6 +48,7 @@ __device__ __forceinline__ void write_token(const CacheWrite& a, int64_t token) 
 // slot_mapping: [num_tokens] int64, negative = skip
 // k/v_cache:    [num_blocks, num_kv_heads, block_size, head_dim] (HND) or
 //               [num_blocks, block_size, num_kv_heads, head_dim] (NHD), by strides
+// k/v_scale:    [num_kv_heads] fp32, 8-bit Dst only: stored = Q(x / scale)
 // grid: (num_tokens); block: 128 threads striding over num_kv_heads * head_dim
 template <typename Src, typename Dst>
 __global__ void reshape_and_cache_kernel(CacheWrite args) {
@@ -75,7 +81,7 @@ void launch_reshape_and_cache(const CacheWrite& args, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   const dim3 grid(static_cast<unsigned>(args.num_tokens));
   dispatch_storage_type(args.src_dtype, [&](auto src) {
-    dispatch_storage_type(args.dtype, [&](auto dst) {
+    dispatch_storage_type(args.dtype, /*with_quantized=*/true, [&](auto dst) {
       using Src = typename decltype(src)::type;
       using Dst = typename decltype(dst)::type;
       reshape_and_cache_kernel<Src, Dst><<<grid, 128, 0, s>>>(args);

@@ -25,16 +25,24 @@ namespace pagedkv::cuda::detail {
 namespace {
 
 /// Compile-time shape of the decode kernel for storage type T and head dimension D.
-/// A "chunk" is 16 bytes of one K or V row (kVec elements); kLanes lanes share one token row
-/// (each owning kChunksPerLane chunks), so a CTA works on kTokenGroups tokens at a time.
+/// A "chunk" is kVec elements of one K or V row (16 bytes; 8 for the 8-bit formats, so their
+/// registers per lane are fp16's); kLanes lanes share one token row (each owning
+/// kChunksPerLane chunks), so a CTA works on kTokenGroups tokens at a time. cp.async copies
+/// 16 bytes (kCopyVec elements) whatever the type.
 /// Worked example (fp16, D 128): kVec 8, 16 chunks per row, kLanes 16, 1 chunk per lane,
 /// 8 token groups, tiles of 32 tokens (8 KiB of K), 4 tokens per group per tile.
+/// The 8-bit formats keep fp16's lanes and tile tokens, so a tile holds half the bytes (4 KiB
+/// of K at D 128), and twice the stages (6): the same shared memory and the same bytes in
+/// flight per CTA as fp16 (a choice by that argument, not yet measured on a GPU).
 template <typename T, int D>
 struct DecodeTraits {
   static constexpr int kThreads = kDecodeThreads;
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kHeads = kHeadsPerCta;
-  static constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  static constexpr int kElemBytes = static_cast<int>(sizeof(T));
+  static constexpr int kVec = kChunkElems<T>;
+  static constexpr int kCopyVec = 16 / kElemBytes;
+  static constexpr int kCopyChunksPerRow = D / kCopyVec;
   static constexpr int kChunksPerRow = D / kVec;
   static constexpr int kLanes = kChunksPerRow < 32 ? kChunksPerRow : 32;
   static constexpr int kChunksPerLane = kChunksPerRow / kLanes;
@@ -42,21 +50,21 @@ struct DecodeTraits {
   static constexpr int kTokenGroups = kThreads / kLanes;
   // Pipeline: kStages tiles of kTileBytes of K (and as much V) in shared memory; kStages - 1
   // are in flight while one is computed (docs/cuda.md has the measured choice).
-  static constexpr int kStages = kDecodeStages;
-  static constexpr int kTileBytes = kDecodeTileBytes;
-  static constexpr int kTileTokens = kTileBytes / (D * static_cast<int>(sizeof(T)));
+  static constexpr int kStages = kQuantized<T> ? 2 * kDecodeStages : kDecodeStages;
+  static constexpr int kTileTokens = kDecodeTileBytes / (D * (kElemBytes < 2 ? 2 : kElemBytes));
+  static constexpr int kTileBytes = kTileTokens * D * kElemBytes;
   static constexpr int kTokensPerGroup = kTileTokens / kTokenGroups;
-  static constexpr int kLoadsPerThread = kTileTokens * kChunksPerRow / kThreads;
+  static constexpr int kLoadsPerThread = kTileTokens * kCopyChunksPerRow / kThreads;
   // Shared memory: kStages x (K tile + V tile), reused at the end for the cross-group sum.
   static constexpr int kTileBufferBytes = kStages * 2 * kTileBytes;
   static constexpr int kReduceBytes = kTokenGroups * kHeads * D * 4;
   static constexpr int kScoreFloats = kTileTokens * kHeads;  // [token][head]
   static constexpr int kSmemBytes = kTileBufferBytes + (kScoreFloats + 3 * kHeads) * 4;
 
-  static_assert(D % kVec == 0 && kChunksPerRow % kLanes == 0);
+  static_assert(D % kVec == 0 && D % kCopyVec == 0 && kChunksPerRow % kLanes == 0);
   static_assert(kLanes >= kHeads, "reduce_scatter needs a lane per head");
   static_assert(kTileTokens >= kTokenGroups && kTileTokens % kTokenGroups == 0);
-  static_assert(kTileTokens * kChunksPerRow % kThreads == 0);
+  static_assert(kTileTokens * kCopyChunksPerRow % kThreads == 0);
   static_assert(kTileTokens <= kSplitGranularity && kSplitGranularity % kTileTokens == 0,
                 "split chunks must hold whole tiles");
   static_assert(kReduceBytes <= kTileBufferBytes, "the final reduction reuses the tile buffers");
@@ -152,10 +160,11 @@ __device__ __forceinline__ DecodeCta locate_cta(const DecodeProblem& p) {
   return c;
 }
 
-/// q of the CTA's heads, this lane's chunks, pre-scaled; zeros for heads past the group.
+/// q of the CTA's heads, this lane's chunks, pre-scaled by `qscale` (the softmax scale in the
+/// log2 domain, times the kv head's K scale for an 8-bit cache); zeros for heads past the group.
 template <typename T, int D>
 __device__ __forceinline__ void load_q(
-    const DecodeProblem& p, const DecodeCta& c,
+    const DecodeProblem& p, const DecodeCta& c, float qscale,
     float (&q)[DecodeTraits<T, D>::kHeads][DecodeTraits<T, D>::kElemsPerLane]) {
   using Tr = DecodeTraits<T, D>;
   constexpr int kVec = Tr::kVec;
@@ -169,10 +178,10 @@ __device__ __forceinline__ void load_q(
       for (int e = 0; e < kVec; e += 4) {
         float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
         if (h < c.n_heads) x = *reinterpret_cast<const float4*>(q_base + h * D + d0 + e);
-        q[h][ch * kVec + e + 0] = x.x * p.scale_log2;
-        q[h][ch * kVec + e + 1] = x.y * p.scale_log2;
-        q[h][ch * kVec + e + 2] = x.z * p.scale_log2;
-        q[h][ch * kVec + e + 3] = x.w * p.scale_log2;
+        q[h][ch * kVec + e + 0] = x.x * qscale;
+        q[h][ch * kVec + e + 1] = x.y * qscale;
+        q[h][ch * kVec + e + 2] = x.z * qscale;
+        q[h][ch * kVec + e + 3] = x.w * qscale;
       }
     }
   }
@@ -191,13 +200,13 @@ __device__ __forceinline__ void issue_tile(const KV& kv, const T* k_gmem, const 
 #pragma unroll
   for (int j = 0; j < Tr::kLoadsPerThread; ++j) {
     const int ci = c.tid + j * Tr::kThreads;
-    const int t = ci / Tr::kChunksPerRow;
-    const int chunk = ci % Tr::kChunksPerRow;
+    const int t = ci / Tr::kCopyChunksPerRow;
+    const int chunk = ci % Tr::kCopyChunksPerRow;
     const int64_t pos = tile_start + t;
     const bool fill = c.visible(pos);
-    const int64_t off = fill ? kv.row(c.seq, c.kv_head, pos) + chunk * Tr::kVec : 0;
-    cp_async_16(ks + t * D + chunk * Tr::kVec, k_gmem + off, fill);
-    cp_async_16(vs + t * D + chunk * Tr::kVec, v_gmem + off, fill);
+    const int64_t off = fill ? kv.row(c.seq, c.kv_head, pos) + chunk * Tr::kCopyVec : 0;
+    cp_async_16(ks + t * D + chunk * Tr::kCopyVec, k_gmem + off, fill);
+    cp_async_16(vs + t * D + chunk * Tr::kCopyVec, v_gmem + off, fill);
   }
 }
 
@@ -328,14 +337,15 @@ __device__ __forceinline__ void tile_pv(
 }
 
 /// Sums the token groups' accumulators through shared memory (same softmax frame: m is per
-/// head, CTA-wide) and writes o = acc / l: to out (one pass) or to the split's partial output
-/// and log-sum-exp (split-K).
+/// head, CTA-wide) and writes o = acc / l * vscale (vscale: the kv head's V scale for an 8-bit
+/// cache, else 1): to out (one pass) or to the split's partial output and log-sum-exp
+/// (split-K; the merge is linear in o, so the scale may come before it).
 template <typename T, int D>
 __device__ __forceinline__ void reduce_and_store(
     const DecodeProblem& p, const DecodeCta& c, const DecodeSmem<T, D>& s,
     const float (&acc)[DecodeTraits<T, D>::kHeads][DecodeTraits<T, D>::kElemsPerLane],
     const float (&m_run)[DecodeTraits<T, D>::kHeads / DecodeTraits<T, D>::kWarps],
-    const float (&l_run)[DecodeTraits<T, D>::kHeads / DecodeTraits<T, D>::kWarps]) {
+    const float (&l_run)[DecodeTraits<T, D>::kHeads / DecodeTraits<T, D>::kWarps], float vscale) {
   using Tr = DecodeTraits<T, D>;
   constexpr int kHeads = Tr::kHeads;
   constexpr int kVec = Tr::kVec;
@@ -369,7 +379,7 @@ __device__ __forceinline__ void reduce_and_store(
 #pragma unroll
     for (int g = 0; g < Tr::kTokenGroups; ++g) sum += s.reduce[(g * kHeads + h) * D + d];
     const float l = s.l_s[h];
-    const float o = l > 0.f ? sum / l : 0.f;
+    const float o = l > 0.f ? sum / l * vscale : 0.f;
     const int64_t row = static_cast<int64_t>(c.seq) * p.num_heads + c.head0 + h;
     if (p.num_splits == 1) {
       p.out[row * D + d] = o;
@@ -396,8 +406,17 @@ __device__ __forceinline__ void decode_body(const DecodeProblem& p, const KV& kv
   const DecodeSmem<T, D> s = carve_smem<T, D>(smem);
   const DecodeCta c = locate_cta<T, D>(p);
 
+  // x = stored * scale: the K scale folds into q (scores = (q k_scale) . stored), the V scale
+  // into the output (sum p v = v_scale sum p stored); widen_factor undoes a widening that
+  // leaves out a power of two (e4m3 on sm_80).
+  float qscale = p.scale_log2;
+  float vscale = 1.f;
+  if constexpr (kQuantized<T>) {
+    qscale *= p.k_scale[c.kv_head] * widen_factor<T>();
+    vscale = p.v_scale[c.kv_head] * widen_factor<T>();
+  }
   float q[kHeads][Tr::kElemsPerLane];
-  load_q<T, D>(p, c, q);
+  load_q<T, D>(p, c, qscale, q);
   float acc[kHeads][Tr::kElemsPerLane];
 #pragma unroll
   for (int h = 0; h < kHeads; ++h) {
@@ -441,7 +460,7 @@ __device__ __forceinline__ void decode_body(const DecodeProblem& p, const KV& kv
     __syncthreads();
     tile_pv<T, D>(c, s, acc, stage);
   }
-  reduce_and_store<T, D>(p, c, s, acc, m_run, l_run);
+  reduce_and_store<T, D>(p, c, s, acc, m_run, l_run, vscale);
 }
 
 // grid: (num_kv_heads * head_chunks, num_seqs, num_splits); block: kDecodeThreads;

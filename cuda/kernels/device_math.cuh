@@ -1,13 +1,17 @@
 #pragma once
-// Small device helpers shared by the kernels of cuda/: storage types, 16-byte chunk loads
-// converted to fp32, cp.async, warp reductions. Private to cuda/.
+// Small device helpers shared by the kernels of cuda/: storage types, chunk loads converted to
+// fp32 (8-bit ones widened in registers), the quantizing stores, cp.async, warp reductions.
+// Private to cuda/.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
+#include "cuda/quantize.hpp"
 #include "pagedkv/dtype.hpp"
 
 namespace pagedkv::cuda::detail {
@@ -27,6 +31,117 @@ template <>
 struct StorageType<DType::kBF16> {
   using type = __nv_bfloat16;
 };
+/// The 8-bit formats' storage types: one byte each, distinct types so that a kernel template
+/// instantiated on them knows its format (x = stored * scale, dtype.hpp).
+struct E4M3Byte {
+  uint8_t bits;
+};
+struct E5M2Byte {
+  uint8_t bits;
+};
+struct Int8Byte {
+  int8_t bits;
+};
+template <>
+struct StorageType<DType::kFP8E4M3> {
+  using type = E4M3Byte;
+};
+template <>
+struct StorageType<DType::kFP8E5M2> {
+  using type = E5M2Byte;
+};
+template <>
+struct StorageType<DType::kInt8> {
+  using type = Int8Byte;
+};
+/// True for the 8-bit storage types (scaled, dtype_is_quantized).
+template <typename T>
+inline constexpr bool kQuantized = sizeof(T) == 1;
+
+/// fp32 -> 8-bit code, the rules of dtype.hpp (RNE, saturation, NaN), the same byte as the
+/// host's encoder for every input. `x` is already divided by the scale. sm_89+ converts with
+/// cvt.rn.satfinite (e4m3x2 / e5m2x2), NaN handled first so its code keeps the sign as on the
+/// host; sm_80 has no fp8 conversion and runs the integer codec of cuda/quantize.hpp.
+template <typename T>
+__device__ __forceinline__ T quantize(float x) {
+  if constexpr (std::is_same_v<T, Int8Byte>) {
+    return T{f32_to_int8_bits(x)};
+  } else {
+    constexpr bool kE4M3 = std::is_same_v<T, E4M3Byte>;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    if (isnan(x))
+      return T{static_cast<uint8_t>((signbit(x) ? 0x80u : 0u) | (kE4M3 ? 0x7Fu : 0x7Eu))};
+    return T{static_cast<uint8_t>(
+        __nv_cvt_float_to_fp8(x, __NV_SATFINITE, kE4M3 ? __NV_E4M3 : __NV_E5M2))};
+#else
+    return T{kE4M3 ? f32_to_e4m3_bits(x) : f32_to_e5m2_bits(x)};
+#endif
+  }
+}
+
+/// The factor the decode kernel multiplies the K and V scales of storage type T by: 256 for
+/// e4m3 where it is widened by bit moves (value x 2^-8, sm_80), 1 otherwise (sm_89+ widens
+/// e4m3 with cvt; e5m2 and int8 widen exactly everywhere).
+template <typename T>
+__device__ __forceinline__ float widen_factor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  return 1.0f;
+#else
+  return std::is_same_v<T, E4M3Byte> ? kE4M3WidenFactor : 1.0f;
+#endif
+}
+
+/// Four 8-bit codes (one 32-bit word, byte 0 first) -> four floats, each the stored value
+/// times widen_factor<T>()^-1: two half2 built by byte moves (cuda/quantize.hpp's formulas,
+/// two lanes at a time), then half2 -> float2.
+template <typename T>
+__device__ __forceinline__ void widen4(uint32_t w, float* dst) {
+  uint32_t lo;
+  uint32_t hi;
+  if constexpr (std::is_same_v<T, Int8Byte>) {
+    // 0x64 | (b ^ 0x80) per half: 1024 + (b + 128); minus 1152 below.
+    lo = __byte_perm(w ^ 0x80808080u, 0x64646464u, 0x4140);
+    hi = __byte_perm(w ^ 0x80808080u, 0x64646464u, 0x4342);
+  } else {
+    // b << 8 per half: e5m2 as fp16 (and where the e4m3 bit move below starts).
+    lo = __byte_perm(w, 0u, 0x1404);
+    hi = __byte_perm(w, 0u, 0x3424);
+    if constexpr (std::is_same_v<T, E4M3Byte>) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+      const __half2_raw a =
+          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w), __NV_E4M3);
+      const __half2_raw b =
+          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
+      lo = static_cast<uint32_t>(a.x) | (static_cast<uint32_t>(a.y) << 16);
+      hi = static_cast<uint32_t>(b.x) | (static_cast<uint32_t>(b.y) << 16);
+#else
+      // Sign stays, exponent and mantissa shift right by one: the value x 2^-8; the NaN codes
+      // (0x3F80 after the move) become fp16 NaN 0x7F80.
+      const auto move = [](uint32_t h) {
+        const uint32_t m = (h & 0x80008000u) | ((h & 0x7F007F00u) >> 1);
+        return m | (__vcmpeq2(m & 0x7FFF7FFFu, 0x3F803F80u) & 0x7E007E00u);
+      };
+      lo = move(lo);
+      hi = move(hi);
+#endif
+    }
+  }
+  __half2 h0;
+  __half2 h1;
+  memcpy(&h0, &lo, 4);
+  memcpy(&h1, &hi, 4);
+  if constexpr (std::is_same_v<T, Int8Byte>) {
+    const __half2 bias = __float2half2_rn(kInt8WidenBias);
+    h0 = __hsub2(h0, bias);
+    h1 = __hsub2(h1, bias);
+  }
+  const float2 f0 = __half22float2(h0);
+  const float2 f1 = __half22float2(h1);
+  dst[0] = f0.x;
+  dst[1] = f0.y;
+  dst[2] = f1.x;
+  dst[3] = f1.y;
+}
 
 template <typename T>
 __device__ __forceinline__ float to_f32(T x);
@@ -60,10 +175,22 @@ __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
-/// Loads one 16-byte chunk (4 floats or 8 halves) from 16-byte aligned memory as fp32.
-/// Shapes: src [16 / sizeof(T)], dst [16 / sizeof(T)].
+/// Elements of one compute chunk of storage type T: 16 bytes of fp32 / fp16 / bf16 (4 or 8
+/// elements), 8 bytes of an 8-bit format (8 elements: the registers of an fp16 chunk).
+template <typename T>
+inline constexpr int kChunkElems = sizeof(T) == 1 ? 8 : 16 / static_cast<int>(sizeof(T));
+
+/// Loads one compute chunk (kChunkElems<T> elements: 16 bytes, or 8 for the 8-bit formats) from
+/// memory aligned to its size, as fp32; 8-bit codes are widened in registers (widen4: the
+/// stored value, times 1 / widen_factor<T>()). Shapes: src, dst [kChunkElems<T>].
 template <typename T>
 __device__ __forceinline__ void load_chunk_f32(const T* src, float* dst) {
+  if constexpr (sizeof(T) == 1) {
+    const uint2 raw8 = *reinterpret_cast<const uint2*>(src);
+    widen4<T>(raw8.x, dst);
+    widen4<T>(raw8.y, dst + 4);
+    return;
+  }
   const uint4 raw = *reinterpret_cast<const uint4*>(src);
   if constexpr (sizeof(T) == 4) {
     dst[0] = __uint_as_float(raw.x);

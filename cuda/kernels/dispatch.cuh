@@ -55,11 +55,19 @@ inline void check_launch(const char* what,
 }
 
 /// Calls f(TypeTag<T>{}) with T the device storage type of `dtype` (float, __half or
-/// __nv_bfloat16). Precondition: dtype is fp32, fp16 or bf16 (the CUDA storage rejects the
-/// 8-bit dtypes at its boundary: DeviceKVCache, the cache ops).
+/// __nv_bfloat16). Precondition: dtype is fp32, fp16 or bf16 (the inputs of a cache write).
 template <typename F>
 void dispatch_storage_type(DType dtype, F&& f) {
   ::pagedkv::detail::dispatch_dtype(::pagedkv::detail::kFloatDTypes, dtype, [&](auto tag) {
+    f(TypeTag<typename StorageType<decltype(tag)::value>::type>{});
+  });
+}
+
+/// As above over every DType, the 8-bit storage types (E4M3Byte, E5M2Byte, Int8Byte) included:
+/// the pools of a cache write. The bool only names the overload at the call site.
+template <typename F>
+void dispatch_storage_type(DType dtype, bool /*with_quantized*/, F&& f) {
+  ::pagedkv::detail::dispatch_dtype(::pagedkv::detail::kAllDTypes, dtype, [&](auto tag) {
     f(TypeTag<typename StorageType<decltype(tag)::value>::type>{});
   });
 }

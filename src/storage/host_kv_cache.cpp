@@ -60,23 +60,10 @@ void HostKVCache::set_scales(int32_t layer, std::span<const float> k_scale,
                 dtype_name(config_.dtype));
   PAGEDKV_CHECK(layer >= 0 && layer < config_.num_layers, "{}: layer {} out of range [0, {})", kFn,
                 layer, config_.num_layers);
-  const bool per_head = config_.scale_granularity == KVScaleGranularity::kPerHead;
-  const size_t heads = static_cast<size_t>(config_.num_kv_heads);
-  for (const auto& [name, s] : {std::pair{"k_scale", k_scale}, std::pair{"v_scale", v_scale}}) {
-    PAGEDKV_CHECK(
-        s.size() == 1 || (per_head && s.size() == heads), "{}: {} has {} values, expected 1{}", kFn,
-        name, s.size(),
-        per_head ? " or " + std::to_string(heads) + " (one per kv head)" : " (per-tensor scales)");
-    for (size_t i = 0; i < s.size(); ++i) {
-      PAGEDKV_CHECK(std::isfinite(s[i]) && s[i] > 0.0f,
-                    "{}: {}[{}] is {}: a scale must be finite and > 0", kFn, name, i, s[i]);
-    }
-  }
-  float* dst = scales_.data() + 2 * static_cast<size_t>(layer) * heads;
-  for (size_t h = 0; h < heads; ++h) {
-    dst[h] = k_scale[k_scale.size() == 1 ? 0 : h];
-    dst[heads + h] = v_scale[v_scale.size() == 1 ? 0 : h];
-  }
+  const KVScales s = expand_kv_scales(kFn, config_, k_scale, v_scale);
+  float* dst = scales_.data() + 2 * static_cast<size_t>(layer) * s.k.size();
+  std::copy(s.k.begin(), s.k.end(), dst);
+  std::copy(s.v.begin(), s.v.end(), dst + s.k.size());
   scales_set_[static_cast<size_t>(layer)] = true;
 }
 

@@ -9,7 +9,7 @@
 
 namespace pagedkv {
 
-void check_attention_params(const AttentionParams& params, const KVLayerView& cache) {
+void check_attention_shape(const AttentionParams& params, const KVLayerView& cache) {
   PAGEDKV_CHECK(params.num_heads >= 1, "attention: num_heads must be >= 1, got {}",
                 params.num_heads);
   PAGEDKV_CHECK(params.num_kv_heads >= 1, "attention: num_kv_heads must be >= 1, got {}",
@@ -37,6 +37,10 @@ void check_attention_params(const AttentionParams& params, const KVLayerView& ca
                 cache.num_blocks);
   PAGEDKV_CHECK(cache.k != nullptr && cache.v != nullptr,
                 "attention: cache view has a null K or V pool (k={}, v={})", cache.k, cache.v);
+}
+
+void check_attention_params(const AttentionParams& params, const KVLayerView& cache) {
+  check_attention_shape(params, cache);
   if (dtype_is_quantized(cache.dtype)) detail::check_view_scales("attention", cache);
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <utility>
 
 #include "core/check.hpp"
@@ -111,6 +112,30 @@ KVScales calibrate_kv_scales(DType dtype, KVScaleGranularity granularity, int32_
     (kv == 0 ? s.k : s.v) = std::move(maxes);
   }
   return s;
+}
+
+KVScales expand_kv_scales(const char* fn, const KVCacheConfig& config,
+                          std::span<const float> k_scale, std::span<const float> v_scale) {
+  PAGEDKV_CHECK(dtype_is_quantized(config.dtype), "{}: dtype {} has no scales (8-bit only)", fn,
+                dtype_name(config.dtype));
+  const bool per_head = config.scale_granularity == KVScaleGranularity::kPerHead;
+  const auto heads = static_cast<size_t>(config.num_kv_heads);
+  for (const auto& [name, s] : {std::pair{"k_scale", k_scale}, std::pair{"v_scale", v_scale}}) {
+    PAGEDKV_CHECK(
+        s.size() == 1 || (per_head && s.size() == heads), "{}: {} has {} values, expected 1{}", fn,
+        name, s.size(),
+        per_head ? " or " + std::to_string(heads) + " (one per kv head)" : " (per-tensor scales)");
+    for (size_t i = 0; i < s.size(); ++i) {
+      PAGEDKV_CHECK(std::isfinite(s[i]) && s[i] > 0.0f,
+                    "{}: {}[{}] is {}: a scale must be finite and > 0", fn, name, i, s[i]);
+    }
+  }
+  KVScales out;
+  for (size_t h = 0; h < heads; ++h) {
+    out.k.push_back(k_scale[k_scale.size() == 1 ? 0 : h]);
+    out.v.push_back(v_scale[v_scale.size() == 1 ? 0 : h]);
+  }
+  return out;
 }
 
 }  // namespace pagedkv

@@ -226,7 +226,8 @@ TEST(DecodeRejection, UnsupportedConfigurationsFailOnTheHost) {
       {DType::kF16, 128, 64, "block_size 64 is not supported (supported: 8, 16, 32)"},
       {DType::kF32, 64, 1, "block_size 1 is not supported (supported: 8, 16, 32)"},
       {DType::kBF16, 256, 7, "block_size 7 is not supported (supported: 8, 16, 32)"},
-      {static_cast<DType>(9), 128, 16, "dtype 9 is not supported (supported: fp32, fp16, bf16)"},
+      {static_cast<DType>(9), 128, 16,
+       "dtype 9 is not supported (supported: fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, int8)"},
   };
   for (const Unsupported& c : cases) {
     FakeProblem f(c.dtype, c.head_dim, c.block_size);
@@ -420,6 +421,12 @@ std::vector<GpuCase> shape_cases() {
   add(DType::kF16, 128, 16, 2, 4, KVLayout::kNHD, {1, 16, 17, 4097});  // NHD layout
   add(DType::kBF16, 256, 8, 2, 2, KVLayout::kNHD, {9, 1031});
   add(DType::kF32, 64, 16, 4, 5, KVLayout::kNHD, {33, 500});
+  // 8-bit pools (per-head scales that differ by head, from make_scenario): GQA groups 5 and 8,
+  // MQA, both layouts; the grid above has every (8-bit dtype, head_dim, block_size).
+  add(DType::kFP8E4M3, 128, 16, 2, 5, KVLayout::kNHD, {1, 333, 4097});
+  add(DType::kFP8E5M2, 64, 8, 4, 8, KVLayout::kHND, {17, 1031, 4097});
+  add(DType::kInt8, 256, 32, 1, 6, KVLayout::kNHD, {3, 1031, 2049});
+  add(DType::kInt8, 128, 16, 3, 3, KVLayout::kHND, {0, 100, 65});
   std::vector<int32_t> many;  // a wide batch of mixed lengths: one-pass territory
   for (int32_t i = 0; i < 64; ++i) many.push_back(1 + (i * 97) % 700);
   add(DType::kF16, 128, 16, 2, 4, KVLayout::kHND, many);
@@ -430,7 +437,7 @@ std::vector<GpuCase> mask_cases() {
   std::vector<GpuCase> cases;
   const std::pair<int32_t, int32_t> masks[] = {{0, 0},   {0, 3},  {1, 0},
                                                {100, 0}, {64, 4}, {2000, 0}};
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kFP8E4M3}) {
     for (auto [window, sinks] : masks) {
       GpuCase c;
       c.dtype = dtype;
@@ -474,7 +481,9 @@ struct DenseCopy {
   KVLayerView view;
 };
 
-DenseCopy dense_copy(const PagedScenario& s, int32_t max_len) {
+/// The stored K/V as a contiguous device cache; 8-bit: stored / scale re-rounds to the same
+/// code (an ulp off at most), and the view borrows `scales`' device k_scale / v_scale.
+DenseCopy dense_copy(const PagedScenario& s, int32_t max_len, const KVLayerView& scales) {
   const KVCacheConfig& c = s.config;
   const ContiguousKVShape shape{static_cast<int32_t>(s.seqs.size()),
                                 c.num_kv_heads,
@@ -491,11 +500,14 @@ DenseCopy dense_copy(const PagedScenario& s, int32_t max_len) {
     const std::vector<float> vs = s.stored(static_cast<size_t>(i), true);
     for (int64_t p = 0; p < s.seqs[static_cast<size_t>(i)].context_len; ++p) {
       for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+        const auto hs = static_cast<size_t>(h);
+        const float k_div = s.cache->scales(PagedScenario::kLayer, false)[hs];
+        const float v_div = s.cache->scales(PagedScenario::kLayer, true)[hs];
         for (int32_t d = 0; d < c.head_dim; ++d) {
           const int64_t src = (p * c.num_kv_heads + h) * c.head_dim + d;
           const int64_t dst = layout.offset(i, h, p) + d;  // sequence i is block i
-          store_from_f32(hk.data(), c.dtype, dst, ks[static_cast<size_t>(src)]);
-          store_from_f32(hv.data(), c.dtype, dst, vs[static_cast<size_t>(src)]);
+          store_from_f32(hk.data(), c.dtype, dst, ks[static_cast<size_t>(src)] / k_div);
+          store_from_f32(hv.data(), c.dtype, dst, vs[static_cast<size_t>(src)] / v_div);
         }
       }
     }
@@ -506,6 +518,8 @@ DenseCopy dense_copy(const PagedScenario& s, int32_t max_len) {
   out.k.upload(std::span<const std::byte>(hk));
   out.v.upload(std::span<const std::byte>(hv));
   out.view = contiguous_paged_view(shape, out.k.data(), out.v.data());
+  out.view.k_scale = scales.k_scale;
+  out.view.v_scale = scales.v_scale;
   return out;
 }
 
@@ -520,7 +534,7 @@ TEST_P(CudaContiguousDecode, SameBodyAsPaged) {
   DeviceKVCache device(s.config);
   device.upload(*s.cache);
   const int32_t max_len = *std::max_element(c.contexts.begin(), c.contexts.end()) + 5;
-  DenseCopy dense = dense_copy(s, max_len);
+  DenseCopy dense = dense_copy(s, max_len, device.layer(PagedScenario::kLayer));
   DeviceDecodeRunner runner;
   for (const DecodePlan& plan : {DecodePlan{}, make_split_plan(max_len, 9)}) {
     SCOPED_TRACE("splits " + std::to_string(plan.num_splits));
@@ -536,8 +550,10 @@ TEST_P(CudaContiguousDecode, SameBodyAsPaged) {
 
 std::vector<GpuCase> contiguous_cases() {
   std::vector<GpuCase> cases;
-  for (auto [dtype, d, bs] : {std::tuple{DType::kF16, 128, 16}, std::tuple{DType::kBF16, 64, 8},
-                              std::tuple{DType::kF32, 256, 32}}) {
+  for (auto [dtype, d, bs] :
+       {std::tuple{DType::kF16, 128, 16}, std::tuple{DType::kBF16, 64, 8},
+        std::tuple{DType::kF32, 256, 32}, std::tuple{DType::kFP8E4M3, 128, 16},
+        std::tuple{DType::kInt8, 64, 8}, std::tuple{DType::kFP8E5M2, 256, 32}}) {
     GpuCase c;
     c.dtype = dtype;
     c.head_dim = d;

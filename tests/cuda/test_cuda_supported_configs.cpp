@@ -29,15 +29,19 @@ TEST(SupportedConfigs, EveryListedCombinationIsSupported) {
       }
     }
   }
-  EXPECT_EQ(count, 27);
+  EXPECT_EQ(count, 54);
 }
 
 TEST(SupportedConfigs, ListsMatchTheIssue) {
   EXPECT_THAT(kDecodeHeadDims, ::testing::ElementsAre(64, 128, 256));
   EXPECT_THAT(kDecodeBlockSizes, ::testing::ElementsAre(8, 16, 32));
-  EXPECT_THAT(kDecodeDTypes, ::testing::ElementsAre(DType::kF32, DType::kF16, DType::kBF16));
-  EXPECT_EQ(supported_decode_configs(),
-            "dtype {fp32, fp16, bf16} x head_dim {64, 128, 256} x block_size {8, 16, 32}");
+  EXPECT_THAT(kDecodeDTypes,
+              ::testing::ElementsAre(DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3,
+                                     DType::kFP8E5M2, DType::kInt8));
+  EXPECT_EQ(
+      supported_decode_configs(),
+      "dtype {fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, int8} x head_dim {64, 128, 256} x block_size "
+      "{8, 16, 32}");
 }
 
 TEST(SupportedConfigs, BlockSizesArePowersOfTwo) {
@@ -65,8 +69,10 @@ TEST(SupportedConfigs, UnsupportedBlockSizeNamesValueAndSet) {
 TEST(SupportedConfigs, UnsupportedDTypeNamesSet) {
   const auto bogus = static_cast<DType>(7);
   EXPECT_FALSE(is_supported_decode_config(bogus, 128));
-  EXPECT_THAT(message_of([&] { check_decode_config(bogus, 128, 16); }),
-              HasSubstr("dtype 7 is not supported (supported: fp32, fp16, bf16)"));
+  EXPECT_THAT(
+      message_of([&] { check_decode_config(bogus, 128, 16); }),
+      HasSubstr(
+          "dtype 7 is not supported (supported: fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, int8)"));
 }
 
 TEST(SupportedConfigs, ContiguousCheckIgnoresBlockSize) {

@@ -22,7 +22,8 @@ struct NewKV {
   const void* k = nullptr;
   /// Device values, same shape and dtype as k.
   const void* v = nullptr;
-  /// Element type of k and v: kF32, kF16 or kBF16 (need not be the pool dtype).
+  /// Element type of k and v: kF32, kF16 or kBF16 (need not be the pool dtype, which may also
+  /// be 8-bit).
   DType dtype = DType::kF32;
   /// Device [num_tokens] int64: slot = block * block_size + token in block; negative = padding.
   const int64_t* slot_mapping = nullptr;
@@ -32,11 +33,17 @@ struct NewKV {
 
 /// reshape_and_cache: writes each token's K and V into its slot of the layer viewed by `cache`
 /// (device pools, any layout), converting to the pool dtype with round-to-nearest-even (the
-/// same bits as HostKVCache::write for finite values). Asynchronous on `stream`.
+/// same bits as HostKVCache::write for finite values). An 8-bit pool (fp8_e4m3, fp8_e5m2,
+/// int8) stores Q(x * (1 / scale[kv_head])) with the saturation and NaN rules of dtype.hpp:
+/// for fp32 inputs the bytes of the host's reshape_and_cache (pagedkv/storage/kv_write.hpp).
+/// Its scales are cache.k_scale / cache.v_scale, DEVICE arrays [num_kv_heads] fp32 (a
+/// DeviceKVCache's layer() points them at its scales). Asynchronous on `stream`.
 /// Grid: one CTA per token. Preconditions (device data, not checked): every non-negative slot
-/// is < num_blocks * block_size.
-/// Errors: throws pagedkv::Error, before any CUDA call, on a null pointer with num_tokens > 0,
-/// num_tokens < 0 or > 2^31 - 1, or an invalid view; CUDA launch errors after.
+/// is < num_blocks * block_size; the scales are finite and > 0 (DeviceKVCache::set_scales
+/// checks them where they enter the device).
+/// Errors: throws pagedkv::Error, before any CUDA call, on a null pointer with num_tokens > 0
+/// (an 8-bit pool's k_scale / v_scale included, named), an 8-bit input dtype, num_tokens < 0
+/// or > 2^31 - 1, or an invalid view; CUDA launch errors after.
 /// Source: vLLM csrc/cache_kernels.cu (reshape_and_cache), int64 slot convention.
 void reshape_and_cache(const KVLayerView& cache, const NewKV& input, Stream stream = nullptr);
 

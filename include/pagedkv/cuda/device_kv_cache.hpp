@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "pagedkv/cuda/cache_ops.hpp"
 #include "pagedkv/cuda/device.hpp"
@@ -25,8 +26,15 @@ namespace pagedkv::cuda {
 /// (each [num_blocks, ...layout]); interleaved, per layer one pool [num_blocks, 2, ...layout]
 /// (block 0 K, block 0 V, block 1 K, ...). Either way a block's K (and V) is
 /// pool_block_bytes() contiguous bytes, and layer() gives the same strides as HostKVCache.
-/// Memory: bytes() == kv_cache_bytes(config) on the device, plus
+/// Memory: bytes() == kv_cache_bytes(config) on the device (the pools, and for an 8-bit dtype
+/// its scales in a separate buffer: [num_layers][K, V][num_kv_heads] fp32, 1 until set), plus
 /// num_host_blocks * block_bytes() of pinned host memory for swapping.
+///
+/// 8-bit dtypes (fp8_e4m3, fp8_e5m2, int8; docs/quantization.md): scales as HostKVCache's, set
+/// with set_scales() or calibrated by the first host-span write() of a layer (max |x| / format
+/// max, as HostKVCache::write); layer() points the view's k_scale / v_scale at the device
+/// copy, which the CUDA write and decode read. The host keeps a mirror (scales()), which is
+/// what the checks read: the device copy is only ever written from checked values.
 ///
 /// The swap pool holds whole blocks, block-major: host block j is block_bytes() contiguous
 /// bytes, K then V for layer 0, then layer 1, ... -- the byte order of
@@ -53,8 +61,20 @@ class DeviceKVCache {
   DeviceKVCache(const DeviceKVCache&) = delete;
   DeviceKVCache& operator=(const DeviceKVCache&) = delete;
 
-  /// View of one layer's device pools, for the kernels. Errors: throws if layer is out of range.
+  /// View of one layer's device pools, for the kernels; for an 8-bit dtype its k_scale /
+  /// v_scale are DEVICE pointers to the layer's [num_kv_heads] scales. Errors: throws if layer
+  /// is out of range.
   [[nodiscard]] KVLayerView layer(int32_t layer) const;
+
+  /// HostKVCache::set_scales on the device cache: checks (the same errors: a float dtype, a
+  /// layer out of range, a count neither 1 nor (per head) num_kv_heads, a scale not finite and
+  /// > 0, each named), then copies the layer's scales to the device, stream-ordered on
+  /// `stream` (the values are taken before it returns). K/V already stored keep their bytes.
+  void set_scales(int32_t layer, std::span<const float> k_scale, std::span<const float> v_scale,
+                  Stream stream = nullptr);
+  /// The K (value false) or V (true) scales of a layer, [num_kv_heads], from the host mirror
+  /// (all 1 for the float dtypes). Errors: throws if layer is out of range.
+  [[nodiscard]] std::span<const float> scales(int32_t layer, bool value) const;
   /// The geometry the cache was built with (the same meaning as HostKVCache::config()).
   [[nodiscard]] const KVCacheConfig& config() const { return config_; }
   /// Device bytes of the pools: kv_cache_bytes(config()).
@@ -79,7 +99,9 @@ class DeviceKVCache {
 
   /// HostKVCache::write on the device, from host memory: the K/V of new tokens into their slots
   /// of layer `layer`, converted from fp32 to the pool dtype (round to nearest even, the host's
-  /// bits). Stages the inputs through device buffers owned by this cache and synchronizes
+  /// bits; 8-bit: stored = Q(x / scale), the bytes of HostKVCache::write). An 8-bit layer whose
+  /// scales were never set calibrates them from this write first, as HostKVCache::write does.
+  /// Stages the inputs through device buffers owned by this cache and synchronizes
   /// `stream` before returning, so the spans may be reused at once.
   /// Shapes: slot_mapping [num_tokens] int64 (negative = padding, skipped); k, v [num_tokens,
   /// num_kv_heads, head_dim] fp32, host.
@@ -90,7 +112,9 @@ class DeviceKVCache {
 
   /// reshape_and_cache into layer `layer` from device memory (see cuda::reshape_and_cache: fp32,
   /// fp16 or bf16 inputs). Asynchronous on `stream`.
-  /// Errors: throws if layer is out of range, plus reshape_and_cache's errors.
+  /// Errors: throws if layer is out of range, or (8-bit dtype, num_tokens > 0) its scales were
+  /// never set or calibrated (device inputs are not calibrated: set_scales first), plus
+  /// reshape_and_cache's errors.
   void write(int32_t layer, const NewKV& input, Stream stream = nullptr);
 
   /// Copy-on-write copies from a host list (what KVCacheManager::append_slots returns): every
@@ -114,10 +138,12 @@ class DeviceKVCache {
   /// Bytes of host swap block `block` (block_bytes() long). Errors: throws if out of range.
   [[nodiscard]] std::span<const std::byte> host_block(int32_t block) const;
 
-  /// Copies every pool of `host` to the device (synchronous). The configs must be equal.
+  /// Copies every pool of `host` to the device (synchronous), and for an 8-bit dtype its scales
+  /// (every layer's then counts as set). The configs must be equal.
   /// Errors: throws pagedkv::Error naming the first differing field; CUDA errors.
   void upload(const HostKVCache& host);
-  /// Copies every device pool into `host` (synchronous). Errors: as upload().
+  /// Copies every device pool into `host` (synchronous), and for an 8-bit dtype the scales of
+  /// the layers set here (HostKVCache::set_scales). Errors: as upload().
   void download(HostKVCache& host) const;
   /// Sets every pool byte to 0. Asynchronous.
   void zero(Stream stream = nullptr);
@@ -130,6 +156,13 @@ class DeviceKVCache {
   /// Block 0 of layer `layer`'s K (value false) or V (true).
   [[nodiscard]] std::byte* pool(int32_t layer, bool value) const;
   void swap(std::span<const BlockCopy> pairs, bool out, Stream stream);
+  // 8-bit scales (cuda/host/device_kv_cache_scales.cpp): all 1 on the device and the mirror.
+  void init_scales();
+  // The host-span write's calibration of a quantized layer never set (inputs already checked).
+  void calibrate_if_unset(int32_t layer, std::span<const float> k, std::span<const float> v,
+                          Stream stream);
+  void upload_scales(const HostKVCache& host);
+  void download_scales(HostKVCache& host) const;
 
   KVCacheConfig config_;
   int32_t num_host_blocks_ = 0;
@@ -137,10 +170,13 @@ class DeviceKVCache {
   int32_t num_copy_pools_ = 0;
   int64_t copy_block_bytes_ = 0;
   DeviceBuffer arena_;
-  DeviceBuffer pool_ptrs_;     // [2 * num_layers] void*
-  DeviceBuffer pair_staging_;  // BlockCopy list for copy_blocks()
-  DeviceBuffer slot_staging_;  // write() from host memory: [num_tokens] int64
-  DeviceBuffer k_staging_;     // [num_tokens, num_kv_heads, head_dim] fp32
+  DeviceBuffer scales_;             // [num_layers][2][num_kv_heads] fp32, 8-bit dtypes only
+  std::vector<float> host_scales_;  // the same, host mirror (1 for the float dtypes)
+  std::vector<bool> scales_set_;    // per layer: set or calibrated
+  DeviceBuffer pool_ptrs_;          // [2 * num_layers] void*
+  DeviceBuffer pair_staging_;       // BlockCopy list for copy_blocks()
+  DeviceBuffer slot_staging_;       // write() from host memory: [num_tokens] int64
+  DeviceBuffer k_staging_;          // [num_tokens, num_kv_heads, head_dim] fp32
   DeviceBuffer v_staging_;
   PinnedHostBuffer host_pool_;
 };

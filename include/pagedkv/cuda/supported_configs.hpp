@@ -17,8 +17,10 @@
 
 namespace pagedkv::cuda {
 
-/// K/V storage dtypes of the decode kernels (queries and outputs are always fp32).
-inline constexpr std::array<DType, 3> kDecodeDTypes = {DType::kF32, DType::kF16, DType::kBF16};
+/// K/V storage dtypes of the decode kernels (queries and outputs are always fp32). The 8-bit
+/// ones are widened in registers and scaled by the view's k_scale / v_scale (dtype.hpp).
+inline constexpr std::array<DType, 6> kDecodeDTypes = {
+    DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2, DType::kInt8};
 /// Head dimensions (elements) the decode kernels are instantiated for.
 inline constexpr std::array<int32_t, 3> kDecodeHeadDims = {64, 128, 256};
 /// Paged block sizes (tokens) the decode kernels accept; each a power of two.
@@ -40,8 +42,8 @@ void check_decode_config(DType dtype, int32_t head_dim);
 /// (supported: 8, 16, 32)".
 void check_decode_config(DType dtype, int32_t head_dim, int32_t block_size);
 
-/// One line listing the supported set: "dtype {fp32, fp16, bf16} x head_dim {64, 128, 256} x
-/// block_size {8, 16, 32}".
+/// One line listing the supported set: "dtype {fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, int8} x
+/// head_dim {64, 128, 256} x block_size {8, 16, 32}".
 [[nodiscard]] std::string supported_decode_configs();
 
 }  // namespace pagedkv::cuda

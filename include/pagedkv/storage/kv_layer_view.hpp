@@ -48,7 +48,10 @@ struct KVLayerView {
   int64_t token_stride = 0;
   /// Quantized dtypes (dtype_is_quantized): the scales of K and of V, [num_kv_heads] fp32 each
   /// (a per-tensor scale repeated per head): x = stored * k_scale[kv_head]. Required (non-null,
-  /// finite, > 0) for those dtypes; ignored (and may be null) for fp32 / fp16 / bf16.
+  /// finite, > 0) for those dtypes; ignored (and may be null) for fp32 / fp16 / bf16. In the
+  /// memory of the pools: host for the CPU kernels, device for the CUDA ones (a
+  /// cuda::DeviceKVCache view; its values are checked when set, the launchers check only the
+  /// pointers).
   const float* k_scale = nullptr;
   const float* v_scale = nullptr;  ///< see k_scale
 
@@ -110,6 +113,12 @@ void copy_blocks(const KVLayerView& src, const KVLayerView& dst, std::span<const
 /// sink_tokens < 0, scale is not finite, the view's k or v is null, or (quantized dtype) its
 /// k_scale or v_scale is null or holds a scale that is not finite and > 0 (naming it).
 void check_attention_params(const AttentionParams& params, const KVLayerView& cache);
+
+/// check_attention_params without reading the scales: every check but the scale values and
+/// pointers. For views whose scales live where the host cannot read them (device memory: the
+/// CUDA entry points check the pointers and DeviceKVCache::set_scales the values).
+/// Errors: as check_attention_params, less the scale checks.
+void check_attention_shape(const AttentionParams& params, const KVLayerView& cache);
 
 /// Checks that block tables (or slot lists) built for blocks of `block_size` tokens in a pool of
 /// `num_blocks` blocks (0 = not stated) can be read through `cache`: the geometry a

@@ -51,4 +51,15 @@ struct KVScales {
                                            std::span<const float> k, std::span<const float> v,
                                            float headroom = 1.0f);
 
+/// The scales a quantized layer of `config` keeps for set_scales' arguments: one value each
+/// for K and V (per tensor, repeated per head), or num_kv_heads values each (kPerHead only);
+/// the check and expansion of HostKVCache::set_scales and cuda::DeviceKVCache::set_scales.
+/// `fn` names the caller in messages. Shapes: k_scale, v_scale [1] or [num_kv_heads]; returns
+/// [num_kv_heads] each.
+/// Errors: throws pagedkv::Error if config.dtype is not quantized, a count is neither 1 nor
+/// (per head) num_kv_heads, or a scale is not finite and > 0 (naming it, its index and value).
+[[nodiscard]] KVScales expand_kv_scales(const char* fn, const KVCacheConfig& config,
+                                        std::span<const float> k_scale,
+                                        std::span<const float> v_scale);
+
 }  // namespace pagedkv
