@@ -12,11 +12,14 @@
 //       separate pools (kv:separate);
 //       contiguous: the same K/V values in a [B, H_kv, T, D] cache viewed with
 //       block_size = T (contiguous_paged_view.hpp): the same kernel, only the table differs. Each
-//       iteration times one paged call, one contiguous call and one 64 MiB memcpy side by side
-//       (rotating order); counters: paged_ms / contiguous_ms (medians), ratio (of the medians),
-//       ratio_min (of the minima), paged_GBps / contiguous_GBps (K and V bytes read per second,
-//       B x T x H_kv x D x 2 x sizeof(dtype) per call), memcpy_GBps, paged_vs_memcpy. Each call
-//       attends one layer of a multi-layer cache, rotating through layers so the working set
+//       iteration times one paged call, one contiguous call, the stream and the ceiling side by
+//       side (rotating order); counters: paged_ms / contiguous_ms (medians), ratio (of the
+//       medians), ratio_min (of the minima), paged_GBps / contiguous_GBps (K and V bytes read per
+//       second, B x T x H_kv x D x 2 x sizeof(dtype) per call); the fair peers of decode_peers.hpp:
+//       stream_GBps and paged_vs_stream (a read of exactly the paged call's bytes on the same
+//       threads, same iteration: stream time / paged time), ceiling_GBps and paged_vs_ceiling
+//       (the kernel on an L3-resident slice of the same cache: paged GB/s / ceiling GB/s). Each
+//       call attends one layer of a multi-layer cache, rotating through layers so the working set
 //       (>= 256 MiB) never fits in the last-level cache, as in a real model.
 //   BM_DecodePlain/...        the scalar oracle kernel on one configuration, for the speedup.
 //   BM_Prefill/.../chunk:N    chunked prefill of the last N positions of a 2048-token context;
@@ -39,10 +42,12 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "benchmarks/decode_peers.hpp"
 #include "cpu/attention_fast.hpp"
 #include "cpu/attention_plain.hpp"
 #include "pagedkv/cpu/attention.hpp"
@@ -125,24 +130,9 @@ void BM_Memcpy(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * kCopyBytes);
 }
 
-/// Sum of the 16-byte words of [p, p + bytes) (bytes a multiple of 64, p 16-byte aligned):
-/// four independent vector accumulators, so the loop issues several 16-byte loads a cycle and
-/// reading is bound by memory, not by the core (a scalar 8-byte loop tops out near 20 GB/s at
-/// 2.6 GHz). GCC/Clang vector extension: SSE2/NEON without any -m flag.
-using U64x2 = uint64_t __attribute__((vector_size(16)));
-U64x2 sum_words(const std::byte* p, int64_t bytes) {
-  const auto* w = reinterpret_cast<const U64x2*>(p);
-  U64x2 a0{}, a1{}, a2{}, a3{};
-  for (int64_t i = 0; i < bytes / 16; i += 4) {
-    a0 += w[i];
-    a1 += w[i + 1];
-    a2 += w[i + 2];
-    a3 += w[i + 3];
-  }
-  return a0 + a1 + a2 + a3;
-}
+using bench::U64x2;
 
-/// sum_words over runs [base + order[r] * run, + run) in the given order, prefetching (non-
+/// bench::sum_run over runs [base + order[r] * run, + run) in the given order, prefetching (non-
 /// temporal, as the decode kernel) kAhead bytes ahead across run boundaries when `prefetch`.
 U64x2 sum_runs(const std::byte* base, const std::vector<int64_t>& order, int64_t run,
                bool prefetch) {
@@ -158,7 +148,7 @@ U64x2 sum_runs(const std::byte* base, const std::vector<int64_t>& order, int64_t
         const std::byte* q = b + kAhead < run ? p + b + kAhead : next + (b + kAhead - run) % run;
         for (int64_t c = 0; c < kStep; c += 64) __builtin_prefetch(q + c, 0, 0);
       }
-      acc += sum_words(p + b, kStep);
+      acc += bench::sum_run(p + b, kStep);
     }
   }
   return acc;
@@ -169,7 +159,7 @@ void BM_ReadStream(benchmark::State& state) {
   const HostBuffer buffer(kCopyBytes);
   for (auto _ : state) {
     split_run(threads, kCopyBytes, [&](int64_t b, int64_t e) {
-      benchmark::DoNotOptimize(sum_words(buffer.data() + b, e - b));
+      benchmark::DoNotOptimize(bench::sum_run(buffer.data() + b, e - b));
     });
   }
   state.SetBytesProcessed(state.iterations() * kCopyBytes);
@@ -350,48 +340,63 @@ DecodeData& decode_data(const DecodeConfig& c) {
   return *data;
 }
 
-/// Source and destination of the memcpy peer timed inside BM_Decode (64 MiB each, >> L3).
-struct CopyBuffers {
-  static constexpr int64_t kBytes = int64_t{64} << 20;
-  HostBuffer src{kBytes};
-  HostBuffer dst{kBytes};
-  CopyBuffers() { std::memset(src.data(), 1, kBytes); }
-};
-
-/// One iteration = one paged call, one contiguous call and one 64 MiB memcpy (the same threads
-/// as the kernel), side by side (time_side_by_side).
+/// One iteration = one paged call, one contiguous call, the read stream over the paged call's
+/// bytes and the compute ceiling (decode_peers.hpp), side by side (time_side_by_side), all on
+/// the kernel's threads. The ceiling warms its L3-resident slice with one untimed call first.
 void BM_Decode(benchmark::State& state, DecodeConfig c) {
   DecodeData& d = decode_data(c);
-  static CopyBuffers copy;
   const int32_t threads = bench_threads();
   const int32_t layers = c.layers();
-  std::vector<double> times[3];  // paged, contiguous, memcpy
+  std::vector<std::vector<bench::ByteRun>> runs(static_cast<size_t>(layers));
+  for (int32_t l = 0; l < layers; ++l) {
+    runs[static_cast<size_t>(l)] =
+        bench::decode_runs(d.paged->layer(l), d.table, c.batch, d.blocks_per_seq);
+  }
+  const int64_t token_bytes = c.layer_bytes() / (int64_t{c.batch} * c.context);
+  const bench::CeilingSlice slice =
+      bench::ceiling_slice(c.batch, c.context, c.block_size, token_bytes, threads);
+  const std::vector<int32_t> slice_lens(static_cast<size_t>(slice.batch), slice.context);
+  const BlockTableView slice_tables{d.table.data(), slice_lens.data(), slice.batch,
+                                    d.blocks_per_seq, c.block_size};
+  const auto q_rows = static_cast<size_t>(slice.batch) * d.params.num_heads * c.head_dim;
+  const std::span<const float> slice_q(d.q.data(), q_rows);
+  const std::span<float> slice_out(d.out.data(), q_rows);
+  std::vector<double> times[4];  // paged, contiguous, stream, ceiling (unused: timed inside)
+  std::vector<double> ceiling_s;
   time_side_by_side(state, times, [&](int which, int64_t iteration) {
     const auto layer = static_cast<int32_t>(iteration % layers);  // a new layer each iteration
     if (which == 0) {
       paged_decode_attention(d.params, d.paged->layer(layer), d.paged_tables(), d.q, d.out);
     } else if (which == 1) {
       paged_decode_attention(d.params, d.contiguous_view(layer), d.identity.view(), d.q, d.out);
+    } else if (which == 2) {
+      benchmark::DoNotOptimize(bench::stream_runs(runs[static_cast<size_t>(layer)], threads));
     } else {
-      split_run(threads, CopyBuffers::kBytes, [&](int64_t b, int64_t e) {
-        std::memcpy(copy.dst.data() + b, copy.src.data() + b, static_cast<size_t>(e - b));
-      });
+      paged_decode_attention(d.params, d.paged->layer(0), slice_tables, slice_q, slice_out);
+      const auto t0 = std::chrono::steady_clock::now();
+      paged_decode_attention(d.params, d.paged->layer(0), slice_tables, slice_q, slice_out);
+      ceiling_s.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     benchmark::DoNotOptimize(d.out.data());
   });
-  const std::vector<double>& paged_s = times[0];
-  const std::vector<double>& contiguous_s = times[1];
-  const std::vector<double>& copy_s = times[2];
   const double bytes = static_cast<double>(c.layer_bytes());
-  const double pm = median(paged_s), cm = median(contiguous_s), mm = median(copy_s);
+  const double slice_bytes =
+      static_cast<double>(int64_t{slice.batch} * slice.context * token_bytes);
+  const double pm = median(times[0]), cm = median(times[1]), sm = median(times[2]);
+  const double ceiling_GBps = slice_bytes / median(ceiling_s) * 1e-9;
   state.counters["paged_ms"] = 1e3 * pm;
   state.counters["contiguous_ms"] = 1e3 * cm;
+  state.counters["stream_ms"] = 1e3 * sm;
   state.counters["ratio"] = pm / cm;
-  state.counters["ratio_min"] = minimum(paged_s) / minimum(contiguous_s);
+  state.counters["ratio_min"] = minimum(times[0]) / minimum(times[1]);
   state.counters["paged_GBps"] = bytes / pm * 1e-9;
   state.counters["contiguous_GBps"] = bytes / cm * 1e-9;
-  state.counters["memcpy_GBps"] = static_cast<double>(CopyBuffers::kBytes) / mm * 1e-9;
-  state.counters["paged_vs_memcpy"] = (bytes / pm) / (CopyBuffers::kBytes / mm);
+  state.counters["stream_GBps"] = bytes / sm * 1e-9;
+  state.counters["paged_vs_stream"] = sm / pm;  // the share of the stream's rate reached
+  state.counters["ceiling_GBps"] = ceiling_GBps;
+  state.counters["paged_vs_ceiling"] = bytes / pm * 1e-9 / ceiling_GBps;
+  state.counters["ceiling_kib"] = slice_bytes / 1024;
   state.counters["kv_bytes_per_call"] = bytes;
   state.counters["layers"] = layers;
   state.counters["threads"] = threads;

@@ -24,7 +24,7 @@ END = "<!-- END GENERATED -->"
 
 # Targets of issue 7.
 RATIO_MAX = 1.05          # paged / contiguous decode time, block_size >= 16
-BANDWIDTH_MIN = 0.60      # K/V read bandwidth / memcpy bandwidth, contexts >= 4k
+STREAM_MIN = 0.80         # paged decode rate / read stream of the same bytes, contexts >= 4k (issue 24)
 RECOMPUTE_MIN = 10.0      # none / paged decode step time at 1024 positions
 PAIRS_MIN = 20e6          # allocate + free pairs per second
 DEFAULT_PLACEMENT = "interleaved"  # KVCacheConfig::placement default (kv_cache_config.hpp)
@@ -99,14 +99,22 @@ def compiler_line(cache):
 
 
 def cpu_model():
+    """The CPU's name with its family and model numbers (/proc/cpuinfo): tuning measured on one
+    family does not carry to another (issue 24)."""
+    fields = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break  # the first processor is enough
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    name = fields.get("model name") or platform.processor() or "unknown"
+    if "cpu family" in fields:
+        name += f" (family {fields['cpu family']}, model {fields.get('model', '?')})"
+    return name
 
 
 def mem_total_gib():
@@ -165,8 +173,8 @@ def bandwidth_section(runs):
     lines = ["| peer | threads | GB/s |", "|---|---|---|"] + rows
     lines.append("")
     lines.append("memcpy GB/s counts bytes copied (each read once and written once); the read stream "
-                 "sums a 256 MiB buffer with 16-byte vector loads. The decode tables compare with a "
-                 "memcpy timed alongside each configuration instead (same threads, 64 MiB).")
+                 "sums a 256 MiB buffer with 16-byte vector loads. Machine context only: the decode "
+                 "tables compare each call with a read of its own bytes timed alongside it.")
     return lines, best
 
 
@@ -194,7 +202,7 @@ def scattered_section(runs):
 
 def decode_section(runs):
     """Paged vs contiguous decode, from BM_Decode's side-by-side counters, one table per thread
-    count. Returns (lines, {placement: worst ratio at block_size >= 16}, worst paged/memcpy at
+    count. Returns (lines, {placement: worst ratio at block_size >= 16}, worst paged/stream at
     ctx >= 4096), the worst values taken over the run with the most threads (the default
     configuration)."""
     rows = {}
@@ -215,19 +223,21 @@ def decode_section(runs):
     worst_ratio, worst_bw = None, None
     for threads in sorted(rows, reverse=True):
         lines += ["", f"### {threads} attention thread{'s' if threads != 1 else ''}", "",
-                  "| dtype | head_dim | block | context | batch | paged K/V | paged ms | contiguous ms | paged / contiguous (medians) | (minima) | paged GB/s | contiguous GB/s | memcpy GB/s | paged / memcpy |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| dtype | head_dim | block | context | batch | paged K/V | paged ms | contiguous ms | paged / contiguous (medians) | (minima) | paged GB/s | stream GB/s | paged / stream | ceiling GB/s | paged / ceiling |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         w_r, w_b = {}, None
         for key in sorted(rows[threads], key=lambda k: (k[0], k[1], k[3], k[4], k[2], k[5] != DEFAULT_PLACEMENT)):
             run = rows[threads][key]
             dtype, d, bs, ctx, batch, placement = key
-            ratio, frac = run["ratio"], run["paged_vs_memcpy"]
+            if "paged_vs_stream" not in run:  # JSON from before the fair peer (issue 24)
+                continue
+            ratio, frac = run["ratio"], run["paged_vs_stream"]
             mark_r = " ✗" if bs >= 16 and ratio > RATIO_MAX else ""
-            mark_b = " ✗" if ctx >= 4096 and frac < BANDWIDTH_MIN else ""
+            mark_b = " ✗" if ctx >= 4096 and frac < STREAM_MIN else ""
             lines.append(f"| {dtype} | {d} | {bs} | {ctx} | {batch} | {placement} | {run['paged_ms']:.3f} | "
                          f"{run['contiguous_ms']:.3f} | {ratio:.3f}{mark_r} | {run['ratio_min']:.3f} | "
-                         f"{run['paged_GBps']:.2f} | {run['contiguous_GBps']:.2f} | "
-                         f"{run['memcpy_GBps']:.2f} | {100 * frac:.0f}%{mark_b} |")
+                         f"{run['paged_GBps']:.2f} | {run['stream_GBps']:.2f} | {100 * frac:.0f}%{mark_b} | "
+                         f"{run['ceiling_GBps']:.2f} | {100 * run['paged_vs_ceiling']:.0f}% |")
             if bs >= 16:
                 w_r[placement] = max(w_r.get(placement, ratio), ratio)
             if ctx >= 4096:
@@ -235,9 +245,13 @@ def decode_section(runs):
         if worst_ratio is None and worst_bw is None:
             worst_ratio, worst_bw = w_r or None, w_b
     lines.append("")
-    lines.append("Each row times paged, contiguous and a 64 MiB memcpy (same thread count) side by side, "
-                 "iteration after iteration; ✗ marks a row that misses its target (median ratio > 1.05 "
-                 "at block_size >= 16; < 60% of memcpy at context >= 4096).")
+    lines.append("Each row times, side by side iteration after iteration on the same threads: the paged "
+                 "call; the contiguous layout (same kernel; its prefetch scheme is still chosen by block "
+                 "size, so paged / contiguous also measures that choice: issue 24); a read-only stream "
+                 "over exactly the bytes the paged call reads (same buffers, same pages: the memory limit "
+                 "for this call); and the kernel on an L3-resident slice of the same cache (the compute "
+                 "ceiling, as bytes read per second). ✗ marks a row that misses its target (median "
+                 "ratio > 1.05 at block_size >= 16; paged < 80% of the stream at context >= 4096).")
     for key, run in plain.items():
         for threads in sorted(rows, reverse=True):
             fast = rows[threads].get(key + (DEFAULT_PLACEMENT,))
@@ -326,7 +340,7 @@ def main():
         label = f"{placement} K/V" + (", the default" if placement == DEFAULT_PLACEMENT else "")
         out.append(f"| paged ({label}) / contiguous decode time <= {RATIO_MAX} (block_size >= 16; default threads) | worst {worst:.3f} | {verdict(worst <= RATIO_MAX)} |")
     if worst_bw is not None:
-        out.append(f"| decode K/V bandwidth >= {BANDWIDTH_MIN:.0%} of memcpy (context >= 4k; default threads) | worst {worst_bw:.0%} | {verdict(worst_bw >= BANDWIDTH_MIN)} |")
+        out.append(f"| paged decode >= {STREAM_MIN:.0%} of the read stream of its bytes (context >= 4k; default threads) | worst {worst_bw:.0%} | {verdict(worst_bw >= STREAM_MIN)} |")
     if speedup is not None:
         out.append(f"| cached decode >= {RECOMPUTE_MIN:.0f}x faster than recompute at 1024 positions | {speedup:.1f}x | {verdict(speedup >= RECOMPUTE_MIN)} |")
     if pairs is not None:

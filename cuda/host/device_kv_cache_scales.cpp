@@ -52,8 +52,9 @@ void DeviceKVCache::set_scales(int32_t layer, std::span<const float> k_scale,
 void DeviceKVCache::calibrate_if_unset(int32_t layer, std::span<const float> k,
                                        std::span<const float> v, Stream stream) {
   if (!dtype_is_quantized(config_.dtype) || scales_set_[static_cast<size_t>(layer)]) return;
-  const KVScales s = calibrate_kv_scales(config_.dtype, config_.scale_granularity,
-                                         config_.num_kv_heads, config_.head_dim, k, v);
+  const KVScales s =
+      calibrate_kv_scales(config_.dtype, config_.scale_granularity, config_.num_kv_heads,
+                          config_.head_dim, k, v, config_.calibration_headroom);
   set_scales(layer, s.k, s.v, stream);
 }
 
