@@ -19,6 +19,7 @@
 
 #include "cli/commands.hpp"
 #include "cli/model_flags.hpp"
+#include "cli/replay_sharing.hpp"
 #include "pagedkv/error.hpp"
 #include "sim/hardware_preset.hpp"
 #include "sim/model_preset.hpp"
@@ -76,6 +77,9 @@ struct Options {
   std::optional<double> slo_norm_latency_s, slo_ttft_p99_ms, slo_tpot_p99_ms;
   int threads = 0;  // sweep threads; 0 = the machine's
   int64_t limit = 0;
+  std::vector<int32_t> parallel_samples;  // sharing workloads (replay_sharing.hpp)
+  std::vector<int32_t> beam_widths;
+  uint64_t beam_seed = 1;
   bool strict = false;
   bool json = false;
   std::string svg_path;
@@ -232,6 +236,20 @@ void run_replay(const Options& o) {
                             o.trace_path, trace.rows_read, trace.rows_skipped));
   }
 
+  if (!o.parallel_samples.empty() || !o.beam_widths.empty()) {
+    // The block size of the first paged strategy given, else vLLM's default 16.
+    int32_t block_size = 16;
+    if (!o.strategies.empty()) {
+      for (const sim::Strategy& s : strategies) {
+        if (s.block_size >= 1) {
+          block_size = s.block_size;
+          break;
+        }
+      }
+    }
+    run_sharing(trace, o.parallel_samples, o.beam_widths, block_size, o.beam_seed, o.json);
+    return;
+  }
   if (!o.rates.empty()) {
     run_sweep(o, model, config, strategies, trace);
     return;
@@ -367,6 +385,18 @@ void add_replay_command(CLI::App& app) {
   sub->add_option("--threads", opts->threads, "sweep threads (0 = one per core)")
       ->capture_default_str()
       ->check(CLI::Range(0, 256));
+  sub->add_option("--parallel-samples", opts->parallel_samples,
+                  "sharing: n samples per prompt with copy-on-write forks (e.g. 2,4,6); reports "
+                  "the memory saved vs n independent copies instead of replaying")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64));
+  sub->add_option("--beam-width", opts->beam_widths,
+                  "sharing: beam search of width W per prompt (e.g. 2,4,6), W of the W x W "
+                  "candidates surviving each step at random; reports the memory saved")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64));
+  sub->add_option("--beam-seed", opts->beam_seed, "sharing: seed of the beam survivor choice")
+      ->capture_default_str();
   sub->add_option("--limit", opts->limit, "replay only the first N requests (0 = all)")
       ->check(CLI::NonNegativeNumber);
   sub->add_flag("--strict", opts->strict,

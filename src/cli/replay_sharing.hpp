@@ -1,0 +1,18 @@
+#pragma once
+// `pagedkv replay --parallel-samples N,... --beam-width W,...`: the sharing workloads of
+// sim/sharing.hpp on a loaded trace, printed as a table (or JSON). docs/memory.md explains it.
+
+#include <cstdint>
+#include <vector>
+
+#include "sim/trace.hpp"
+
+namespace pagedkv::cli {
+
+/// Runs every parallel-sampling width in `samples` and beam width in `beams` on `trace` with
+/// `block_size`, prints one row each (one JSON object with `json`).
+/// Errors: throws pagedkv::Error naming a width < 1 or > 64.
+void run_sharing(const sim::Trace& trace, const std::vector<int32_t>& samples,
+                 const std::vector<int32_t>& beams, int32_t block_size, uint64_t seed, bool json);
+
+}  // namespace pagedkv::cli
