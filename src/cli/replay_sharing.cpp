@@ -28,10 +28,10 @@ void run_sharing(const sim::Trace& trace, const std::vector<int32_t>& samples,
   for (int32_t w : beams) configs.push_back({.mode = sim::SharingMode::kBeamSearch, .width = w});
   for (sim::SharingConfig& c : configs) {
     if (c.width < 1 || c.width > 64) {
-      throw Error(fmt::format("{} must be in [1, 64], got {}",
-                              c.mode == sim::SharingMode::kBeamSearch ? "--beam-width"
-                                                                      : "--parallel-samples",
-                              c.width));
+      throw Error(fmt::format(
+          "{} must be in [1, 64], got {}",
+          c.mode == sim::SharingMode::kBeamSearch ? "--beam-width" : "--parallel-samples",
+          c.width));
     }
     c.block_size = block_size;
     c.seed = seed;

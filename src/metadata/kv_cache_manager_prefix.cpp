@@ -65,6 +65,11 @@ void check_options(const AddOptions& options) {
                 options.first_chunk_tokens);
 }
 
+/// Whether admitting `plan` now leaves the watermark's blocks available.
+bool fits_now(const BlockAllocator& pool, const AddPlan& plan, int64_t watermark_blocks) {
+  return int64_t{pool.num_available()} - plan.from_lru - plan.fresh >= watermark_blocks;
+}
+
 /// `keep`: record the hit blocks, keys and serials (the add needs them, the query only counts).
 AddPlan plan_add(const PrefixCache& prefix, const BlockAllocator& pool,
                  const KVCacheManagerConfig& config, std::span<const TokenId> prompt,
@@ -119,11 +124,7 @@ Admission KVCacheManager::can_add_sequence(std::span<const TokenId> prompt,
     return Admission::kNever;
   }
   const AddPlan plan = plan_add(prefix_, allocator_, config_, prompt, options, false);
-  return fits_now(plan.from_lru, plan.fresh) ? Admission::kOk : Admission::kLater;
-}
-
-bool KVCacheManager::fits_now(int64_t from_lru, int64_t fresh) const {
-  return int64_t{allocator_.num_available()} - from_lru - fresh >= watermark_blocks_;
+  return fits_now(allocator_, plan, watermark_blocks_) ? Admission::kOk : Admission::kLater;
 }
 
 PrefixLookup KVCacheManager::lookup_prefix(std::span<const TokenId> prompt,
@@ -155,7 +156,7 @@ std::optional<AddResult> KVCacheManager::add_sequence(SeqId seq, std::span<const
     return std::nullopt;
   }
   AddPlan plan = plan_add(prefix_, allocator_, config_, prompt, options, true);
-  if (!fits_now(plan.from_lru, plan.fresh)) return std::nullopt;
+  if (!fits_now(allocator_, plan, watermark_blocks_)) return std::nullopt;
   PrefixMatch& match = plan.match;
   const int64_t len = static_cast<int64_t>(prompt.size());
   const int64_t bs = config_.block_size;

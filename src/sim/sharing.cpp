@@ -50,8 +50,8 @@ class Group {
                   width_);
     std::vector<int32_t> children(static_cast<size_t>(width_), 0);
     for (int32_t p : parents) {
-      PAGEDKV_CHECK(p >= 0 && p < width_, "sharing: beam chooser returned parent {}, not in [0, {})",
-                    p, width_);
+      PAGEDKV_CHECK(p >= 0 && p < width_,
+                    "sharing: beam chooser returned parent {}, not in [0, {})", p, width_);
       ++children[static_cast<size_t>(p)];
     }
     // Forks first (they allocate nothing), then the dead beams go, then every survivor appends.
@@ -126,6 +126,8 @@ GroupSteps simulate_group(int64_t prompt, int64_t output, const SharingConfig& c
   check_config(config);
   PAGEDKV_CHECK(prompt >= 1, "sharing: prompt must be >= 1 token, got {}", prompt);
   PAGEDKV_CHECK(output >= 0, "sharing: output must be >= 0 tokens, got {}", output);
+  PAGEDKV_CHECK(config.mode != SharingMode::kBeamSearch || choose,
+                "sharing: beam search of width {} needs a survivor chooser", config.width);
   const int64_t bs = config.block_size;
   // Full prompt blocks below the last prompt token: shared by all, never written.
   const int64_t full = full_prompt ? 0 : (prompt - 1) / bs;

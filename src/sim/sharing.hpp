@@ -69,16 +69,18 @@ struct GroupSteps {
 
 /// Runs one request's group on a fresh KVCacheManager. `full_prompt`: add the whole prompt
 /// (the reference) instead of only its tail (the fast path the trace run takes).
-/// Errors: throws pagedkv::Error if prompt < 1, output < 0, width < 1, block_size < 1, or a
-/// chooser returns a wrong count or an index out of range (names the value).
+/// `choose` is used by beam search only (may be empty for parallel sampling).
+/// Errors: throws pagedkv::Error if prompt < 1, output < 0, width < 1, block_size < 1, beam
+/// search has no chooser, or the chooser returns a wrong count or an index out of range (names
+/// the value).
 [[nodiscard]] GroupSteps simulate_group(int64_t prompt, int64_t output, const SharingConfig& config,
                                         const BeamChooser& choose, bool full_prompt = false);
 
 /// Totals over a trace.
 struct SharingResult {
-  std::string workload;      ///< "parallel-4", "beam-6"
-  int64_t requests = 0;      ///< requests simulated (output >= 1)
-  int64_t decode_steps = 0;  ///< sum of output lengths
+  std::string workload;                ///< "parallel-4", "beam-6"
+  int64_t requests = 0;                ///< requests simulated (output >= 1)
+  int64_t decode_steps = 0;            ///< sum of output lengths
   double shared_block_steps = 0;       ///< sum over requests and steps of the group's blocks
   double independent_block_steps = 0;  ///< the same for independent copies
   double saving = 0;                   ///< 1 - shared / independent, in [0, 1)

@@ -2,8 +2,6 @@
 // parallel-sampling closed form, the fast path (prompt tail only) against the whole prompt,
 // the seeded beam chooser, the trace totals and bad input.
 
-#include "sim/sharing.hpp"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -11,6 +9,7 @@
 #include <set>
 
 #include "pagedkv/error.hpp"
+#include "sim/sharing.hpp"
 
 namespace pagedkv::sim {
 namespace {
@@ -150,10 +149,15 @@ TEST(Sharing, BadInputNamesTheValue) {
   EXPECT_THAT([&] { (void)simulate_group(3, 3, {.width = 2, .block_size = 0}, nullptr); },
               ThrowsMessage<Error>(HasSubstr("block size must be >= 1, got 0")));
   const SharingConfig beam{.mode = SharingMode::kBeamSearch, .width = 2, .block_size = 4};
+  EXPECT_THAT([&] { (void)simulate_group(3, 3, beam, nullptr); },
+              ThrowsMessage<Error>(HasSubstr("beam search of width 2 needs a survivor chooser")));
   EXPECT_THAT([&] { (void)simulate_group(3, 3, beam, fixed({{0}})); },
               ThrowsMessage<Error>(HasSubstr("returned 1 survivors, expected 2")));
-  EXPECT_THAT([&] { (void)simulate_group(3, 3, beam, fixed({{0, 2}})); },
-              ThrowsMessage<Error>(HasSubstr("returned parent 2, not in [0, 2)")));
+  EXPECT_THAT(
+      [&] {
+        (void)simulate_group(3, 3, beam, fixed({{0, 2}}));
+      },
+      ThrowsMessage<Error>(HasSubstr("returned parent 2, not in [0, 2)")));
 }
 
 }  // namespace

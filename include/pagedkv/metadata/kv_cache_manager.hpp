@@ -564,8 +564,6 @@ class KVCacheManager {
   [[nodiscard]] bool entry_alive(BlockHash hash, uint64_t serial) const;
   int32_t register_full_blocks(Sequence& s);
   [[nodiscard]] Admission never_fits(int64_t len, const AddOptions& options) const;
-  // Whether taking `from_lru` cached and `fresh` new blocks leaves the watermark free.
-  [[nodiscard]] bool fits_now(int64_t from_lru, int64_t fresh) const;
   // kv_cache_manager_rollback.cpp (truncate); kv_cache_manager_swap.cpp (lookahead_blocks)
   void check_truncate(SeqId seq, const Sequence& s, int64_t num_tokens) const;
   [[nodiscard]] int64_t lookahead_blocks(const Sequence& s, int64_t n) const;
