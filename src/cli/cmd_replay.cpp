@@ -369,12 +369,13 @@ void add_replay_command(CLI::App& app) {
                   "trace's rate)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber & CLI::Range(1e-6, 1e6));
-  sub->add_option("--rates", opts->rates,
-                  "sweep: replay at each of these rate multipliers (e.g. 0.5,1,2,4) per "
-                  "strategy, in parallel, and report latency, throughput and the highest rate "
-                  "meeting the SLO")
-      ->delimiter(',')
-      ->check(CLI::PositiveNumber & CLI::Range(1e-6, 1e6));
+  CLI::Option* rates =
+      sub->add_option("--rates", opts->rates,
+                      "sweep: replay at each of these rate multipliers (e.g. 0.5,1,2,4) per "
+                      "strategy, in parallel, and report latency, throughput and the highest rate "
+                      "meeting the SLO")
+          ->delimiter(',')
+          ->check(CLI::PositiveNumber & CLI::Range(1e-6, 1e6));
   sub->add_option("--slo-norm-latency", opts->slo_norm_latency_s,
                   "sweep SLO: mean normalized latency (end-to-end / output tokens) <= S s/token")
       ->check(CLI::PositiveNumber);
@@ -385,16 +386,19 @@ void add_replay_command(CLI::App& app) {
   sub->add_option("--threads", opts->threads, "sweep threads (0 = one per core)")
       ->capture_default_str()
       ->check(CLI::Range(0, 256));
-  sub->add_option("--parallel-samples", opts->parallel_samples,
-                  "sharing: n samples per prompt with copy-on-write forks (e.g. 2,4,6); reports "
-                  "the memory saved vs n independent copies instead of replaying")
-      ->delimiter(',')
-      ->check(CLI::Range(1, 64));
-  sub->add_option("--beam-width", opts->beam_widths,
-                  "sharing: beam search of width W per prompt (e.g. 2,4,6), W of the W x W "
-                  "candidates surviving each step at random; reports the memory saved")
-      ->delimiter(',')
-      ->check(CLI::Range(1, 64));
+  CLI::Option* samples =
+      sub->add_option(
+             "--parallel-samples", opts->parallel_samples,
+             "sharing: n samples per prompt with copy-on-write forks (e.g. 2,4,6); reports "
+             "the memory saved vs n independent copies instead of replaying")
+          ->delimiter(',')
+          ->check(CLI::Range(1, 64));
+  CLI::Option* beams =
+      sub->add_option("--beam-width", opts->beam_widths,
+                      "sharing: beam search of width W per prompt (e.g. 2,4,6), W of the W x W "
+                      "candidates surviving each step at random; reports the memory saved")
+          ->delimiter(',')
+          ->check(CLI::Range(1, 64));
   sub->add_option("--beam-seed", opts->beam_seed, "sharing: seed of the beam survivor choice")
       ->capture_default_str();
   sub->add_option("--limit", opts->limit, "replay only the first N requests (0 = all)")
@@ -402,8 +406,10 @@ void add_replay_command(CLI::App& app) {
   sub->add_flag("--strict", opts->strict,
                 "fail (exit 2) on the first bad row or unknown column instead of skipping it");
   sub->add_flag("--json", opts->json, "print one JSON object (with time series) instead of text");
-  sub->add_option("--svg", opts->svg_path,
-                  "write utilization and concurrency over time to this SVG file");
+  CLI::Option* svg = sub->add_option(
+      "--svg", opts->svg_path, "write utilization and concurrency over time to this SVG file");
+  // The sharing workloads run instead of the timed replay: a sweep or a plot would be ignored.
+  for (CLI::Option* o : {samples, beams}) o->excludes(rates)->excludes(svg);
   sub->add_flag("--no-progress", opts->no_progress, "no progress bar on stderr");
   sub->callback([opts] { run_replay(*opts); });
 }
