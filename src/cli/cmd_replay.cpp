@@ -80,6 +80,7 @@ struct Options {
   std::vector<int32_t> parallel_samples;  // sharing workloads (replay_sharing.hpp)
   std::vector<int32_t> beam_widths;
   uint64_t beam_seed = 1;
+  std::string sharing;  // timed replay of sharing groups: parallel-N or beam-N
   bool strict = false;
   bool json = false;
   std::string svg_path;
@@ -209,6 +210,8 @@ void run_replay(const Options& o) {
   config.watermark = o.watermark;
   config.rate_scale = o.rate_scale;
   set_time_model(o, model, config);
+  if (!o.sharing.empty()) apply_sharing(o.sharing, config);
+  config.beam_seed = o.beam_seed;
   sim::validate(config);
 
   std::vector<sim::Strategy> strategies;
@@ -399,6 +402,11 @@ void add_replay_command(CLI::App& app) {
                       "candidates surviving each step at random; reports the memory saved")
           ->delimiter(',')
           ->check(CLI::Range(1, 64));
+  CLI::Option* group = sub->add_option(
+      "--sharing", opts->sharing,
+      "timed replay (and sweeps) with every request a group: parallel-N samples or beam-N "
+      "beams, forked copy-on-write by paged strategies, N independent copies reserved by "
+      "contiguous ones");
   sub->add_option("--beam-seed", opts->beam_seed, "sharing: seed of the beam survivor choice")
       ->capture_default_str();
   sub->add_option("--limit", opts->limit, "replay only the first N requests (0 = all)")
@@ -409,7 +417,7 @@ void add_replay_command(CLI::App& app) {
   CLI::Option* svg = sub->add_option(
       "--svg", opts->svg_path, "write utilization and concurrency over time to this SVG file");
   // The sharing workloads run instead of the timed replay: a sweep or a plot would be ignored.
-  for (CLI::Option* o : {samples, beams}) o->excludes(rates)->excludes(svg);
+  for (CLI::Option* o : {samples, beams}) o->excludes(rates)->excludes(svg)->excludes(group);
   sub->add_flag("--no-progress", opts->no_progress, "no progress bar on stderr");
   sub->callback([opts] { run_replay(*opts); });
 }

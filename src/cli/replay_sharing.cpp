@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "pagedkv/error.hpp"
 #include "sim/sharing.hpp"
@@ -62,6 +63,21 @@ void run_sharing(const sim::Trace& trace, const std::vector<int32_t>& samples,
                r.wall_seconds);
   }
   if (json) fmt::print("{}\n", nlohmann::json{{"sharing", out}}.dump(2));
+}
+
+void apply_sharing(const std::string& text, sim::ReplayConfig& config) {
+  const bool beam = text.starts_with("beam-");
+  const bool parallel = text.starts_with("parallel-");
+  const std::string digits = text.substr(beam ? 5 : parallel ? 9 : 0);
+  const bool number = (beam || parallel) && !digits.empty() && digits.size() <= 2 &&
+                      digits.find_first_not_of("0123456789") == std::string::npos;
+  const int width = number ? std::stoi(digits) : 0;
+  if (width < 1 || width > 64) {
+    throw Error(fmt::format(
+        "--sharing '{}': expected parallel-N or beam-N with N in [1, 64] (e.g. beam-4)", text));
+  }
+  config.group_width = width;
+  config.group_mode = beam ? sim::SharingMode::kBeamSearch : sim::SharingMode::kParallelSampling;
 }
 
 }  // namespace pagedkv::cli
