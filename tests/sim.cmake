@@ -60,6 +60,12 @@ add_test(NAME cli.replay.parallel_samples_hand_worked
           --parallel-samples 1,2)
 set_tests_properties(cli.replay.parallel_samples_hand_worked PROPERTIES LABELS "cli;sim"
   PASS_REGULAR_EXPRESSION "block size 4 \\(2 requests in the trace\\).*parallel-1 +2 +6 +0.0% [^\n]* 1.000 .*parallel-2 +2 +6 +23.3% +6.1-9.8% +1.304 ")
+# The timed replay of the same groups: 2 x 5 + 2 x 1 tokens generated.
+add_test(NAME cli.replay.sharing_timed_groups
+  COMMAND pagedkv_cli replay --trace ${_fx}/sharing.csv --strategies paged-4,contiguous-exact
+          --sharing parallel-2 --json --no-progress)
+set_tests_properties(cli.replay.sharing_timed_groups PROPERTIES LABELS "cli;sim"
+  PASS_REGULAR_EXPRESSION "\"generated_tokens\": 12,.*\"generated_tokens\": 12,")
 add_test(NAME cli.replay.json
   COMMAND pagedkv_cli replay --trace ${_fx}/good.csv --preset stories260k --kv-memory 1MiB
           --strategies paged-16 --json)

@@ -15,8 +15,8 @@ namespace pagedkv::sim {
 namespace {
 
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 using testing::one_byte_per_token;
+using ::testing::ThrowsMessage;
 
 Trace one_request(int64_t prompt, int64_t output) {
   Trace t;
@@ -39,9 +39,9 @@ TEST(ReplaySharing, ParallelSamplingPagedHandWorked) {
   //   step 1: fork, both append (copy-on-write: A B C)  live 4 + 2 + 2 = 8 / 12
   //   step 2: 7 tokens each                             live 10 / 12
   //   step 3: 8 tokens each, done                       live 12 / 12
-  const ReplayResult r = replay(one_request(5, 3),
-                                group_config(2, SharingMode::kParallelSampling, 64),
-                                {StrategyKind::kPaged, 4});
+  const ReplayResult r =
+      replay(one_request(5, 3), group_config(2, SharingMode::kParallelSampling, 64),
+             {StrategyKind::kPaged, 4});
   EXPECT_EQ(r.completed, 1);
   EXPECT_EQ(r.steps, 4);
   EXPECT_EQ(r.generated_tokens, 6);  // 3 per sample
@@ -52,16 +52,16 @@ TEST(ReplaySharing, ParallelSamplingPagedHandWorked) {
 
 TEST(ReplaySharing, ParallelSamplingContiguousReservesIndependentCopies) {
   // Contiguous-exact reserves 2 x (5 + 3) = 16; live 5, then 2 x 6, 2 x 7, 2 x 8.
-  const ReplayResult r = replay(one_request(5, 3),
-                                group_config(2, SharingMode::kParallelSampling, 64),
-                                {StrategyKind::kContiguousExact, 0});
+  const ReplayResult r =
+      replay(one_request(5, 3), group_config(2, SharingMode::kParallelSampling, 64),
+             {StrategyKind::kContiguousExact, 0});
   EXPECT_EQ(r.generated_tokens, 6);
   EXPECT_NEAR(r.util_mean, (5.0 + 12 + 14 + 16) / 16 / 4, 1e-12);
   EXPECT_DOUBLE_EQ(r.reserved_mean_bytes, 16.0);
   // 17 positions do not hold the two copies: rejected, where paging admits it.
-  const ReplayResult tight = replay(one_request(5, 3),
-                                    group_config(2, SharingMode::kParallelSampling, 15),
-                                    {StrategyKind::kContiguousExact, 0});
+  const ReplayResult tight =
+      replay(one_request(5, 3), group_config(2, SharingMode::kParallelSampling, 15),
+             {StrategyKind::kContiguousExact, 0});
   EXPECT_EQ(tight.rejected_too_large, 1);
 }
 
@@ -73,9 +73,9 @@ TEST(ReplaySharing, BeamSearchHoldsWhatTheGroupSimulationHolds) {
     ReplayConfig c = group_config(w, SharingMode::kBeamSearch, 4096);
     c.beam_seed = 7;
     const ReplayResult r = replay(one_request(p, o), c, {StrategyKind::kPaged, 4});
-    const GroupSteps g = simulate_group(
-        p, o, {.mode = SharingMode::kBeamSearch, .width = w, .block_size = 4},
-        seeded_beam_chooser(7, w), true);
+    const GroupSteps g =
+        simulate_group(p, o, {.mode = SharingMode::kBeamSearch, .width = w, .block_size = 4},
+                       seeded_beam_chooser(7, w), true);
     double blocks = 3;  // ceil(9 / 4)
     for (int64_t v : g.shared) blocks += static_cast<double>(v);
     EXPECT_EQ(r.generated_tokens, w * o);
