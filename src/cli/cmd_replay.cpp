@@ -141,6 +141,10 @@ std::string time_model_text(const Options& o, const sim::ReplayConfig& config) {
   if (config.preemption == sim::Preemption::kSwap) {
     text += fmt::format("; swap preemption over {:.0f} GB/s", config.host_link_bytes_per_s / 1e9);
   }
+  if (config.group_width > 1) {
+    text += fmt::format("; every request {} {}", config.group_width,
+                        config.group_mode == sim::SharingMode::kBeamSearch ? "beams" : "samples");
+  }
   return text;
 }
 
