@@ -94,7 +94,7 @@ void KVCacheManager::check_blocks(std::span<const int32_t> holders) const {
                   allocator_.is_cached(b));
     if (has_entry) {
       ++registered;
-      const PrefixCache::Record& e = *prefix_.entry(b);
+      const PrefixCache::Entry& e = *prefix_.entry(b);
       PAGEDKV_CHECK(prefix_.find(e.hash) == b,
                     "invariant: block {} entry key does not map back to it", b);
       // No orphan: every entry hangs under the root or under its registered parent entry.

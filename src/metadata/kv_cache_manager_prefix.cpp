@@ -65,11 +65,6 @@ void check_options(const AddOptions& options) {
                 options.first_chunk_tokens);
 }
 
-/// Whether admitting `plan` now leaves the watermark's blocks available.
-bool fits_now(const BlockAllocator& pool, const AddPlan& plan, int64_t watermark_blocks) {
-  return int64_t{pool.num_available()} - plan.from_lru - plan.fresh >= watermark_blocks;
-}
-
 /// `keep`: record the hit blocks, keys and serials (the add needs them, the query only counts).
 AddPlan plan_add(const PrefixCache& prefix, const BlockAllocator& pool,
                  const KVCacheManagerConfig& config, std::span<const TokenId> prompt,
@@ -124,7 +119,8 @@ Admission KVCacheManager::can_add_sequence(std::span<const TokenId> prompt,
     return Admission::kNever;
   }
   const AddPlan plan = plan_add(prefix_, allocator_, config_, prompt, options, false);
-  return fits_now(allocator_, plan, watermark_blocks_) ? Admission::kOk : Admission::kLater;
+  const int64_t after = int64_t{allocator_.num_available()} - plan.from_lru - plan.fresh;
+  return after >= watermark_blocks_ ? Admission::kOk : Admission::kLater;
 }
 
 PrefixLookup KVCacheManager::lookup_prefix(std::span<const TokenId> prompt,
@@ -150,13 +146,8 @@ std::optional<AddResult> KVCacheManager::add_sequence(SeqId seq, std::span<const
                 seq);
   PAGEDKV_CHECK(!seqs_.contains(seq), "KVCacheManager::add_sequence: sequence {} already exists",
                 seq);
-  // can_add_sequence(), with one walk of the prefix for both the admission and the add.
-  check_options(options);
-  if (never_fits(static_cast<int64_t>(prompt.size()), options) == Admission::kNever) {
-    return std::nullopt;
-  }
+  if (can_add_sequence(prompt, options) != Admission::kOk) return std::nullopt;
   AddPlan plan = plan_add(prefix_, allocator_, config_, prompt, options, true);
-  if (!fits_now(allocator_, plan, watermark_blocks_)) return std::nullopt;
   PrefixMatch& match = plan.match;
   const int64_t len = static_cast<int64_t>(prompt.size());
   const int64_t bs = config_.block_size;
@@ -244,12 +235,11 @@ int32_t KVCacheManager::register_full_blocks(Sequence& s) {
           serial = prefix_.entry(*existing)->serial;
         }
       } else if (prefix_.entry(b) == nullptr) {
-        serial = prefix_.insert(b,
-                                PrefixCache::Record{.hash = h,
-                                                    .parent_hash = parent,
-                                                    .parent_serial = parent_serial,
-                                                    .extra_key = s.extra_key},
-                                tokens);
+        serial = prefix_.insert(b, {.hash = h,
+                                    .parent_hash = parent,
+                                    .parent_serial = parent_serial,
+                                    .extra_key = s.extra_key,
+                                    .tokens = {tokens.begin(), tokens.end()}});
         allocator_.set_cached(b, true);
         ++published;
         // Events are off by default: copy the tokens for one only when it is kept.
@@ -284,7 +274,7 @@ void KVCacheManager::drop_evicted(BlockId b) {
   ++counters_.prefix_evictions;
   if (prefix_.entry(b) == nullptr) return;  // already dropped below an evicted parent
   drop_descendants(b);
-  std::optional<PrefixCache::Record> e = prefix_.discard(b);
+  std::optional<PrefixCache::Entry> e = prefix_.erase(b);
   KVCacheEvent event;
   event.kind = KVCacheEvent::Kind::kEvicted;
   event.block = b;
@@ -302,7 +292,7 @@ void KVCacheManager::drop_descendants(BlockId b) {
     const BlockId c = todo.back();
     todo.pop_back();
     prefix_.children(c, todo);
-    std::optional<PrefixCache::Record> e = prefix_.discard(c);
+    std::optional<PrefixCache::Entry> e = prefix_.erase(c);
     if (allocator_.is_cached(c)) allocator_.set_cached(c, false);
     KVCacheEvent event;
     event.kind = KVCacheEvent::Kind::kRemoved;
@@ -320,7 +310,7 @@ int32_t KVCacheManager::reset_prefix_cache() {
   }
   int32_t n = 0;
   for (BlockId b = 0; b < allocator_.num_blocks(); ++b) {
-    std::optional<PrefixCache::Record> e = prefix_.discard(b);
+    std::optional<PrefixCache::Entry> e = prefix_.erase(b);
     if (!e) continue;
     allocator_.set_cached(b, false);
     KVCacheEvent event;

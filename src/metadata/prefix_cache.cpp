@@ -1,8 +1,5 @@
 #include "pagedkv/metadata/prefix_cache.hpp"
 
-// Inlined (header-only mode of the same library): the call into the shared object was ~19% of a
-// Mooncake prefix-16 replay, one call per full block registered; same XXH3-64 values.
-#define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include <algorithm>
@@ -38,9 +35,8 @@ BlockHash block_hash(BlockHash parent, std::span<const TokenId> tokens, uint64_t
 // Why not std::unordered_map: with two node-based maps (block -> entry, key -> block), erase
 // and find took ~40% of a prefix-caching replay of the Mooncake trace, chasing node pointers
 // and dividing by a prime bucket count at every step. Here a lookup is one probe into a flat
-// table plus one array read, and registering or forgetting a block allocates nothing: the
-// tokens sit in one per-pool array (a vector per entry was a malloc and a free per registered
-// block, ~18% of a Mooncake prefix-16 replay).
+// table plus one array read, and registering or forgetting a block allocates nothing beyond
+// the entry's tokens.
 
 std::optional<BlockId> PrefixCache::KeyIndex::find(BlockHash hash) const {
   if (size_ == 0) return std::nullopt;
@@ -121,60 +117,54 @@ void PrefixCache::check_block(BlockId block, const char* op) const {
                 "PrefixCache::{}: block id {} out of range [0, {})", op, block, num_blocks_);
 }
 
-std::span<const TokenId> PrefixCache::block_tokens(BlockId block) const {
-  return {tokens_.data() + static_cast<size_t>(block) * static_cast<size_t>(block_size_),
-          static_cast<size_t>(block_size_)};
-}
-
 std::optional<BlockId> PrefixCache::lookup(BlockHash hash, uint64_t parent_serial,
                                            uint64_t extra_key,
                                            std::span<const TokenId> tokens) const {
   const std::optional<BlockId> block = by_hash_.find(hash);
   if (!block) return std::nullopt;
-  const Record& e = entries_[entry_of_[*block]];
+  const Entry& e = entries_[entry_of_[*block]];
   // Confirm the content: a 64-bit key can collide, a wrong share would corrupt a sequence.
-  const std::span<const TokenId> held = block_tokens(*block);
   if (e.parent_serial != parent_serial || e.extra_key != extra_key ||
-      !std::equal(tokens.begin(), tokens.end(), held.begin(), held.end())) {
+      !std::equal(tokens.begin(), tokens.end(), e.tokens.begin(), e.tokens.end())) {
     return std::nullopt;
   }
   return block;
 }
 
-uint64_t PrefixCache::insert(BlockId block, const Entry& entry) {
-  return insert(block,
-                Record{.hash = entry.hash,
-                       .parent_hash = entry.parent_hash,
-                       .parent_serial = entry.parent_serial,
-                       .extra_key = entry.extra_key},
-                entry.tokens);
-}
-
-uint64_t PrefixCache::insert(BlockId block, const Record& record, std::span<const TokenId> tokens) {
+uint64_t PrefixCache::insert(BlockId block, Entry entry) {
   check_block(block, "insert");
   PAGEDKV_CHECK(entry_index(block) < 0, "PrefixCache::insert: block {} already registered", block);
-  const std::optional<BlockId> holder = by_hash_.find(record.hash);
+  const std::optional<BlockId> holder = by_hash_.find(entry.hash);
   PAGEDKV_CHECK(!holder, "PrefixCache::insert: key {:#018x} already registered (block {})",
-                record.hash, holder.value_or(-1));
-  PAGEDKV_CHECK(static_cast<int64_t>(tokens.size()) == block_size_,
-                "PrefixCache::insert: {} tokens, expected a full block of {}", tokens.size(),
+                entry.hash, holder.value_or(-1));
+  PAGEDKV_CHECK(static_cast<int64_t>(entry.tokens.size()) == block_size_,
+                "PrefixCache::insert: {} tokens, expected a full block of {}", entry.tokens.size(),
                 block_size_);
   // Everything that can run out of memory happens before the first change (the index's own
   // growth keeps the old table until the new one is built), so a bad_alloc leaves the cache as
   // it was; the pushes below then fit in reserved capacity and cannot throw.
-  if (entry_of_.empty()) allocate_per_block();
+  if (entry_of_.empty()) {
+    const auto n = static_cast<size_t>(num_blocks_);
+    std::vector<int32_t> entry_of(n, -1), parent_of(n, -1), first(n, -1), next(n, -1), prev(n, -1);
+    entry_of_ = std::move(entry_of);
+    parent_of_ = std::move(parent_of);
+    first_child_ = std::move(first);
+    next_sibling_ = std::move(next);
+    prev_sibling_ = std::move(prev);
+  }
   reserve_one_more(entries_);
   reserve_one_more(block_of_);
   // The parent link, when the entry's parent is the registered entry of that key.
   BlockId parent = -1;
-  if (record.parent_serial != 0) {
-    if (const std::optional<BlockId> p = by_hash_.find(record.parent_hash);
-        p && entries_[entry_of_[*p]].serial == record.parent_serial) {
+  if (entry.parent_serial != 0) {
+    if (const std::optional<BlockId> p = by_hash_.find(entry.parent_hash);
+        p && entries_[entry_of_[*p]].serial == entry.parent_serial) {
       parent = *p;
     }
   }
-  by_hash_.insert(record.hash, block);
+  by_hash_.insert(entry.hash, block);
   const uint64_t serial = next_serial_++;
+  entry.serial = serial;
   parent_of_[block] = parent;
   if (parent >= 0) {
     next_sibling_[block] = first_child_[parent];
@@ -182,47 +172,18 @@ uint64_t PrefixCache::insert(BlockId block, const Record& record, std::span<cons
     if (first_child_[parent] >= 0) prev_sibling_[first_child_[parent]] = block;
     first_child_[parent] = block;
   }
-  std::copy(tokens.begin(), tokens.end(),
-            tokens_.begin() + static_cast<std::ptrdiff_t>(block) * block_size_);
   entry_of_[block] = static_cast<int32_t>(entries_.size());
-  entries_.push_back(record);
-  entries_.back().serial = serial;
+  entries_.push_back(std::move(entry));
   block_of_.push_back(block);
   return serial;
 }
 
-void PrefixCache::allocate_per_block() {
-  const auto n = static_cast<size_t>(num_blocks_);
-  std::vector<int32_t> entry_of(n, -1), parent_of(n, -1), first(n, -1), next(n, -1), prev(n, -1);
-  std::vector<TokenId> tokens(n * static_cast<size_t>(block_size_), 0);
-  entry_of_ = std::move(entry_of);
-  parent_of_ = std::move(parent_of);
-  first_child_ = std::move(first);
-  next_sibling_ = std::move(next);
-  prev_sibling_ = std::move(prev);
-  tokens_ = std::move(tokens);
-}
-
 std::optional<PrefixCache::Entry> PrefixCache::erase(BlockId block) {
   check_block(block, "erase");
-  if (entry_index(block) < 0) return std::nullopt;
-  const std::span<const TokenId> held = block_tokens(block);
-  Entry out{.tokens = {held.begin(), held.end()}};  // before discard(): may throw bad_alloc
-  const Record r = *discard(block);
-  out.hash = r.hash;
-  out.parent_hash = r.parent_hash;
-  out.serial = r.serial;
-  out.parent_serial = r.parent_serial;
-  out.extra_key = r.extra_key;
-  return out;
-}
-
-std::optional<PrefixCache::Record> PrefixCache::discard(BlockId block) {
-  check_block(block, "discard");
   const int32_t i = entry_index(block);
   if (i < 0) return std::nullopt;
-  const Record e = entries_[i];
-  by_hash_.erase(e.hash);
+  std::optional<Entry> e = std::move(entries_[i]);
+  by_hash_.erase(e->hash);
   unlink_parent(block);
   for (BlockId c = first_child_[block]; c >= 0;) {
     const BlockId next = next_sibling_[c];
@@ -233,7 +194,7 @@ std::optional<PrefixCache::Record> PrefixCache::discard(BlockId block) {
   // Keep entries_ dense: the last entry takes the freed place.
   const int32_t last = static_cast<int32_t>(entries_.size()) - 1;
   if (i != last) {
-    entries_[i] = entries_[last];
+    entries_[i] = std::move(entries_[last]);
     block_of_[i] = block_of_[last];
     entry_of_[block_of_[i]] = i;
   }
@@ -243,16 +204,10 @@ std::optional<PrefixCache::Record> PrefixCache::discard(BlockId block) {
   return e;
 }
 
-const PrefixCache::Record* PrefixCache::entry(BlockId block) const {
+const PrefixCache::Entry* PrefixCache::entry(BlockId block) const {
   check_block(block, "entry");
   const int32_t i = entry_index(block);
   return i < 0 ? nullptr : &entries_[i];
-}
-
-std::span<const TokenId> PrefixCache::tokens(BlockId block) const {
-  check_block(block, "tokens");
-  if (entry_index(block) < 0) return {};
-  return block_tokens(block);
 }
 
 std::optional<BlockId> PrefixCache::find(BlockHash hash) const { return by_hash_.find(hash); }
@@ -283,22 +238,20 @@ void PrefixCache::check_invariants() const {
       static_cast<int32_t>(block_of_.size()) == num_entries && by_hash_.size() == num_entries,
       "invariant: prefix index has {} entries, {} entry blocks and {} keys", num_entries,
       block_of_.size(), by_hash_.size());
-  const size_t token_ids = entry_of_.empty() ? 0 : entry_of_.size() * block_size_;
-  PAGEDKV_CHECK(tokens_.size() == token_ids,
-                "invariant: prefix token array holds {} ids, expected {} ({} blocks of {})",
-                tokens_.size(), token_ids, entry_of_.size(), block_size_);
   for (int32_t i = 0; i < num_entries; ++i) {
     const BlockId b = block_of_[i];
-    const Record& e = entries_[i];
+    const Entry& e = entries_[i];
     PAGEDKV_CHECK(b >= 0 && b < num_blocks_ && entry_of_[b] == i,
                   "invariant: prefix entry {} is recorded for block {}, which maps to entry {}", i,
                   b, b >= 0 && b < num_blocks_ ? entry_of_[b] : -1);
     const std::optional<BlockId> found = by_hash_.find(e.hash);
     PAGEDKV_CHECK(found == b, "invariant: prefix key {:#018x} of block {} finds block {}", e.hash,
                   b, found.value_or(-1));
-    PAGEDKV_CHECK(e.serial >= 1 && e.serial < next_serial_,
-                  "invariant: prefix entry of block {} has serial {} (next {})", b, e.serial,
-                  next_serial_);
+    PAGEDKV_CHECK(static_cast<int64_t>(e.tokens.size()) == block_size_ && e.serial >= 1 &&
+                      e.serial < next_serial_,
+                  "invariant: prefix entry of block {} has {} tokens (block size {}) and serial {} "
+                  "(next {})",
+                  b, e.tokens.size(), block_size_, e.serial, next_serial_);
   }
   const auto mapped =
       std::count_if(entry_of_.begin(), entry_of_.end(), [](int32_t i) { return i >= 0; });

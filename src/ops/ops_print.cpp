@@ -58,11 +58,10 @@ json prefix_index_json(const KVCacheManager& m, const std::vector<BlockId>& cand
   const PrefixCache& index = m.prefix_cache();
   json entries = json::array();
   for (BlockId b : candidates) {
-    const PrefixCache::Record* e = index.entry(b);
+    const PrefixCache::Entry* e = index.entry(b);
     if (e == nullptr) continue;
     json x{{"block", b}, {"hash", hex(e->hash)}, {"parent", hex(e->parent_hash)}};
-    const std::span<const TokenId> tokens = index.tokens(b);
-    x["tokens"] = std::vector<TokenId>(tokens.begin(), tokens.end());
+    x["tokens"] = e->tokens;
     if (e->extra_key != 0) x["extra"] = e->extra_key;
     entries.push_back(std::move(x));
   }

@@ -36,8 +36,9 @@ struct ManagerCorruptor {
   static void set_entry_serial(PrefixCache& p, BlockId b, uint64_t serial) {
     p.entries_[p.entry_of_[b]].serial = serial;
   }
-  /// Shrinks (or grows) the per-pool token array to n ids.
-  static void resize_token_array(PrefixCache& p, size_t n) { p.tokens_.resize(n); }
+  static void resize_entry_tokens(PrefixCache& p, BlockId b, size_t n) {
+    p.entries_[p.entry_of_[b]].tokens.resize(n);
+  }
   /// The index of block b's entry (-1: none), what set_entry_block takes.
   static int32_t entry_index(const PrefixCache& p, BlockId b) { return p.entry_of_[b]; }
   /// The serial the next insert hands out (every registered serial is below it).

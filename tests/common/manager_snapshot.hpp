@@ -68,11 +68,11 @@ inline std::string observable(const KVCacheManager& m) {
   }
   const PrefixCache& p = m.prefix_cache();
   for (BlockId b = 0; b < m.num_total_blocks(); ++b) {
-    const PrefixCache::Record* e = p.entry(b);
+    const PrefixCache::Entry* e = p.entry(b);
     if (e == nullptr) continue;
     os << "entry " << b << ' ' << e->hash << ' ' << e->parent_hash << ' ' << e->serial << ' '
        << e->parent_serial << ' ' << e->extra_key << ':';
-    for (TokenId t : p.tokens(b)) os << ' ' << t;
+    for (TokenId t : e->tokens) os << ' ' << t;
     os << '\n';
   }
   const KVCacheStats st = m.stats();

@@ -236,19 +236,19 @@ TEST(CheckInvariants, AnEntrySerialNotHandedOut) {
         const uint64_t next = C::next_serial(C::prefix(m));
         const uint64_t serial = zero ? 0 : next + past_next;
         C::set_entry_serial(C::prefix(m), f.lru[0], serial);
-        return "prefix entry of block " + s(f.lru[0]) + " has serial " + std::to_string(serial) +
-               " (next " + std::to_string(next) + ")";
+        return "prefix entry of block " + s(f.lru[0]) + " has 2 tokens (block size 2) and serial " +
+               std::to_string(serial) + " (next " + std::to_string(next) + ")";
       });
     }
   }
 }
 
-TEST(CheckInvariants, ATokenArrayWithoutABlockOfIdsPerPoolBlock) {
-  expect_fires([](KVCacheManager& m, const Facts& /*f*/) {
-    const size_t ids = static_cast<size_t>(m.num_total_blocks()) * 2;  // block size 2
-    C::resize_token_array(C::prefix(m), ids - 1);
-    return "prefix token array holds " + std::to_string(ids - 1) + " ids, expected " +
-           std::to_string(ids) + " (" + s(m.num_total_blocks()) + " blocks of 2)";
+TEST(CheckInvariants, AnEntryWithoutAFullBlockOfTokens) {
+  expect_fires([](KVCacheManager& m, const Facts& f) {
+    C::resize_entry_tokens(C::prefix(m), f.lru[0], 1);
+    const uint64_t serial = m.prefix_cache().entry(f.lru[0])->serial;
+    return "prefix entry of block " + s(f.lru[0]) + " has 1 tokens (block size 2) and serial " +
+           std::to_string(serial) + " (next " + std::to_string(C::next_serial(C::prefix(m))) + ")";
   });
 }
 

@@ -145,7 +145,7 @@ TEST(PrefixCache, RandomInsertEraseMatchesAMapModel) {
     ASSERT_EQ(c.size(), static_cast<int32_t>(model.size()));
     if (step % 97 != 0) continue;  // the full sweep below is O(kBlocks)
     for (BlockId b = 0; b < kBlocks; ++b) {
-      const PrefixCache::Record* e = c.entry(b);
+      const PrefixCache::Entry* e = c.entry(b);
       ASSERT_EQ(e != nullptr, model.contains(b)) << "block " << b << " step " << step;
       if (e == nullptr) continue;
       ASSERT_EQ(e->hash, model[b]);
@@ -227,7 +227,7 @@ TEST(PrefixCache, KeysSharingOneHomeCellMatchAMapModel) {
       ASSERT_EQ(model.at(*found), k);
       ASSERT_EQ(c.lookup(keys[k], k, k % 3, tokens_of(keys[k])), found);
       ASSERT_EQ(c.lookup(keys[k], k + 1, k % 3, tokens_of(keys[k])), std::nullopt);
-      const PrefixCache::Record* e = c.entry(*found);
+      const PrefixCache::Entry* e = c.entry(*found);
       ASSERT_NE(e, nullptr);
       ASSERT_EQ(e->serial, serials.at(*found));
       ASSERT_EQ(e->parent_serial, k);

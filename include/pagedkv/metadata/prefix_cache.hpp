@@ -55,14 +55,13 @@ inline constexpr BlockHash kRootBlockHash = 0x9E3779B97F4A7C15ull;
 /// registered, with no parent link).
 ///
 /// Every operation is O(1) expected (erase: plus O(children)): an open-addressing index over the
-/// keys, int32s per pool block naming its entry and its parent and sibling links, the records
-/// in one dense array and the token ids in one array of [num_blocks, block_size].
+/// keys, int32s per pool block naming its entry and its parent and sibling links, and the
+/// entries in one dense array.
 ///
 /// Not internally synchronized.
 class PrefixCache {
  public:
-  /// One registered block, with its own copy of the tokens: what insert() takes and erase()
-  /// returns.
+  /// One registered block.
   struct Entry {
     BlockHash hash = 0;           ///< block_hash(parent_hash, tokens, extra_key): the content key
     BlockHash parent_hash = 0;    ///< key of the previous block, kRootBlockHash for a first block
@@ -70,16 +69,6 @@ class PrefixCache {
     uint64_t parent_serial = 0;   ///< serial of the parent entry, 0 for a first block
     uint64_t extra_key = 0;       ///< the salt the key was computed with (0 = none)
     std::vector<TokenId> tokens;  ///< [block_size] token ids the block holds
-  };
-
-  /// What the index stores per registered block: an Entry without its tokens, which live in
-  /// one per-pool array (tokens()), so registering or forgetting a block allocates nothing.
-  struct Record {
-    BlockHash hash = 0;          ///< as Entry::hash
-    BlockHash parent_hash = 0;   ///< as Entry::parent_hash
-    uint64_t serial = 0;         ///< as Entry::serial
-    uint64_t parent_serial = 0;  ///< as Entry::parent_serial
-    uint64_t extra_key = 0;      ///< as Entry::extra_key
   };
 
   /// An empty index for a pool of `num_blocks` blocks of `block_size` tokens; allocates nothing
@@ -96,30 +85,21 @@ class PrefixCache {
   /// and returned). Errors: throws pagedkv::Error if the block id is out of range, the block is
   /// already registered, the key is already taken, or tokens.size() != block_size; std::bad_alloc
   /// when memory runs out. Either way the cache is left as it was.
-  uint64_t insert(BlockId block, const Entry& entry);
-  /// insert() of a Record (its serial is ignored) and a span of [block_size] tokens: the same
-  /// checks and result, without building an Entry (no allocation once the per-pool arrays exist).
-  uint64_t insert(BlockId block, const Record& record, std::span<const TokenId> tokens);
+  uint64_t insert(BlockId block, Entry entry);
 
-  /// Unregisters `block`; returns its entry (with a copy of its tokens), or empty if it was not
-  /// registered. Entries linked under it lose their parent link (they stay registered).
+  /// Unregisters `block`; returns its entry, or empty if it was not registered. Entries linked
+  /// under it lose their parent link (they stay registered).
   /// Errors: throws if the id is out of range.
   std::optional<Entry> erase(BlockId block);
-  /// erase() without copying the tokens out: returns the block's record, or empty.
-  std::optional<Record> discard(BlockId block);
 
   /// Appends to `out` the blocks whose entries are linked under `block`'s entry (inserted while
   /// it was their registered parent), in no particular order; nothing when `block` is not
   /// registered. Errors: throws if the id is out of range.
   void children(BlockId block, std::vector<BlockId>& out) const;
 
-  /// Record of a registered block, or nullptr; the pointer is valid until the next insert(),
-  /// erase() or discard(). Errors: throws if the id is out of range.
-  [[nodiscard]] const Record* entry(BlockId block) const;
-  /// The [block_size] token ids of a registered block (empty when it is not registered); valid
-  /// until the block is next erased, discarded or inserted. Errors: throws if the id is out of
-  /// range.
-  [[nodiscard]] std::span<const TokenId> tokens(BlockId block) const;
+  /// Entry of a registered block, or nullptr; the pointer is valid until the next insert() or
+  /// erase(). Errors: throws if the id is out of range.
+  [[nodiscard]] const Entry* entry(BlockId block) const;
   /// Block registered under `hash`, or empty.
   [[nodiscard]] std::optional<BlockId> find(BlockHash hash) const;
 
@@ -129,10 +109,10 @@ class PrefixCache {
   [[nodiscard]] int32_t block_size() const { return block_size_; }
 
   /// Checks the index's own structure: each entry's block maps back to it, its key finds its
-  /// block and its serial was handed out; the token array holds a block of ids per pool block; as
-  /// many keys and blocks as entries; each child list runs both ways and holds only blocks whose
-  /// parent is that list's owner. O(num_blocks + entries). Errors: throws pagedkv::Error naming the
-  /// block (or key) of the first violation.
+  /// block, its tokens fill a block and its serial was handed out; as many keys and blocks as
+  /// entries; each child list runs both ways and holds only blocks whose parent is that list's
+  /// owner. O(num_blocks + entries). Errors: throws pagedkv::Error naming the block (or key) of
+  /// the first violation.
   void check_invariants() const;
 
  private:
@@ -163,21 +143,15 @@ class PrefixCache {
   void check_block(BlockId block, const char* op) const;
   [[nodiscard]] int32_t entry_index(BlockId block) const;  // -1: not registered
   void unlink_parent(BlockId block);                       // from its parent's child list
-  void allocate_per_block();  // the [num_blocks] arrays and the token array, at the first insert
-  [[nodiscard]] std::span<const TokenId> block_tokens(BlockId block) const;  // no checks
 
   int32_t num_blocks_;
   int32_t block_size_;
   uint64_t next_serial_ = 1;
-  // Memory, from the first insert on (none while prefix caching is unused): 20 bytes per pool
-  // block (entry_of_ and the four link arrays) plus its block_size token ids, 4 bytes each; the
-  // records and the key index follow the registered blocks.
+  // Memory: 4 bytes per pool block from the first insert on (none while prefix caching is
+  // unused); the entries and the key index follow the registered blocks.
   std::vector<int32_t> entry_of_;  // [num_blocks] or empty: index into entries_, -1 = none
-  std::vector<Record> entries_;    // registered records, dense (erase moves the last one in)
+  std::vector<Entry> entries_;     // registered entries, dense (erase moves the last one in)
   std::vector<BlockId> block_of_;  // [entries_.size()]: the block of each entry
-  // [num_blocks * block_size] or empty: block b's ids at [b * block_size, (b + 1) * block_size),
-  // meaningful while b is registered.
-  std::vector<TokenId> tokens_;
   // Parent links, [num_blocks] each (or empty, like entry_of_), -1 = none: the block of the
   // parent entry, the first child, and the doubly linked list of siblings.
   std::vector<BlockId> parent_of_;
