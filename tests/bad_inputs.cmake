@@ -165,6 +165,18 @@ pagedkv_bad_input(replay.all_rows_bad LAST_LINE STDOUT_EMPTY
   OUT_FILE ${_scratch}/all_rows_bad.svg
   REGEX "^pagedkv replay: [^\n]*no valid request[^\n]*\n$")
 
+# Sharing workloads: a width out of range, and a sweep they would silently replace.
+pagedkv_bad_input(replay.beam_width_zero STDOUT_EMPTY
+  ARGS replay --trace ${_ok}/azure.csv --beam-width 2,0 --no-progress
+  REGEX "--beam-width: Value 0 not in range 1 to 64")
+pagedkv_bad_input(replay.parallel_samples_with_rates STDOUT_EMPTY
+  ARGS replay --trace ${_ok}/azure.csv --parallel-samples 2 --rates 1,2 --no-progress
+  REGEX "--rates excludes --parallel-samples")
+
+pagedkv_bad_input(replay.sharing_unknown_mode STDOUT_EMPTY
+  ARGS replay --trace ${_ok}/azure.csv --sharing greedy-3 --no-progress
+  REGEX "^pagedkv replay: --sharing 'greedy-3': expected parallel-N or beam-N with N in \\[1, 64\\]")
+
 # Positive controls: the valid traces replay and write their plot.
 pagedkv_bad_input(replay.ok_control_azure EXPECTED 0
   ARGS replay --trace ${_ok}/azure.csv --strict --no-progress --svg ${_scratch}/ok_azure.svg

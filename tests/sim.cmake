@@ -51,6 +51,21 @@ add_test(NAME cli.replay.skips_bad_row_by_default
   COMMAND pagedkv_cli replay --trace ${_fx}/bad_row.csv --preset stories260k --kv-memory 1MiB)
 set_tests_properties(cli.replay.skips_bad_row_by_default PROPERTIES LABELS "cli;sim"
   PASS_REGULAR_EXPRESSION "skipped [^\n]*bad_row.csv:3: ContextTokens 'abc' is not a whole number.*3 rows read, 2 requests, 1 skipped")
+# Sharing workloads on the hand-worked groups of tests/sim/test_sharing.cpp (block size 4):
+# P 5 / O 5 holds 19 block-steps shared vs 24 independent, P 8 / O 1 4 vs 6: 1 - 23/30 saved.
+file(WRITE ${_fx}/sharing.csv "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+  "2023-11-16 18:15:46.0,5,5\n2023-11-16 18:15:47.0,8,1\n")
+add_test(NAME cli.replay.parallel_samples_hand_worked
+  COMMAND pagedkv_cli replay --trace ${_fx}/sharing.csv --strategies paged-4
+          --parallel-samples 1,2)
+set_tests_properties(cli.replay.parallel_samples_hand_worked PROPERTIES LABELS "cli;sim"
+  PASS_REGULAR_EXPRESSION "block size 4 \\(2 requests in the trace\\).*parallel-1 +2 +6 +0.0% [^\n]* 1.000 .*parallel-2 +2 +6 +23.3% +6.1-9.8% +1.304 ")
+# The timed replay of the same groups: 2 x 5 + 2 x 1 tokens generated.
+add_test(NAME cli.replay.sharing_timed_groups
+  COMMAND pagedkv_cli replay --trace ${_fx}/sharing.csv --strategies paged-4,contiguous-exact
+          --sharing parallel-2 --json --no-progress)
+set_tests_properties(cli.replay.sharing_timed_groups PROPERTIES LABELS "cli;sim"
+  PASS_REGULAR_EXPRESSION "\"generated_tokens\": 12,.*\"generated_tokens\": 12,")
 add_test(NAME cli.replay.json
   COMMAND pagedkv_cli replay --trace ${_fx}/good.csv --preset stories260k --kv-memory 1MiB
           --strategies paged-16 --json)

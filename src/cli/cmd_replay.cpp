@@ -19,6 +19,7 @@
 
 #include "cli/commands.hpp"
 #include "cli/model_flags.hpp"
+#include "cli/replay_sharing.hpp"
 #include "pagedkv/error.hpp"
 #include "sim/hardware_preset.hpp"
 #include "sim/model_preset.hpp"
@@ -76,6 +77,10 @@ struct Options {
   std::optional<double> slo_norm_latency_s, slo_ttft_p99_ms, slo_tpot_p99_ms;
   int threads = 0;  // sweep threads; 0 = the machine's
   int64_t limit = 0;
+  std::vector<int32_t> parallel_samples;  // sharing workloads (replay_sharing.hpp)
+  std::vector<int32_t> beam_widths;
+  uint64_t beam_seed = 1;
+  std::string sharing;  // timed replay of sharing groups: parallel-N or beam-N
   bool strict = false;
   bool json = false;
   std::string svg_path;
@@ -135,6 +140,10 @@ std::string time_model_text(const Options& o, const sim::ReplayConfig& config) {
                         o.step_overhead_ms);
   if (config.preemption == sim::Preemption::kSwap) {
     text += fmt::format("; swap preemption over {:.0f} GB/s", config.host_link_bytes_per_s / 1e9);
+  }
+  if (config.group_width > 1) {
+    text += fmt::format("; every request {} {}", config.group_width,
+                        config.group_mode == sim::SharingMode::kBeamSearch ? "beams" : "samples");
   }
   return text;
 }
@@ -205,6 +214,8 @@ void run_replay(const Options& o) {
   config.watermark = o.watermark;
   config.rate_scale = o.rate_scale;
   set_time_model(o, model, config);
+  if (!o.sharing.empty()) apply_sharing(o.sharing, config);
+  config.beam_seed = o.beam_seed;
   sim::validate(config);
 
   std::vector<sim::Strategy> strategies;
@@ -232,6 +243,20 @@ void run_replay(const Options& o) {
                             o.trace_path, trace.rows_read, trace.rows_skipped));
   }
 
+  if (!o.parallel_samples.empty() || !o.beam_widths.empty()) {
+    // The block size of the first paged strategy given, else vLLM's default 16.
+    int32_t block_size = 16;
+    if (!o.strategies.empty()) {
+      for (const sim::Strategy& s : strategies) {
+        if (s.block_size >= 1) {
+          block_size = s.block_size;
+          break;
+        }
+      }
+    }
+    run_sharing(trace, o.parallel_samples, o.beam_widths, block_size, o.beam_seed, o.json);
+    return;
+  }
   if (!o.rates.empty()) {
     run_sweep(o, model, config, strategies, trace);
     return;
@@ -351,12 +376,13 @@ void add_replay_command(CLI::App& app) {
                   "trace's rate)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber & CLI::Range(1e-6, 1e6));
-  sub->add_option("--rates", opts->rates,
-                  "sweep: replay at each of these rate multipliers (e.g. 0.5,1,2,4) per "
-                  "strategy, in parallel, and report latency, throughput and the highest rate "
-                  "meeting the SLO")
-      ->delimiter(',')
-      ->check(CLI::PositiveNumber & CLI::Range(1e-6, 1e6));
+  CLI::Option* rates =
+      sub->add_option("--rates", opts->rates,
+                      "sweep: replay at each of these rate multipliers (e.g. 0.5,1,2,4) per "
+                      "strategy, in parallel, and report latency, throughput and the highest rate "
+                      "meeting the SLO")
+          ->delimiter(',')
+          ->check(CLI::PositiveNumber & CLI::Range(1e-6, 1e6));
   sub->add_option("--slo-norm-latency", opts->slo_norm_latency_s,
                   "sweep SLO: mean normalized latency (end-to-end / output tokens) <= S s/token")
       ->check(CLI::PositiveNumber);
@@ -367,13 +393,35 @@ void add_replay_command(CLI::App& app) {
   sub->add_option("--threads", opts->threads, "sweep threads (0 = one per core)")
       ->capture_default_str()
       ->check(CLI::Range(0, 256));
+  CLI::Option* samples =
+      sub->add_option(
+             "--parallel-samples", opts->parallel_samples,
+             "sharing: n samples per prompt with copy-on-write forks (e.g. 2,4,6); reports "
+             "the memory saved vs n independent copies instead of replaying")
+          ->delimiter(',')
+          ->check(CLI::Range(1, 64));
+  CLI::Option* beams =
+      sub->add_option("--beam-width", opts->beam_widths,
+                      "sharing: beam search of width W per prompt (e.g. 2,4,6), W of the W x W "
+                      "candidates surviving each step at random; reports the memory saved")
+          ->delimiter(',')
+          ->check(CLI::Range(1, 64));
+  CLI::Option* group = sub->add_option(
+      "--sharing", opts->sharing,
+      "timed replay (and sweeps) with every request a group: parallel-N samples or beam-N "
+      "beams, forked copy-on-write by paged strategies, N independent copies reserved by "
+      "contiguous ones");
+  sub->add_option("--beam-seed", opts->beam_seed, "sharing: seed of the beam survivor choice")
+      ->capture_default_str();
   sub->add_option("--limit", opts->limit, "replay only the first N requests (0 = all)")
       ->check(CLI::NonNegativeNumber);
   sub->add_flag("--strict", opts->strict,
                 "fail (exit 2) on the first bad row or unknown column instead of skipping it");
   sub->add_flag("--json", opts->json, "print one JSON object (with time series) instead of text");
-  sub->add_option("--svg", opts->svg_path,
-                  "write utilization and concurrency over time to this SVG file");
+  CLI::Option* svg = sub->add_option(
+      "--svg", opts->svg_path, "write utilization and concurrency over time to this SVG file");
+  // The sharing workloads run instead of the timed replay: a sweep or a plot would be ignored.
+  for (CLI::Option* o : {samples, beams}) o->excludes(rates)->excludes(svg)->excludes(group);
   sub->add_flag("--no-progress", opts->no_progress, "no progress bar on stderr");
   sub->callback([opts] { run_replay(*opts); });
 }

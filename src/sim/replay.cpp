@@ -361,6 +361,8 @@ class Scheduler {
         res_.processed_tokens += n;
         continue;
       }
+      // A group decodes all its sequences in one step, within the token budget.
+      if (budget < config_.group_width) break;
       bool self_preempted = false;
       while (!pool_->append_one(running_[i])) {
         self_preempted = i + 1 == running_.size();
@@ -369,13 +371,13 @@ class Scheduler {
       }
       if (self_preempted) return;
       Active& r = running_[i];
-      work_.add(r.computed, 1);
+      for (int32_t k = 0; k < r.members; ++k) work_.add(r.computed, 1);
       ++r.cached;
       ++r.computed;
       ++r.generated;
-      --budget;
-      ++res_.processed_tokens;
-      ++res_.generated_tokens;
+      budget -= r.members;
+      res_.processed_tokens += r.members;
+      res_.generated_tokens += r.members;
     }
   }
 
@@ -394,6 +396,7 @@ class Scheduler {
       res_.recomputed_tokens += v.computed;
     }
     v.target = v.prompt + v.generated;
+    v.members = 1;  // a group comes back as one sequence and forks again at its next decode
     v.cached = 0;
     v.computed = 0;
     waiting_.push_front(std::move(v));
@@ -506,6 +509,11 @@ void validate(const ReplayConfig& c) {
                 "replay: rate scale must be > 0 and finite, got {}", c.rate_scale);
   PAGEDKV_CHECK(c.host_link_bytes_per_s > 0 && std::isfinite(c.host_link_bytes_per_s),
                 "replay: host link bandwidth must be > 0 bytes/s, got {}", c.host_link_bytes_per_s);
+  PAGEDKV_CHECK(c.group_width >= 1 && c.group_width <= 64,
+                "replay: group width (samples or beams) must be in [1, 64], got {}", c.group_width);
+  PAGEDKV_CHECK(c.group_width == 1 || c.preemption == Preemption::kRecompute,
+                "replay: sharing groups (width {}) support recompute preemption only",
+                c.group_width);
   if (c.roofline) validate(*c.roofline);
 }
 

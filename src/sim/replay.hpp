@@ -57,6 +57,7 @@
 #include <vector>
 
 #include "pagedkv/types.hpp"
+#include "sim/sharing.hpp"
 #include "sim/step_time.hpp"
 #include "sim/strategy.hpp"
 #include "sim/trace.hpp"
@@ -88,6 +89,13 @@ struct ReplayConfig {
   Preemption preemption = Preemption::kRecompute;
   /// Swap copies' bandwidth, bytes/s one way (> 0); default PCIe 4 x16 (hardware_preset.hpp).
   double host_link_bytes_per_s = 25e9;
+  /// Sharing workload (sharing.hpp): every request becomes a group of group_width sequences
+  /// (parallel samples or beams) from its first decode step on; 1 = one sequence per request.
+  /// Paged strategies fork the prompt sequence (copy-on-write), contiguous ones reserve
+  /// group_width independent copies. Each decode step computes group_width tokens.
+  int32_t group_width = 1;
+  SharingMode group_mode = SharingMode::kParallelSampling;
+  uint64_t beam_seed = 1;  ///< beam search: the survivor choice (seeded_beam_chooser)
 };
 
 /// Checks every field. Errors: throws pagedkv::Error naming the field and value.

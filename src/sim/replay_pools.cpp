@@ -4,6 +4,7 @@
 #include <array>
 #include <optional>
 #include <span>
+#include <unordered_map>
 
 #include "core/check.hpp"
 #include "pagedkv/metadata/kv_cache_manager.hpp"
@@ -55,11 +56,15 @@ TokenId token_at(const Trace& trace, size_t index, int64_t pos, int32_t vocab_si
 
 class ContiguousPool final : public Pool {
  public:
-  ContiguousPool(int64_t capacity_tokens, bool reserve_max, int64_t max_context)
-      : capacity_(capacity_tokens), reserve_max_(reserve_max), max_context_(max_context) {}
+  ContiguousPool(int64_t capacity_tokens, bool reserve_max, int64_t max_context, int32_t width)
+      : capacity_(capacity_tokens),
+        reserve_max_(reserve_max),
+        max_context_(max_context),
+        width_(width) {}
 
   Admit admit(Active& r, bool /*alone*/) override {
-    const int64_t need = reserve_max_ ? max_context_ : r.prompt + r.output;
+    // A group of width w reserves w independent copies (no sharing between reservations).
+    const int64_t need = width_ * (reserve_max_ ? max_context_ : r.prompt + r.output);
     if (need > capacity_) return Admit::kNever;
     if (reserved_ + need > capacity_) return Admit::kLater;
     r.reserved = need;
@@ -69,13 +74,15 @@ class ContiguousPool final : public Pool {
     return Admit::kOk;
   }
   // The reservation covers P + O positions, so a decode never runs out of memory.
-  bool append_one(Active& /*r*/) override {
-    ++live_;
+  bool append_one(Active& r) override {
+    // After the step every one of the width copies holds cached + 1 positions.
+    live_ += width_ * (r.cached + 1) - int64_t{r.members} * r.cached;
+    r.members = width_;
     return true;
   }
   void release(Active& r) override {
     reserved_ -= r.reserved;
-    live_ -= r.cached;
+    live_ -= int64_t{r.members} * r.cached;
     r.reserved = 0;
   }
   int64_t live() const override { return live_; }
@@ -85,6 +92,7 @@ class ContiguousPool final : public Pool {
   int64_t capacity_;
   bool reserve_max_;
   int64_t max_context_;
+  int32_t width_;
   int64_t reserved_ = 0;
   int64_t live_ = 0;
 };
@@ -105,14 +113,17 @@ class PagedPool final : public Pool {
                                  .block_size = block_size,
                                  .enable_prefix_caching = prefix,
                                  .watermark = config.watermark,
-                                 .max_model_len = reachable_len(config, num_blocks, block_size)}) {}
+                                 .max_model_len = reachable_len(config, num_blocks, block_size)}),
+        width_(config.group_width),
+        mode_(config.group_mode),
+        chooser_(seeded_beam_chooser(config.beam_seed, config.group_width)) {}
 
   Admit admit(Active& r, bool /*alone*/) override {
     // A request that could not finish even alone (above the watermark) would be preempted by
     // its own growth forever: reject it up front. With this check a lone request always gets
     // kOk, so the scheduler cannot stall.
     const int64_t limit = manager_.num_total_blocks() - manager_.watermark_blocks();
-    if (blocks_for_tokens(r.prompt + r.output, block_size_) > limit) return Admit::kNever;
+    if (group_blocks(r) > limit) return Admit::kNever;
     std::span<const TokenId> ids;
     if (prefix_) {
       // Only the queue's head is tried, often several steps running: synthesize its ids once,
@@ -145,6 +156,7 @@ class PagedPool final : public Pool {
   }
 
   bool append_one(Active& r) override {
+    if (width_ > 1) return append_group(r);
     std::optional<AppendResult> appended;
     if (prefix_) {
       // Generated tokens are recorded too, so a recomputed request can hit its own blocks.
@@ -158,14 +170,35 @@ class PagedPool final : public Pool {
     return true;
   }
 
-  void commit(const Active& r) override { manager_.commit(seq(r), r.computed); }
+  void commit(const Active& r) override {
+    const auto g = groups_.find(r.index);
+    if (g == groups_.end()) {
+      manager_.commit(seq(r), r.computed);
+      return;
+    }
+    for (SeqId m : g->second) manager_.commit(m, r.computed);
+  }
 
   void release(Active& r) override {
-    manager_.free_sequence(seq(r));
+    const auto g = groups_.find(r.index);
+    if (g == groups_.end()) {
+      manager_.free_sequence(seq(r));
+    } else {
+      for (SeqId m : g->second) manager_.free_sequence(m);
+      groups_.erase(g);
+    }
     forget(r);
   }
+  // A group is one preemption (the manager counts its first sequence's); the rest are freed.
   void preempt(Active& r) override {
-    (void)manager_.preempt(seq(r));
+    const auto g = groups_.find(r.index);
+    if (g == groups_.end()) {
+      (void)manager_.preempt(seq(r));
+    } else {
+      (void)manager_.preempt(g->second.front());
+      for (size_t k = 1; k < g->second.size(); ++k) manager_.free_sequence(g->second[k]);
+      groups_.erase(g);
+    }
     forget(r);
   }
 
@@ -198,7 +231,16 @@ class PagedPool final : public Pool {
   int64_t waste(int64_t tokens) const {
     return blocks_for_tokens(tokens, block_size_) * block_size_ - tokens;
   }
-  void forget(Active& r) { waste_ -= waste(r.cached); }
+  void forget(Active& r) { waste_ -= int64_t{r.members} * waste(r.cached); }
+  /// Blocks the request's group may hold alone: its own sequence's; for a group, the full
+  /// prompt blocks once plus, per member, the rest and one block in flight (an upper bound).
+  int64_t group_blocks(const Active& r) const {
+    const int64_t total = blocks_for_tokens(r.prompt + r.output, block_size_);
+    if (width_ == 1) return total;
+    const int64_t full = (r.prompt - 1) / block_size_;
+    return full + width_ * (total - full + 1);
+  }
+  bool append_group(Active& r);
 
   const Trace& trace_;
   int32_t vocab_size_;
@@ -209,8 +251,57 @@ class PagedPool final : public Pool {
   std::vector<TokenId> scratch_;  // prefix: ids of the request scratch_index_ is trying
   static constexpr size_t kNoRequest = ~size_t{0};
   size_t scratch_index_ = kNoRequest;
-  int64_t waste_ = 0;  // sum over running requests of waste(cached)
+  int64_t waste_ = 0;  // sum over running requests of members x waste(cached)
+  int32_t width_;
+  SharingMode mode_;
+  BeamChooser chooser_;
+  // Sharing groups, by trace index: the live sequences of each request that has forked (a
+  // request without an entry is the one sequence seq(r)). Forked ids count up from 2^40, above
+  // every trace index.
+  std::unordered_map<size_t, std::vector<SeqId>> groups_;
+  SeqId next_member_ = SeqId{1} << 40;
 };
+
+// One decode token for every member of r's group: the first decode (or the first after a
+// recompute) forks the sequence into width members; a beam step forks each beam once per
+// extra survivor and frees the beams without any (sharing.hpp), then every member appends.
+bool PagedPool::append_group(Active& r) {
+  // Each append takes at most one block (a copy-on-write copy or a new block): check first,
+  // so that a short pool changes nothing.
+  if (manager_.allocator().num_available() < width_) return false;
+  std::vector<SeqId>& g = groups_.try_emplace(r.index, std::vector<SeqId>{seq(r)}).first->second;
+  if (static_cast<int32_t>(g.size()) < width_) {
+    while (static_cast<int32_t>(g.size()) < width_) {
+      manager_.fork(g.front(), next_member_);
+      g.push_back(next_member_++);
+    }
+  } else if (mode_ == SharingMode::kBeamSearch) {
+    std::vector<int32_t> children(static_cast<size_t>(width_), 0);
+    for (int32_t p : chooser_(width_)) ++children[static_cast<size_t>(p)];
+    std::vector<SeqId> next;
+    for (size_t b = 0; b < g.size(); ++b) {
+      if (children[b] == 0) continue;
+      next.push_back(g[b]);
+      for (int32_t k = 1; k < children[b]; ++k) {
+        manager_.fork(g[b], next_member_);
+        next.push_back(next_member_++);
+      }
+    }
+    for (size_t b = 0; b < g.size(); ++b) {
+      if (children[b] == 0) manager_.free_sequence(g[b]);
+    }
+    g = std::move(next);
+  }
+  const std::array<TokenId, 1> id = {token_at(trace_, r.index, r.cached, vocab_size_)};
+  for (SeqId m : g) {
+    const bool ok = prefix_ ? manager_.append_tokens(m, id).has_value()
+                            : manager_.append_slots(m, 1).has_value();
+    PAGEDKV_CHECK(ok, "replay: internal: group member {} could not append", m);
+  }
+  waste_ += width_ * waste(r.cached + 1) - int64_t{r.members} * waste(r.cached);
+  r.members = width_;
+  return true;
+}
 
 }  // namespace
 
@@ -221,8 +312,9 @@ std::unique_ptr<Pool> replay_detail::make_pool(const Trace& trace, const ReplayC
     case StrategyKind::kContiguousMax:
     case StrategyKind::kContiguousExact:
       res.capacity_tokens = budget_tokens;
-      return std::make_unique<ContiguousPool>(
-          budget_tokens, strategy.kind == StrategyKind::kContiguousMax, config.max_context);
+      return std::make_unique<ContiguousPool>(budget_tokens,
+                                              strategy.kind == StrategyKind::kContiguousMax,
+                                              config.max_context, config.group_width);
     case StrategyKind::kPaged:
     case StrategyKind::kPagedPrefix:
       break;

@@ -32,6 +32,7 @@ struct Active {
   int64_t generated = 0;  // output tokens so far
   int64_t reserved = 0;   // contiguous: positions reserved at admission
   bool admitted_once = false;
+  int32_t members = 1;         // sequences holding `cached` positions each (a sharing group)
   bool swapped = false;        // swap preemption: its K/V wait in host memory
   double first_token_ms = -1;  // end of the step that delivered the first output token, ms
 };
@@ -44,7 +45,9 @@ class Pool {
   /// Admission of the waiting request `r`; `alone` when nothing runs. On kOk the request holds
   /// r.target positions (r.cached = r.target) of which r.computed came from the prefix cache.
   virtual Admit admit(Active& r, bool alone) = 0;
-  /// One decode position for a running request; false (nothing changed) when memory is short.
+  /// One decode position for a running request, for every sequence of its group (the first
+  /// decode of a group of config.group_width creates the group); false (nothing changed) when
+  /// memory is short. Sets r.members.
   virtual bool append_one(Active& r) = 0;
   /// Releases a finished request.
   virtual void release(Active& r) = 0;

@@ -66,15 +66,18 @@ nlohmann::json replay_to_json(const Trace& trace, const ModelPreset& model,
                 {"dtype", std::string(dtype_name(model.dtype))},
                 {"max_context", config.max_context},
                 {"kv_bytes_per_token", config.kv_bytes_per_token}};
-  j["config"] = {{"kv_memory_bytes", config.kv_memory_bytes},
-                 {"step_ms", config.step_ms},
-                 {"max_batch_tokens", config.max_batch_tokens},
-                 {"max_seqs", config.max_seqs},
-                 {"watermark", config.watermark},
-                 {"rate_scale", config.rate_scale},
-                 {"step_model", config.roofline ? "roofline" : "constant"},
-                 {"preemption", config.preemption == Preemption::kSwap ? "swap" : "recompute"},
-                 {"host_link_bytes_per_s", config.host_link_bytes_per_s}};
+  j["config"] = {
+      {"kv_memory_bytes", config.kv_memory_bytes},
+      {"step_ms", config.step_ms},
+      {"max_batch_tokens", config.max_batch_tokens},
+      {"max_seqs", config.max_seqs},
+      {"watermark", config.watermark},
+      {"rate_scale", config.rate_scale},
+      {"step_model", config.roofline ? "roofline" : "constant"},
+      {"preemption", config.preemption == Preemption::kSwap ? "swap" : "recompute"},
+      {"host_link_bytes_per_s", config.host_link_bytes_per_s},
+      {"group_width", config.group_width},
+      {"group_mode", config.group_mode == SharingMode::kBeamSearch ? "beam" : "parallel"}};
   if (config.roofline) {
     const RooflineModel& m = *config.roofline;
     j["config"]["roofline"] = {{"weight_bytes", m.weight_bytes},
