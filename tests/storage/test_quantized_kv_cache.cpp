@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -184,17 +185,22 @@ TEST(QuantizedKVCache, CalibrationHeadroomScalesTheMaxAndLeavesRoomAboveIt) {
   const KVScales h = calibrate_kv_scales(DType::kInt8, KVScaleGranularity::kPerTensor, 1, 1,
                                          std::vector<float>{big}, std::vector<float>{1}, 65536.0f);
   EXPECT_EQ(h.k[0], big);
-  for (float bad : {0.5f, 0.0f, kNaN, INFINITY}) {
+  // Each bad value is named, after the function or struct it came to.
+  for (auto [bad, text] : {std::pair{0.5f, "0.5"}, {0.0f, "0"}, {kNaN, "nan"}, {INFINITY, "inf"}}) {
     EXPECT_THAT(
         [&] {
           (void)calibrate_kv_scales(DType::kInt8, KVScaleGranularity::kPerTensor, 1, 1,
                                     std::vector<float>{1}, std::vector<float>{1}, bad);
         },
-        ThrowsMessage<Error>(HasSubstr("headroom must be finite and >= 1")));
+        ThrowsMessage<Error>(HasSubstr(
+            std::string("calibrate_kv_scales: headroom must be finite and >= 1, got ") + text)));
     KVCacheConfig b = config(DType::kInt8);
     b.calibration_headroom = bad;
     EXPECT_THAT([&] { validate(b); },
-                ThrowsMessage<Error>(HasSubstr("calibration_headroom must be finite and >= 1")));
+                ThrowsMessage<Error>(HasSubstr(
+                    std::string("KVCacheConfig: calibration_headroom must be finite and >= 1, "
+                                "got ") +
+                    text)));
   }
 }
 
