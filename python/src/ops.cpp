@@ -103,6 +103,18 @@ struct AttentionArgs {
   QuantArgs quant;
 };
 
+// The keyword arguments every attention op takes, in their binding order.
+AttentionArgs attention_args(std::string layout, float scale, int32_t window, int32_t sinks,
+                             std::optional<Any> out, std::optional<std::string> kv_dtype,
+                             std::optional<Any> k_scale, std::optional<Any> v_scale) {
+  return {std::move(layout),
+          scale,
+          window,
+          sinks,
+          std::move(out),
+          {std::move(kv_dtype), std::move(k_scale), std::move(v_scale)}};
+}
+
 // Decode (no query_start) or prefill (rows by query_start) over the given tables.
 nb::object attend(const Any& q, const Any& k, const std::optional<Any>& v,
                   const BlockTableView& tables, std::optional<std::span<const int32_t>> query_start,
@@ -247,12 +259,9 @@ void bind_ops(nb::module_& m) {
                std::string layout, float scale, int32_t window, int32_t sinks,
                std::optional<Any> out, std::optional<std::string> kv_dtype,
                std::optional<Any> k_scale, std::optional<Any> v_scale) {
-              AttentionArgs args{std::move(layout),
-                                 scale,
-                                 window,
-                                 sinks,
-                                 std::move(out),
-                                 {std::move(kv_dtype), std::move(k_scale), std::move(v_scale)}};
+              AttentionArgs args =
+                  attention_args(std::move(layout), scale, window, sinks, std::move(out),
+                                 std::move(kv_dtype), std::move(k_scale), std::move(v_scale));
               return attend(q, k, v, meta.padded.view(), std::nullopt, args);
             },
             a...);
@@ -266,12 +275,9 @@ void bind_ops(nb::module_& m) {
                const Any& seq_lens, std::string layout, float scale, int32_t window, int32_t sinks,
                std::optional<Any> out, std::optional<std::string> kv_dtype,
                std::optional<Any> k_scale, std::optional<Any> v_scale) {
-              AttentionArgs args{std::move(layout),
-                                 scale,
-                                 window,
-                                 sinks,
-                                 std::move(out),
-                                 {std::move(kv_dtype), std::move(k_scale), std::move(v_scale)}};
+              AttentionArgs args =
+                  attention_args(std::move(layout), scale, window, sinks, std::move(out),
+                                 std::move(kv_dtype), std::move(k_scale), std::move(v_scale));
               const KVLayerView geometry =
                   pool_view(k, v, parse_layout(args.layout), args.quant, false).base;
               return attend(q, k, v, tables_from(block_tables, seq_lens, geometry), std::nullopt,
@@ -288,12 +294,9 @@ void bind_ops(nb::module_& m) {
                std::string layout, float scale, int32_t window, int32_t sinks,
                std::optional<Any> out, std::optional<std::string> kv_dtype,
                std::optional<Any> k_scale, std::optional<Any> v_scale) {
-              AttentionArgs args{std::move(layout),
-                                 scale,
-                                 window,
-                                 sinks,
-                                 std::move(out),
-                                 {std::move(kv_dtype), std::move(k_scale), std::move(v_scale)}};
+              AttentionArgs args =
+                  attention_args(std::move(layout), scale, window, sinks, std::move(out),
+                                 std::move(kv_dtype), std::move(k_scale), std::move(v_scale));
               return attend(q, k, v, meta.padded.view(), std::span<const int32_t>(meta.query_start),
                             args);
             },
