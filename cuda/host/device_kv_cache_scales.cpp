@@ -28,7 +28,7 @@ std::span<const float> DeviceKVCache::scales(int32_t layer, bool value) const {
   PAGEDKV_CHECK(layer >= 0 && layer < config_.num_layers,
                 "DeviceKVCache::scales: layer {} out of range [0, {})", layer, config_.num_layers);
   const auto h = static_cast<size_t>(config_.num_kv_heads);
-  return {host_scales_.data() + (2 * static_cast<size_t>(layer) + (value ? 1 : 0)) * h, h};
+  return {host_scales_.data() + scale_offset(config_, layer, value), h};
 }
 
 void DeviceKVCache::set_scales(int32_t layer, std::span<const float> k_scale,

@@ -50,7 +50,7 @@ std::span<const float> HostKVCache::scales(int32_t layer, bool value) const {
   PAGEDKV_CHECK(layer >= 0 && layer < config_.num_layers,
                 "HostKVCache::scales: layer {} out of range [0, {})", layer, config_.num_layers);
   const auto h = static_cast<size_t>(config_.num_kv_heads);
-  return {scales_.data() + (2 * static_cast<size_t>(layer) + (value ? 1 : 0)) * h, h};
+  return {scales_.data() + scale_offset(config_, layer, value), h};
 }
 
 void HostKVCache::set_scales(int32_t layer, std::span<const float> k_scale,
@@ -61,7 +61,7 @@ void HostKVCache::set_scales(int32_t layer, std::span<const float> k_scale,
   PAGEDKV_CHECK(layer >= 0 && layer < config_.num_layers, "{}: layer {} out of range [0, {})", kFn,
                 layer, config_.num_layers);
   const KVScales s = expand_kv_scales(kFn, config_, k_scale, v_scale);
-  float* dst = scales_.data() + 2 * static_cast<size_t>(layer) * s.k.size();
+  float* dst = scales_.data() + scale_offset(config_, layer, false);
   std::copy(s.k.begin(), s.k.end(), dst);
   std::copy(s.v.begin(), s.v.end(), dst + s.k.size());
   scales_set_[static_cast<size_t>(layer)] = true;
@@ -108,11 +108,8 @@ void HostKVCache::write(int32_t layer, std::span<const Slot> slot_mapping, std::
           calibrate_kv_scales(config_.dtype, config_.scale_granularity, config_.num_kv_heads,
                               config_.head_dim, k, v, config_.calibration_headroom);
       const std::vector<float> saved = scales_;
-      const size_t heads = static_cast<size_t>(config_.num_kv_heads);
-      std::copy(s.k.begin(), s.k.end(),
-                scales_.begin() + 2 * static_cast<ptrdiff_t>(layer * heads));
-      std::copy(s.v.begin(), s.v.end(),
-                scales_.begin() + static_cast<ptrdiff_t>((2 * layer + 1) * heads));
+      std::copy(s.k.begin(), s.k.end(), scales_.begin() + scale_offset(config_, layer, false));
+      std::copy(s.v.begin(), s.v.end(), scales_.begin() + scale_offset(config_, layer, true));
       try {
         reshape_and_cache(this->layer(layer), slot_mapping, k, v);
       } catch (...) {

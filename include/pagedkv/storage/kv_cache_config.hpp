@@ -2,6 +2,7 @@
 /// @file kv_cache_config.hpp
 /// Geometry of a paged KV cache and its memory formula. Shared by host and device storage.
 
+#include <cstddef>
 #include <cstdint>
 
 #include "pagedkv/dtype.hpp"
@@ -82,6 +83,13 @@ void validate(const KVCacheConfig& config);
 /// read: KVLayerView::k_scale).
 [[nodiscard]] constexpr int64_t kv_scale_bytes(const KVCacheConfig& c) {
   return dtype_is_quantized(c.dtype) ? 2 * int64_t{c.num_layers} * c.num_kv_heads * 4 : 0;
+}
+
+/// Where the scales of (layer, K or V) start in a quantized cache's scale array, which holds
+/// [num_layers, 2 (K, V), num_kv_heads] floats (kv_scale_bytes): (2 layer + value) x num_kv_heads.
+/// Shared by HostKVCache and cuda::DeviceKVCache. Units: floats.
+[[nodiscard]] constexpr ptrdiff_t scale_offset(const KVCacheConfig& c, int32_t layer, bool value) {
+  return (2 * static_cast<ptrdiff_t>(layer) + (value ? 1 : 0)) * c.num_kv_heads;
 }
 
 /// Total bytes of the cache: the pools, kv_bytes_for_tokens(..., num_blocks * block_size),
