@@ -176,6 +176,11 @@ TEST(QuantizedKVCache, CalibrationHeadroomScalesTheMaxAndLeavesRoomAboveIt) {
   tight.write(0, std::vector<Slot>{4}, std::vector<float>{15, 0, 0, 0, 0, 0},
               std::vector<float>(6, 0.0f));
   EXPECT_EQ(static_cast<const int8_t*>(tight.layer(0).k)[tight.layer(0).slot_offset(0, 4)], 127);
+  // Layer 1 calibrates into its own scales, layer 0's stay as they were.
+  cache.write(1, std::vector<Slot>{3}, v, k);
+  EXPECT_THAT(cache.scales(1, false), ElementsAre(2.0f * 4 / 127, 2.0f * 4 / 127));
+  EXPECT_THAT(cache.scales(1, true), ElementsAre(2.0f * 8 / 127, 2.0f * 8 / 127));
+  EXPECT_THAT(cache.scales(0, true), ElementsAre(2.0f * 4 / 127, 2.0f * 4 / 127));
   // The free function: exactly headroom x max / format max; a huge max stays a finite scale.
   const KVScales s = calibrate_kv_scales(DType::kFP8E4M3, KVScaleGranularity::kPerTensor, 1, 2,
                                          std::vector<float>{-8, 1}, std::vector<float>{4, 0}, 3.0f);
@@ -201,6 +206,23 @@ TEST(QuantizedKVCache, CalibrationHeadroomScalesTheMaxAndLeavesRoomAboveIt) {
                     std::string("KVCacheConfig: calibration_headroom must be finite and >= 1, "
                                 "got ") +
                     text)));
+  }
+}
+
+TEST(QuantizedKVCache, LayersOutOfRangeAreRejectedNamingThem) {
+  HostKVCache cache(config(DType::kInt8));  // 2 layers
+  const float one[] = {1.0f};
+  for (int32_t layer : {-1, 2, 3}) {
+    EXPECT_THAT([&] { cache.set_scales(layer, one, one); },
+                ThrowsMessage<Error>(HasSubstr("HostKVCache::set_scales: layer " +
+                                               std::to_string(layer) + " out of range")));
+    EXPECT_THAT(
+        [&] {
+          cache.write(layer, std::vector<Slot>{0}, std::vector<float>(6, 1.0f),
+                      std::vector<float>(6, 1.0f));
+        },
+        ThrowsMessage<Error>(
+            HasSubstr("HostKVCache::write: layer " + std::to_string(layer) + " out of range")));
   }
 }
 
