@@ -153,7 +153,13 @@ add_test(NAME cli.memory.csv_explicit_geometry
   COMMAND pagedkv_cli memory --layers 2 --kv-heads 1 --head-dim 4 --dtype fp16 --max-context 32
           --no-measure --csv)
 set_tests_properties(cli.memory.csv_explicit_geometry PROPERTIES LABELS "cli;sim"
-  PASS_REGULAR_EXPRESSION "^table,step,tokens,formula_bytes,[^\n]*\ngrowth,,1,32,32,512,1024,0,0,,\n")
+  PASS_REGULAR_EXPRESSION "^table,step,tokens,formula_bytes,[^\n]*\ngrowth,,1,32,32,512,1024,0,0,,,512\n")
+# Gemma-3-27B (10 full + 52 window-1024 layers): at 32k the hybrid cache holds 10 x 32768 +
+# 52 x 1024 positions' worth of one layer instead of 62 x 32768, 5.33x less.
+add_test(NAME cli.memory.gemma3_hybrid_groups
+  COMMAND pagedkv_cli memory --preset gemma-3-27b --no-measure)
+set_tests_properties(cli.memory.gemma3_hybrid_groups PROPERTIES LABELS "cli;sim"
+  PASS_REGULAR_EXPRESSION "full attention: 10 layers x 8192 bytes = 81920 bytes per token.*sliding window 1024: 52 layers x 8192 bytes = 425984 bytes per token.*\\| 32768 \\| 15.50 GiB \\| 15.50 GiB \\| 62.00 GiB \\| 2.91 GiB \\| 2.91 GiB \\| 5.33x \\|")
 
 pagedkv_add_shared_data_test(NAME cli.memory.stories260K_whole_context
   FILES ${_shared}/models/stories260K.bin
@@ -169,7 +175,7 @@ pagedkv_add_shared_data_test(NAME cli.replay.warns_when_preset_rejects_over_1pct
   FILES ${_shared}/traces/AzureLLMInferenceTrace_conv.csv
   COMMAND ${CMAKE_COMMAND} -E env sh -c "\"$1\" replay --trace \"$2\" --preset llama-2-7b --strategies paged-16 --limit 3000 --no-progress 2>&1 >/dev/null"
           sh $<TARGET_FILE:pagedkv_cli> ${_shared}/traces/AzureLLMInferenceTrace_conv.csv
-  PASS_REGEX "^pagedkv replay: warning: 217 of 3000 requests \\(7.2%\\) have prompt \\+ output > the max context 4096 of llama-2-7b and are rejected; the longest needs 7979 positions \\(presets that hold it: llama-3-8b, llama-3.1-8b, llama-3.1-70b, mistral-7b, qwen2.5-7b\\)\n$")
+  PASS_REGEX "^pagedkv replay: warning: 217 of 3000 requests \\(7.2%\\) have prompt \\+ output > the max context 4096 of llama-2-7b and are rejected; the longest needs 7979 positions \\(presets that hold it: llama-3-8b, llama-3.1-8b, llama-3.1-70b, mistral-7b, qwen2.5-7b, gemma-3-27b, gpt-oss-20b, gpt-oss-120b, llama-4-scout\\)\n$")
 # A rate sweep with an SLO: paged serves the trace's own rate within 0.1 s/token at 8 GiB, the
 # 4096-position reservations of contiguous-max never do.
 pagedkv_add_shared_data_test(NAME cli.replay.sweep_max_rate_at_slo

@@ -19,6 +19,7 @@
 #include "model/llama.hpp"
 #include "model/tokenizer.hpp"
 #include "pagedkv/error.hpp"
+#include "pagedkv/storage/kv_cache_config.hpp"
 #include "sim/memory_growth.hpp"
 #include "sim/model_memory.hpp"
 #include "sim/model_preset.hpp"
@@ -100,25 +101,57 @@ Measured measure(const Options& o) {
 void print_csv(const std::vector<sim::GrowthRow>& rows, const Measured& measured) {
   fmt::print(
       "table,step,tokens,formula_bytes,window_bytes,paged_bytes,contiguous_max_bytes,"
-      "paged_fit,contiguous_fit,contiguous_measured_bytes,paged_measured_bytes\n");
+      "paged_fit,contiguous_fit,contiguous_measured_bytes,paged_measured_bytes,"
+      "window_paged_bytes\n");
   for (const sim::GrowthRow& r : rows) {
-    fmt::print("growth,,{},{},{},{},{},{},{},,\n", r.tokens, r.formula_bytes, r.window_bytes,
-               r.paged_bytes, r.contiguous_max_bytes, r.paged_fit, r.contiguous_fit);
+    fmt::print("growth,,{},{},{},{},{},{},{},,,{}\n", r.tokens, r.formula_bytes, r.window_bytes,
+               r.paged_bytes, r.contiguous_max_bytes, r.paged_fit, r.contiguous_fit,
+               r.window_paged_bytes);
   }
   for (const sim::MeasuredStep& m : measured.steps) {
-    fmt::print("measured,{},{},{},,{},,,,{},{}\n", m.step, m.tokens, m.formula_bytes,
+    fmt::print("measured,{},{},{},,{},,,,{},{},\n", m.step, m.tokens, m.formula_bytes,
                m.paged_expected_bytes, m.contiguous_bytes, m.paged_bytes);
   }
+}
+
+/// "sliding window 1024" or "chunked local 8192".
+std::string local_kind(const sim::ModelPreset& model) {
+  return model.sliding_window > 0 ? fmt::format("sliding window {}", model.sliding_window)
+                                  : fmt::format("chunked local {}", model.attention_chunk);
+}
+
+/// The KV cache groups of a hybrid model, bytes per token of each, and the saving at the
+/// longest context (docs/memory.md, "Hybrid models").
+void print_groups(const Options& o, const sim::ModelPreset& model,
+                  const std::vector<sim::GrowthRow>& rows) {
+  const int32_t local = model.num_local_layers;
+  const int32_t full = model.num_layers - local;
+  const int64_t per_layer =
+      kv_bytes_for_tokens(1, model.num_kv_heads, model.head_dim, model.dtype, 1);
+  fmt::print("KV cache groups (one block pool, one {}-token page):\n", o.block_size);
+  fmt::print("  full attention: {} layers x {} bytes = {} bytes per token, every position\n", full,
+             per_layer, full * per_layer);
+  fmt::print("  {}: {} layers x {} bytes = {} bytes per token, only the positions it sees\n",
+             local_kind(model), local, per_layer, local * per_layer);
+  const sim::GrowthRow& last = rows.back();
+  fmt::print(
+      "at {} tokens, B = {}: all-full paged {} vs hybrid paged {}, {:.2f}x less (hybrid = "
+      "full layers x T + local layers x the positions they see)\n\n",
+      last.tokens, o.batch, mib(last.paged_bytes), mib(last.window_paged_bytes),
+      last.window_paged_bytes > 0
+          ? static_cast<double>(last.paged_bytes) / static_cast<double>(last.window_paged_bytes)
+          : 0.0);
 }
 
 /// The model, its bytes per token and the formula, then the growth table.
 void print_growth(const Options& o, const sim::ModelPreset& model, int64_t budget,
                   const std::vector<sim::GrowthRow>& rows) {
+  const bool hybrid = model.num_local_layers > 0;
   fmt::print("model: {} - {} layers, {} kv heads, head_dim {}, {}, max context {}{}\n",
              model.display, model.num_layers, model.num_kv_heads, model.head_dim,
              dtype_name(model.dtype), model.max_context,
-             model.sliding_window > 0 ? fmt::format(", sliding window {}", model.sliding_window)
-                                      : std::string());
+             hybrid ? fmt::format(", {} on {} layers", local_kind(model), model.num_local_layers)
+                    : std::string());
   fmt::print("source: {}\n", model.source);
   const int64_t per_token = sim::kv_bytes_per_token(model);
   fmt::print(
@@ -130,20 +163,26 @@ void print_growth(const Options& o, const sim::ModelPreset& model, int64_t budge
       "formula: bytes = 2 (K and V) x L x B x T x H_kv x D x sizeof(dtype) "
       "(Kwon et al., \"Efficient Memory Management for Large Language Model Serving "
       "with PagedAttention\", SOSP 2023)\n\n");
+  if (hybrid) print_groups(o, model, rows);
   fmt::print(
       "Growth for B = {} sequence(s); paged = whole {}-token blocks; contiguous-max = "
       "{} positions reserved per sequence{}\n\n",
       o.batch, o.block_size, model.max_context,
       budget > 0 ? fmt::format("; fits = sequences in {}", mib(budget)) : std::string());
   fmt::print("| tokens | formula | paged bs={} | contiguous-max |{}{}\n", o.block_size,
-             model.sliding_window > 0 ? " window |" : "",
+             hybrid ? " hybrid | hybrid paged | all-full / hybrid |" : "",
              budget > 0 ? " fits paged | fits contiguous-max |" : "");
-  fmt::print("| ---: | ---: | ---: | ---: |{}{}\n", model.sliding_window > 0 ? " ---: |" : "",
+  fmt::print("| ---: | ---: | ---: | ---: |{}{}\n", hybrid ? " ---: | ---: | ---: |" : "",
              budget > 0 ? " ---: | ---: |" : "");
   for (const sim::GrowthRow& r : rows) {
     fmt::print("| {} | {} | {} | {} |", r.tokens, mib(r.formula_bytes), mib(r.paged_bytes),
                mib(r.contiguous_max_bytes));
-    if (model.sliding_window > 0) fmt::print(" {} |", mib(r.window_bytes));
+    if (hybrid) {
+      fmt::print(" {} | {} | {:.2f}x |", mib(r.window_bytes), mib(r.window_paged_bytes),
+                 r.window_paged_bytes > 0 ? static_cast<double>(r.paged_bytes) /
+                                                static_cast<double>(r.window_paged_bytes)
+                                          : 1.0);
+    }
     if (budget > 0) fmt::print(" {} | {} |", r.paged_fit, r.contiguous_fit);
     fmt::print("\n");
   }
@@ -188,16 +227,22 @@ std::vector<sim::SvgPanel> memory_panels(const Options& o, const sim::ModelPrese
   sim::SvgSeries formula{"formula (exact)", {}, false, false};
   sim::SvgSeries paged{fmt::format("paged, {}-token blocks", o.block_size), {}, true, false};
   sim::SvgSeries cmax{"contiguous-max reservation", {}, true, false};
-  sim::SvgSeries window{"sliding window", {}, false, false};
+  sim::SvgSeries window{"hybrid (each layer keeps what it sees)", {}, false, false};
+  sim::SvgSeries window_paged{
+      fmt::format("hybrid paged, {}-token blocks", o.block_size), {}, true, false};
   for (const sim::GrowthRow& r : rows) {
     const double t = static_cast<double>(r.tokens);
     formula.points.emplace_back(t, static_cast<double>(r.formula_bytes) / (1 << 20));
     paged.points.emplace_back(t, static_cast<double>(r.paged_bytes) / (1 << 20));
     cmax.points.emplace_back(t, static_cast<double>(r.contiguous_max_bytes) / (1 << 20));
     window.points.emplace_back(t, static_cast<double>(r.window_bytes) / (1 << 20));
+    window_paged.points.emplace_back(t, static_cast<double>(r.window_paged_bytes) / (1 << 20));
   }
   growth.series = {formula, paged, cmax};
-  if (model.sliding_window > 0) growth.series.push_back(window);
+  if (model.num_local_layers > 0) {
+    growth.series.push_back(window);
+    growth.series.push_back(window_paged);
+  }
   panels.push_back(std::move(growth));
   if (measured.steps.empty()) return panels;
   sim::SvgPanel m{"Measured: " + measured.desc, "tokens cached", "KV cache (KiB)", {}, true, 0.0};
@@ -255,6 +300,10 @@ void add_memory_command(CLI::App& app) {
   sub->add_option("--sliding-window", opts->model.sliding_window,
                   "override: attention window in tokens (0 = full attention)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 32));
+  sub->add_option("--local-layers", opts->model.local_layers,
+                  "override: layers with the window or chunk (the rest attend to every position; "
+                  "with --sliding-window on a full-attention preset: every layer)")
+      ->check(CLI::Range(0, 1 << 20));
   sub->add_option("--batch", opts->batch, "sequences B in the growth table")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));

@@ -28,6 +28,7 @@ sim::ModelPreset resolve_model(const ModelFlags& flags) {
   if (flags.dtype) ov.dtype = parse_dtype(*flags.dtype);
   ov.max_context = flags.max_context;
   ov.sliding_window = flags.sliding_window;
+  ov.num_local_layers = flags.local_layers;
   return sim::apply_overrides(sim::find_preset(flags.preset), ov);
 }
 

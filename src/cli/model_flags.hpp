@@ -20,6 +20,7 @@ struct ModelFlags {
   std::optional<std::string> dtype;
   std::optional<int64_t> max_context;
   std::optional<int64_t> sliding_window;  ///< registered by the commands that offer it
+  std::optional<int32_t> local_layers;    ///< registered by the commands that offer it
 };
 
 /// Help texts of the flags that differ between the commands.

@@ -43,7 +43,8 @@ std::vector<GrowthRow> growth_table(const ModelPreset& preset, int64_t batch, in
     GrowthRow r;
     r.tokens = t;
     r.formula_bytes = batch * bytes(preset, t);
-    r.window_bytes = batch * bytes(preset, cached_positions(preset, t));
+    r.window_bytes = batch * hybrid_kv_bytes(preset, t);
+    r.window_paged_bytes = batch * hybrid_paged_bytes(preset, t, block_size);
     r.paged_bytes = batch * paged_bytes_for_tokens(preset, t, block_size);
     r.contiguous_max_bytes = batch * bytes(preset, preset.max_context);
     if (budget_bytes > 0) {

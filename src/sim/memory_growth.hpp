@@ -17,9 +17,14 @@ namespace pagedkv::sim {
 
 /// One context length of the growth table. Units: bytes, tokens.
 struct GrowthRow {
-  int64_t tokens = 0;                ///< T, context length of each sequence
-  int64_t formula_bytes = 0;         ///< B x T positions: the formula
-  int64_t window_bytes = 0;          ///< B x min(T, window) (== formula_bytes without a window)
+  int64_t tokens = 0;         ///< T, context length of each sequence
+  int64_t formula_bytes = 0;  ///< B x T positions: the formula
+  /// B x hybrid_kv_bytes(T): each layer keeps only what its attention sees (full layers T
+  /// positions, local layers cached_positions(T)); == formula_bytes without local layers.
+  int64_t window_bytes = 0;
+  /// B x hybrid_paged_bytes(T): the hybrid cache's whole blocks per KV cache group (full group
+  /// ceil(T / bs), local group local_blocks_held()); == paged_bytes without local layers.
+  int64_t window_paged_bytes = 0;
   int64_t paged_bytes = 0;           ///< B x ceil(T / block_size) whole blocks
   int64_t contiguous_max_bytes = 0;  ///< B x max_context reserved up front
   /// Sequences of T tokens a budget holds when paged (whole blocks per sequence); 0 when no

@@ -56,7 +56,22 @@ TEST(GrowthTable, SlidingWindowCapsGrowth) {
   const auto rows = growth_table(m, 1, 16, lengths, 0);
   EXPECT_EQ(rows[1].window_bytes, rows[0].formula_bytes);
   EXPECT_EQ(rows[1].formula_bytes, 2 * rows[0].formula_bytes);
-  EXPECT_EQ(rows[1].paged_fit, 0);  // no budget given
+  EXPECT_EQ(rows[1].paged_fit, 0);                             // no budget given
+  EXPECT_EQ(rows[1].window_paged_bytes, rows[0].paged_bytes);  // 256 blocks of 16 kept
+}
+
+TEST(GrowthTable, HybridPagedIsPerGroupWholeBlocks) {
+  const ModelPreset& m = find_preset("gpt-oss-20b");  // 12 full + 12 window-128 layers
+  constexpr int64_t kPerLayer = 2 * 8 * 64 * 2;
+  const std::vector<int64_t> lengths = {100, 1000};
+  const auto rows = growth_table(m, 3, 16, lengths, 0);
+  // T = 100: both groups hold ceil(100 / 16) = 7 blocks (the window covers all of it).
+  EXPECT_EQ(rows[0].window_paged_bytes, 3 * 24 * 7 * 16 * kPerLayer);
+  EXPECT_EQ(rows[0].window_bytes, 3 * 24 * 100 * kPerLayer);
+  // T = 1000: full 63 blocks; window keeps 872..999, blocks 54..62 -> 9.
+  EXPECT_EQ(rows[1].window_paged_bytes, 3 * (12 * 63 + 12 * 9) * 16 * kPerLayer);
+  EXPECT_EQ(rows[1].window_bytes, 3 * (12 * 1000 + 12 * 128) * kPerLayer);
+  EXPECT_EQ(rows[1].paged_bytes, 3 * 24 * 63 * 16 * kPerLayer);
 }
 
 TEST(GrowthTable, BadArgumentsThrow) {
