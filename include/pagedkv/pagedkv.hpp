@@ -24,6 +24,7 @@
 #include "pagedkv/metadata/batch_metadata.hpp"
 #include "pagedkv/metadata/block_allocator.hpp"
 #include "pagedkv/metadata/eviction_policy.hpp"
+#include "pagedkv/metadata/hybrid_kv_cache_manager.hpp"
 #include "pagedkv/metadata/kv_cache_manager.hpp"
 #include "pagedkv/metadata/kv_cache_stats.hpp"
 #include "pagedkv/metadata/prefix_cache.hpp"

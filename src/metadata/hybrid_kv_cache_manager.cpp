@@ -1,0 +1,328 @@
+#include "pagedkv/metadata/hybrid_kv_cache_manager.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/check.hpp"
+
+namespace pagedkv {
+
+const char* group_attention_name(GroupAttention kind) {
+  switch (kind) {
+    case GroupAttention::kFull:
+      return "full";
+    case GroupAttention::kSlidingWindow:
+      return "sliding_window";
+    case GroupAttention::kChunkedLocal:
+      return "chunked_local";
+  }
+  return "unknown";
+}
+
+int64_t KVCacheGroupSpec::first_visible(int64_t pos) const {
+  switch (kind) {
+    case GroupAttention::kSlidingWindow:
+      return std::max<int64_t>(0, pos - window + 1);
+    case GroupAttention::kChunkedLocal:
+      return pos / chunk * chunk;
+    case GroupAttention::kFull:
+      break;
+  }
+  return 0;
+}
+
+AttentionMask KVCacheGroupSpec::mask() const {
+  if (kind == GroupAttention::kSlidingWindow) return {window, sink_tokens};
+  return {};
+}
+
+namespace {
+
+void validate_group(const KVCacheGroupSpec& g, size_t i) {
+  PAGEDKV_CHECK(g.num_layers >= 1, "hybrid manager: group {} layers must be >= 1, got {}", i,
+                g.num_layers);
+  switch (g.kind) {
+    case GroupAttention::kFull:
+      PAGEDKV_CHECK(
+          g.window == 0 && g.chunk == 0 && g.sink_tokens == 0,
+          "hybrid manager: full group {} takes no window, chunk or sinks (got {}, {}, {})", i,
+          g.window, g.chunk, g.sink_tokens);
+      return;
+    case GroupAttention::kSlidingWindow:
+      PAGEDKV_CHECK(g.window >= 1 && g.chunk == 0,
+                    "hybrid manager: sliding-window group {} needs window >= 1 and no chunk, got "
+                    "window {}, chunk {}",
+                    i, g.window, g.chunk);
+      PAGEDKV_CHECK(g.sink_tokens >= 0, "hybrid manager: group {} sinks must be >= 0, got {}", i,
+                    g.sink_tokens);
+      return;
+    case GroupAttention::kChunkedLocal:
+      PAGEDKV_CHECK(g.chunk >= 1 && g.window == 0 && g.sink_tokens == 0,
+                    "hybrid manager: chunked group {} needs chunk >= 1 and no window or sinks, got "
+                    "chunk {}, window {}, sinks {}",
+                    i, g.chunk, g.window, g.sink_tokens);
+      return;
+  }
+  detail::fail("hybrid manager: group {} has unknown attention kind {}", i,
+               static_cast<int>(g.kind));
+}
+
+int32_t checked_pool_size(const HybridKVCacheManagerConfig& c) {
+  PAGEDKV_CHECK(c.num_blocks >= 2,
+                "hybrid manager: num_blocks must be >= 2 (block 0 is the null block), got {}",
+                c.num_blocks);
+  PAGEDKV_CHECK(c.block_size >= 1, "hybrid manager: block_size must be >= 1, got {}", c.block_size);
+  PAGEDKV_CHECK(!c.groups.empty(), "hybrid manager: at least one KV cache group is needed");
+  for (size_t i = 0; i < c.groups.size(); ++i) validate_group(c.groups[i], i);
+  return c.num_blocks;
+}
+
+}  // namespace
+
+HybridKVCacheManager::HybridKVCacheManager(HybridKVCacheManagerConfig config)
+    : config_(std::move(config)), pool_(checked_pool_size(config_)) {
+  const std::optional<BlockId> null = pool_.allocate();  // ids come in ascending order: 0
+  PAGEDKV_CHECK(null && *null == kNullBlock, "hybrid manager: the null block is not block 0");
+}
+
+const HybridKVCacheManager::Sequence& HybridKVCacheManager::get(SeqId seq, const char* op) const {
+  const auto it = seqs_.find(seq);
+  PAGEDKV_CHECK(it != seqs_.end(), "{}: unknown sequence {}", op, seq);
+  return it->second;
+}
+
+HybridKVCacheManager::Sequence& HybridKVCacheManager::get(SeqId seq, const char* op) {
+  const auto it = seqs_.find(seq);
+  PAGEDKV_CHECK(it != seqs_.end(), "{}: unknown sequence {}", op, seq);
+  return it->second;
+}
+
+int64_t HybridKVCacheManager::sink_blocks(const KVCacheGroupSpec& g) const {
+  return blocks_for_tokens(g.sink_tokens, config_.block_size);
+}
+
+int64_t HybridKVCacheManager::first_live_entry(const KVCacheGroupSpec& g, int64_t pos) const {
+  return g.first_visible(pos) / config_.block_size;
+}
+
+void HybridKVCacheManager::add_sequence(SeqId seq) {
+  PAGEDKV_CHECK(!seqs_.contains(seq), "add_sequence: sequence {} already exists", seq);
+  Sequence s;
+  s.tables.resize(config_.groups.size());
+  seqs_.emplace(seq, std::move(s));
+}
+
+HybridKVCacheManager::Plan HybridKVCacheManager::plan(const Sequence& s, int64_t n) const {
+  const int64_t p = s.num_tokens;
+  const int32_t bs = config_.block_size;
+  Plan out;
+  out.release.resize(config_.groups.size());
+  for (size_t g = 0; g < config_.groups.size(); ++g) {
+    const KVCacheGroupSpec& spec = config_.groups[g];
+    const std::vector<BlockId>& table = s.tables[g];
+    const auto size = static_cast<int64_t>(table.size());
+    const int64_t end = std::min(first_live_entry(spec, p), size);
+    for (int64_t e = sink_blocks(spec); e < end; ++e) {
+      const BlockId b = table[static_cast<size_t>(e)];
+      if (b == kNullBlock) continue;
+      out.release[g].push_back(e);
+      out.freed += pool_.ref_count(b) == 1;
+    }
+    if (n > 0 && p % bs != 0 && pool_.ref_count(table.back()) > 1) {
+      out.cow.push_back(static_cast<int32_t>(g));
+    }
+    out.new_blocks += blocks_for_tokens(p + n, bs) - size;
+  }
+  return out;
+}
+
+int64_t HybridKVCacheManager::blocks_needed(SeqId seq, int64_t n) const {
+  PAGEDKV_CHECK(n >= 0, "blocks_needed: tokens must be >= 0, got {}", n);
+  const Plan pl = plan(get(seq, "blocks_needed"), n);
+  return pl.new_blocks + static_cast<int64_t>(pl.cow.size()) - pl.freed;
+}
+
+bool HybridKVCacheManager::can_append(SeqId seq, int64_t n) const {
+  return blocks_needed(seq, n) <= pool_.num_free();
+}
+
+std::optional<HybridAppendResult> HybridKVCacheManager::append_slots(SeqId seq, int64_t n) {
+  PAGEDKV_CHECK(n >= 0, "append_slots: tokens must be >= 0, got {}", n);
+  PAGEDKV_CHECK(n <= std::numeric_limits<int32_t>::max(),
+                "append_slots: at most 2^31 - 1 tokens per call, got {}", n);
+  Sequence& s = get(seq, "append_slots");
+  const Plan pl = plan(s, n);
+  const int64_t fresh_count = pl.new_blocks + static_cast<int64_t>(pl.cow.size());
+  if (fresh_count - pl.freed > pool_.num_free()) return std::nullopt;
+
+  HybridAppendResult r;
+  r.released.resize(config_.groups.size());
+  r.slots.resize(config_.groups.size());
+  for (size_t g = 0; g < pl.release.size(); ++g) {
+    for (int64_t e : pl.release[g]) {
+      BlockId& entry = s.tables[g][static_cast<size_t>(e)];
+      r.released[g].push_back(entry);
+      (void)pool_.release(entry);
+      entry = kNullBlock;
+    }
+  }
+  // Enough blocks are free now (checked above, the releases came first).
+  std::vector<BlockId> fresh = *pool_.allocate(static_cast<int32_t>(fresh_count));
+  size_t next = 0;
+  for (int32_t g : pl.cow) {
+    BlockId& last = s.tables[static_cast<size_t>(g)].back();
+    r.copies.push_back({last, fresh[next]});
+    r.copy_groups.push_back(g);
+    (void)pool_.release(last);  // shared: its count stays >= 1
+    last = fresh[next++];
+  }
+  const int64_t p = s.num_tokens;
+  const int32_t bs = config_.block_size;
+  for (size_t g = 0; g < s.tables.size(); ++g) {
+    std::vector<BlockId>& table = s.tables[g];
+    while (static_cast<int64_t>(table.size()) < blocks_for_tokens(p + n, bs)) {
+      table.push_back(fresh[next++]);
+    }
+    r.slots[g].reserve(static_cast<size_t>(n));
+    for (int64_t pos = p; pos < p + n; ++pos) {
+      r.slots[g].push_back(Slot{table[static_cast<size_t>(pos / bs)]} * bs + pos % bs);
+    }
+  }
+  s.num_tokens = p + n;
+  return r;
+}
+
+void HybridKVCacheManager::fork(SeqId parent, SeqId child) {
+  const Sequence& src = get(parent, "fork");
+  PAGEDKV_CHECK(!seqs_.contains(child), "fork: sequence {} already exists", child);
+  Sequence copy = src;
+  for (const std::vector<BlockId>& table : copy.tables) {
+    for (BlockId b : table) {
+      if (b != kNullBlock) pool_.retain(b);
+    }
+  }
+  seqs_.emplace(child, std::move(copy));
+}
+
+void HybridKVCacheManager::truncate(SeqId seq, int64_t num_tokens) {
+  Sequence& s = get(seq, "truncate");
+  PAGEDKV_CHECK(num_tokens >= 0 && num_tokens <= s.num_tokens,
+                "truncate: sequence {} has {} tokens, cannot keep {}", seq, s.num_tokens,
+                num_tokens);
+  const int64_t keep = blocks_for_tokens(num_tokens, config_.block_size);
+  for (size_t g = 0; g < s.tables.size(); ++g) {
+    const KVCacheGroupSpec& spec = config_.groups[g];
+    const int64_t sinks = std::min(sink_blocks(spec), keep);
+    for (int64_t e = 0; e < keep; ++e) {
+      const bool needed = e < sinks || e >= first_live_entry(spec, num_tokens);
+      PAGEDKV_CHECK(!needed || s.tables[g][static_cast<size_t>(e)] != kNullBlock,
+                    "truncate: sequence {} group {} ({}) already released block {} (positions "
+                    "{}..{}), which the query at position {} needs",
+                    seq, g, group_attention_name(spec.kind), e, e * config_.block_size,
+                    (e + 1) * config_.block_size - 1, num_tokens);
+    }
+  }
+  for (std::vector<BlockId>& table : s.tables) {
+    while (static_cast<int64_t>(table.size()) > keep) {
+      if (table.back() != kNullBlock) (void)pool_.release(table.back());
+      table.pop_back();
+    }
+  }
+  s.num_tokens = num_tokens;
+}
+
+void HybridKVCacheManager::free_sequence(SeqId seq) {
+  const Sequence& s = get(seq, "free_sequence");
+  for (const std::vector<BlockId>& table : s.tables) {
+    for (BlockId b : table) {
+      if (b != kNullBlock) (void)pool_.release(b);
+    }
+  }
+  seqs_.erase(seq);
+}
+
+int64_t HybridKVCacheManager::num_tokens(SeqId seq) const {
+  return get(seq, "num_tokens").num_tokens;
+}
+
+std::span<const BlockId> HybridKVCacheManager::block_table(SeqId seq, int32_t group) const {
+  const Sequence& s = get(seq, "block_table");
+  PAGEDKV_CHECK(group >= 0 && group < num_groups(), "block_table: group {} not in [0, {})", group,
+                num_groups());
+  return s.tables[static_cast<size_t>(group)];
+}
+
+int64_t HybridKVCacheManager::blocks_in_tables(int32_t group) const {
+  PAGEDKV_CHECK(group >= 0 && group < num_groups(), "blocks_in_tables: group {} not in [0, {})",
+                group, num_groups());
+  int64_t n = 0;
+  for (const auto& [id, s] : seqs_) {
+    n += std::count_if(s.tables[static_cast<size_t>(group)].begin(),
+                       s.tables[static_cast<size_t>(group)].end(),
+                       [](BlockId b) { return b != kNullBlock; });
+  }
+  return n;
+}
+
+std::vector<GroupBatchMetadata> HybridKVCacheManager::batch_metadata(
+    std::span<const SeqId> seqs) const {
+  std::vector<const Sequence*> rows;
+  std::vector<int32_t> lens;
+  for (SeqId id : seqs) {
+    const Sequence& s = get(id, "batch_metadata");
+    PAGEDKV_CHECK(s.num_tokens <= std::numeric_limits<int32_t>::max(),
+                  "batch_metadata: sequence {} has {} tokens, more than int32 context lengths hold",
+                  id, s.num_tokens);
+    rows.push_back(&s);
+    lens.push_back(static_cast<int32_t>(s.num_tokens));
+  }
+  std::vector<GroupBatchMetadata> out(config_.groups.size());
+  std::vector<std::span<const BlockId>> tables(rows.size());
+  for (size_t g = 0; g < config_.groups.size(); ++g) {
+    for (size_t i = 0; i < rows.size(); ++i) tables[i] = rows[i]->tables[g];
+    out[g].padded = build_padded_block_tables(tables, lens, config_.block_size);
+    out[g].padded.num_blocks = config_.num_blocks;
+    out[g].csr = build_csr_block_tables(tables, lens, config_.block_size);
+    out[g].mask = config_.groups[g].mask();
+  }
+  return out;
+}
+
+void HybridKVCacheManager::check_invariants() const {
+  pool_.check_invariants();
+  std::vector<int32_t> holders(static_cast<size_t>(config_.num_blocks), 0);
+  for (const auto& [id, s] : seqs_) {
+    const int64_t want = blocks_for_tokens(s.num_tokens, config_.block_size);
+    for (size_t g = 0; g < s.tables.size(); ++g) {
+      const std::vector<BlockId>& table = s.tables[g];
+      const KVCacheGroupSpec& spec = config_.groups[g];
+      PAGEDKV_CHECK(static_cast<int64_t>(table.size()) == want,
+                    "hybrid manager: sequence {} group {} has {} entries for {} tokens (want {})",
+                    id, g, table.size(), s.num_tokens, want);
+      const int64_t live_from = first_live_entry(spec, s.num_tokens);
+      for (size_t e = 0; e < table.size(); ++e) {
+        const BlockId b = table[e];
+        PAGEDKV_CHECK(
+            b >= 0 && b < config_.num_blocks,
+            "hybrid manager: sequence {} group {} entry {} holds block {} outside the pool", id, g,
+            e, b);
+        const bool needed =
+            static_cast<int64_t>(e) < sink_blocks(spec) || static_cast<int64_t>(e) >= live_from;
+        PAGEDKV_CHECK(!needed || b != kNullBlock,
+                      "hybrid manager: sequence {} group {} entry {} is released but still seen",
+                      id, g, e);
+        if (b != kNullBlock) ++holders[static_cast<size_t>(b)];
+      }
+    }
+  }
+  PAGEDKV_CHECK(pool_.ref_count(kNullBlock) == 1,
+                "hybrid manager: the null block's ref count is {}, want 1 (the manager's own)",
+                pool_.ref_count(kNullBlock));
+  for (BlockId b = 1; b < config_.num_blocks; ++b) {
+    PAGEDKV_CHECK(pool_.ref_count(b) == holders[static_cast<size_t>(b)],
+                  "hybrid manager: block {} has ref count {} but {} table entries", b,
+                  pool_.ref_count(b), holders[static_cast<size_t>(b)]);
+  }
+}
+
+}  // namespace pagedkv
