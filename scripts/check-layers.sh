@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The layer rule, checked on every project include ("..."; <...> headers are outside it): a
 # folder includes only its own layer and the layers below it (docs/design.md, "The map"):
-#   apps (cli, ops, sim, benchmarks) > model > kernels (cpu, cuda) > storage > metadata >
-#   vocabulary; reference depends on vocabulary only.
+#   apps (cli, ops, sim, benchmarks) > model > tiers > kernels (cpu, cuda) > storage >
+#   metadata > vocabulary; reference depends on vocabulary only; tiers uses storage and
+#   metadata, never the kernels.
 # Prints each offending include and exits 1. Run by .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +18,7 @@ rules=(
   "include/pagedkv/storage src/storage:$vocab|pagedkv/(metadata|storage)/[a-z_]+\.hpp|storage/[a-z_]+\.hpp"
   "include/pagedkv/cpu src/cpu:$vocab|pagedkv/(metadata|storage|cpu)/[a-z_]+\.hpp|cpu/[a-z_-]+\.(hpp|h)"
   "include/pagedkv/cuda cuda:$vocab|pagedkv/(metadata|storage|cuda)/[a-z_]+\.hpp|cuda/[a-z_/]+\.hpp|[a-z_]+\.cuh"
+  "include/pagedkv/tiers src/tiers:$vocab|pagedkv/(metadata|storage|tiers)/[a-z_]+\.hpp|tiers/[a-z_]+\.hpp"
   "src/model:$vocab|$api|model/[a-z_]+\.hpp"
   "src/ops:$vocab|$api|ops/[a-z_]+\.hpp"
   "src/sim:$vocab|$api|sim/[a-z_]+\.hpp|model/[a-z_]+\.hpp"

@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(cmake g++ make pkg-config libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
       libcli11-dev nlohmann-json3-dev libxxhash-dev libhwy-dev librapidcheck-dev libopenblas-dev
-      clang-format doxygen)
+      libhiredis-dev redis-server clang-format doxygen)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -19,6 +19,7 @@
 
 #include "cli/commands.hpp"
 #include "cli/generate_model.hpp"
+#include "cli/generate_tiers.hpp"
 #include "model/generate.hpp"
 #include "model/llama.hpp"
 #include "model/tokenizer.hpp"
@@ -54,6 +55,7 @@ struct Options {
   float kv_scale_headroom = 1.0f;
   bool kv_nmse = false;
   bool json = false;
+  TierFlags tiers;  ///< --prefix-caching, --tier-*, --kv-events*
 };
 
 std::string human_bytes(int64_t bytes) {
@@ -247,6 +249,10 @@ void print_json(const Options& o, const model::LlamaConfig& cfg, const std::stri
                      {"contiguous_reservation_bytes", st.contiguous_reservation_bytes},
                      {"wasted_share", st.wasted_share()},
                      {"pool_bytes", st.pool_bytes}});
+    if (r.mode == CacheMode::kPaged && (o.tiers.prefix_caching || !o.tiers.redis.empty() ||
+                                        o.tiers.host_mib > 0 || !o.tiers.disk_path.empty())) {
+      modes.back()["prefix_cache"] = tiering_json(st);
+    }
   }
   j["modes"] = modes;
   json agree = json::array();
@@ -370,7 +376,15 @@ void run_generate(const Options& o) {
   g.kv_scale_headroom = o.kv_scale_headroom;
   const int64_t logit_bytes = static_cast<int64_t>(prompts.size()) * steps * cfg.vocab_size * 4;
   g.record_logits = modes.size() > 1 && logit_bytes <= kMaxLogitBytes;
-  const model::GenerateOptions paged_options = with_shadows(o, g);  // after every field of g
+  model::GenerateOptions paged_options = with_shadows(o, g);  // after every field of g
+  paged_options.prefix_caching = o.tiers.prefix_caching;
+  paged_options.tiering = tiering_options(o.tiers, m.llama.weights().content_hash());
+  if (!paged_options.tiering.enabled()) paged_options.tiering.model_id.clear();
+  if (paged_options.prefix_caching || paged_options.tiering.enabled()) {
+    // Cached prompt positions are not forwarded, so the paged run has no logits for them:
+    // it is checked against the others token for token.
+    paged_options.record_logits = false;
+  }
 
   std::vector<ModeRun> runs;
   for (const CacheMode mode : modes) {
@@ -400,6 +414,9 @@ void run_generate(const Options& o) {
     print_json(o, cfg, m.source, device_desc, steps, notices, prompts, m.tok, runs, checks);
   } else {
     print_human(o, m.description, device_desc, steps, prompts, m.tok, runs, checks);
+    for (const auto& r : runs) {
+      if (r.mode == CacheMode::kPaged) print_tiering(o.tiers, r.result.stats);
+    }
   }
   std::fflush(stdout);
   if (!all_ok) {
@@ -505,6 +522,7 @@ void add_generate_command(CLI::App& app) {
                 "fp8_e4m3 and fp8_e5m2 shadow paged caches fed the same q/k/v as the fp32 paged "
                 "cache, reporting the NMSE of their attention outputs (teacher-forced)");
   sub->add_flag("--json", opts->json, "print one JSON object instead of text and tables");
+  add_tier_flags(*sub, opts->tiers);
   sub->callback([opts] { run_generate(*opts); });
 }
 

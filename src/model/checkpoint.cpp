@@ -1,6 +1,7 @@
 #include "model/checkpoint.hpp"
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include <array>
 #include <cerrno>
@@ -251,6 +252,10 @@ LlamaWeights random_weights(const LlamaConfig& config, uint64_t seed) {
   // The legacy RoPE tables stay zero (never read); a separate classifier reads dim-wide input.
   fill(l.wcls, l.total, in_dim);
   return LlamaWeights(config, std::move(data));
+}
+
+uint64_t LlamaWeights::content_hash() const {
+  return XXH3_64bits(data_.data(), data_.size() * sizeof(float));
 }
 
 }  // namespace pagedkv::model

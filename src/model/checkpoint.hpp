@@ -17,6 +17,7 @@
 ///   kv_dim = dim * n_kv_heads / n_heads, head_size = dim / n_heads.
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,11 @@ class LlamaWeights {
   LlamaWeights& operator=(const LlamaWeights&) = delete;
 
   [[nodiscard]] const LlamaConfig& config() const { return config_; }
+  /// Every float of the checkpoint body, in file order (weights_floats(config) of them).
+  [[nodiscard]] std::span<const float> data() const { return data_; }
+  /// XXH3-64 of data()'s bytes: the weights' identity (the tiers' KVFingerprint::model_id),
+  /// equal for the same checkpoint or the same random seed and shape.
+  [[nodiscard]] uint64_t content_hash() const;
 
   const float* token_embedding = nullptr;  ///< [vocab, dim]
   const float* rms_att = nullptr;          ///< [L, dim]

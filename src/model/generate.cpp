@@ -195,6 +195,16 @@ GenerateResult generate(LlamaModel& model, const std::vector<std::vector<TokenId
       model.backend_config(opt.block_size, static_cast<int32_t>(pool.blocks));
   if (mode == CacheMode::kPaged) backend_config.kv_dtype = opt.kv_dtype;
   backend_config.kv_scale_headroom = opt.kv_scale_headroom;
+  if (mode == CacheMode::kPaged) {
+    if ((opt.prefix_caching || opt.tiering.enabled()) && opt.device != Device::kCpu) {
+      throw Error(
+          fmt::format("generate: prefix caching and tiers run with the cpu pool only, "
+                      "not on {}",
+                      device_name(opt.device)));
+    }
+    backend_config.prefix_caching = opt.prefix_caching;
+    backend_config.tiering = opt.tiering;
+  }
   std::unique_ptr<KVBackend> backend = make_kv_backend(mode, backend_config, opt.device);
   const ShadowKVBackend* shadow = nullptr;
   if (!opt.shadow_kv_dtypes.empty()) {
@@ -226,11 +236,16 @@ GenerateResult generate(LlamaModel& model, const std::vector<std::vector<TokenId
     s.prompt_ids = prompts[static_cast<size_t>(i)];
     s.ids = s.prompt_ids;
     samplers.emplace_back(opt.seed, static_cast<uint64_t>(i));
-    backend->add_sequence(i);
+  }
+  const auto t_start = Clock::now();  // onboarding from the tiers is part of the first step
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    auto& s = result.seqs[static_cast<size_t>(i)];
+    s.positions_run = backend->add_prompt(i, s.prompt_ids);
+    st.prompt_tokens += static_cast<int64_t>(s.prompt_ids.size());
+    st.prompt_tokens_cached += s.positions_run;
   }
 
   StepBatch batch;
-  const auto t_start = Clock::now();
   for (bool first = true;; first = false) {
     gather_step(result.seqs, active, backend->caches(), first, batch);
     if (batch.seqs.empty()) break;
@@ -266,7 +281,7 @@ GenerateResult generate(LlamaModel& model, const std::vector<std::vector<TokenId
     }
     const double ms = ms_since(t_step);
     if (first) {
-      st.ttft_ms = ms;
+      st.ttft_ms = ms_since(t_start);
     } else {
       st.tpot_ms.push_back(ms);
     }
@@ -278,6 +293,8 @@ GenerateResult generate(LlamaModel& model, const std::vector<std::vector<TokenId
     st.kv_tokens_in_use += backend->num_tokens(i);
     backend->free_sequence(i);
   }
+  backend->finish();
+  st.tiering = backend->tiering_report();
   if (shadow != nullptr) result.shadow_errors = shadow->errors();
   return result;
 }

@@ -33,6 +33,11 @@ struct GenerateOptions {
   DType kv_dtype = DType::kF32;
   /// Calibration headroom of 8-bit pools (KVCacheConfig::calibration_headroom), shadows included.
   float kv_scale_headroom = 1.0f;
+  /// Paged mode on the CPU: automatic prefix caching across the run's prompts.
+  bool prefix_caching = false;
+  /// Paged mode on the CPU: tiers below the pool and KV events (docs/tiers.md); implies
+  /// prefix caching. The paged run's cached prompt positions are not forwarded (no logits).
+  TieringOptions tiering;
   /// Teacher-forced storage error (kv_shadow.hpp): with the paged mode on the CPU, one shadow
   /// paged cache per dtype here is fed the same q/k/v as the run's cache, and the NMSE of its
   /// attention outputs is reported in GenerateResult::shadow_errors. Empty: none.
@@ -61,7 +66,11 @@ struct RunStats {
   int64_t kv_tokens_in_use = 0;  ///< positions cached at the end, all sequences
   /// What a contiguous cache reserving seq_len positions per sequence up front would take.
   int64_t contiguous_reservation_bytes = 0;
-  int64_t pool_bytes = 0;  ///< paged/none: the page pool allocated; contiguous: 0
+  int64_t pool_bytes = 0;     ///< paged/none: the page pool allocated; contiguous: 0
+  int64_t prompt_tokens = 0;  ///< prompt tokens of every sequence
+  /// Of those, tokens not prefilled: prefix hits in the pool plus blocks onboarded from tiers.
+  int64_t prompt_tokens_cached = 0;
+  TieringReport tiering;  ///< what the tiers did (paged mode with tiers)
 
   [[nodiscard]] double tokens_per_s() const;
   /// Share of the max-length reservation not holding a token: 1 - kv_bytes_in_use / reservation.

@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "core/enum_names.hpp"
-#include "model/paged_backend.hpp"
+#include "model/cpu_paged_backend.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/storage/kv_cache_config.hpp"
 
@@ -26,21 +26,6 @@ void check_step(std::span<const SeqId> seqs, std::span<const int64_t> n_new) {
         fmt::format("kv backend: {} sequences but {} new-token counts", seqs.size(), n_new.size()));
   }
 }
-
-/// The CPU kernels of pagedkv/cpu/attention.hpp, as PagedBackend's attention.
-struct CpuPagedAttention {
-  void decode(const AttentionParams& params, const KVLayerView& cache, const BlockTableView& tables,
-              std::span<const float> q, std::span<float> out) {
-    paged_decode_attention(params, cache, tables, q, out);
-  }
-  void prefill(const AttentionParams& params, const KVLayerView& cache,
-               const BlockTableView& tables, std::span<const int32_t> query_start,
-               std::span<const float> q, std::span<float> out) {
-    paged_prefill_attention(params, cache, tables, query_start, q, out);
-  }
-};
-
-using CpuPagedBackend = detail::PagedBackend<HostKVCache, CpuPagedAttention>;
 
 /// No cache: every step is a full prefill of each sequence's history into a scratch pool that
 /// end_step() empties again, so nothing survives from one step to the next.
@@ -158,6 +143,9 @@ std::unique_ptr<KVBackend> make_kv_backend(CacheMode mode, const KVBackendConfig
   }
   switch (mode) {
     case CacheMode::kPaged:
+      if (config.prefix_caching || config.tiering.enabled()) {
+        return make_prefix_paged_backend(config);
+      }
       return std::make_unique<CpuPagedBackend>(config);
     case CacheMode::kContiguous:
       return std::make_unique<ContiguousBackend>(config);

@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "model/kv_tiering.hpp"
 #include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/metadata/kv_cache_manager.hpp"
 #include "pagedkv/reference/reference_attention.hpp"
@@ -60,6 +61,10 @@ struct KVBackendConfig {
   DType kv_dtype = DType::kF32;
   /// KVCacheConfig::calibration_headroom of the 8-bit pools (>= 1).
   float kv_scale_headroom = 1.0f;
+  /// Paged mode on the CPU: automatic prefix caching (add_prompt() shares published blocks).
+  bool prefix_caching = false;
+  /// Paged mode on the CPU: tiers below the pool and KV events (implies prefix caching).
+  TieringOptions tiering;
 };
 
 /// One forward step's attention for a batch of sequences.
@@ -75,6 +80,15 @@ class KVBackend {
 
   /// Errors: throws pagedkv::Error if `seq` exists.
   virtual void add_sequence(SeqId seq) = 0;
+  /// Registers `seq` with its prompt and returns how many leading prompt tokens are cached
+  /// already (prefix hits in the pool, blocks onboarded from the tiers): the caller forwards
+  /// only the rest. Without prefix caching: add_sequence(seq), 0.
+  /// Errors: throws pagedkv::Error if `seq` exists or the pool cannot hold the hits.
+  virtual int64_t add_prompt(SeqId seq, std::span<const TokenId> prompt) {
+    (void)prompt;
+    add_sequence(seq);
+    return 0;
+  }
   /// Errors: throws pagedkv::Error if `seq` is unknown.
   virtual void free_sequence(SeqId seq) = 0;
   /// Tokens cached for `seq` (0 for none between steps).
@@ -90,7 +104,21 @@ class KVBackend {
   virtual void attend(int32_t layer, std::span<const float> q, std::span<const float> k,
                       std::span<const float> v, std::span<float> out) = 0;
 
+  /// begin_step with the new tokens' ids ([sum n_new], batch order), which a prefix-caching
+  /// backend needs to publish full blocks; the others ignore them.
+  virtual void begin_step_with_tokens(std::span<const SeqId> seqs, std::span<const int64_t> n_new,
+                                      std::span<const TokenId> tokens) {
+    (void)tokens;
+    begin_step(seqs, n_new);
+  }
+
   virtual void end_step() {}
+
+  /// End of a run, after every sequence was freed: the tiers write down what the policy says
+  /// and finish their queued stores. Nothing for the other backends.
+  virtual void finish() {}
+  /// What the tiers did (empty without tiers).
+  [[nodiscard]] virtual TieringReport tiering_report() const { return {}; }
 
   /// K/V bytes held now (paged: blocks in use x block bytes; contiguous: stored tokens; none:
   /// 0 between steps). Units: bytes.

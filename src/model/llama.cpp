@@ -207,7 +207,7 @@ std::span<const float> LlamaModel::forward(KVBackend& backend, const StepInput& 
     std::copy(e, e + dim, b.x + r * dim);
   }
 
-  backend.begin_step(in.seqs, in.n_new);
+  backend.begin_step_with_tokens(in.seqs, in.n_new, in.tokens);
   for (int32_t l = 0; l < c.n_layers; ++l) {
     attention_block(w, l, d, b, backend);
     ffn_block(w, l, d, b);

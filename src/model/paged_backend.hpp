@@ -50,6 +50,17 @@ inline KVCacheConfig storage_config(const KVBackendConfig& c) {
   return s;
 }
 
+/// The block manager of a paged backend: prefix caching (with its event log, which the tiers
+/// follow) when the config asks for it or for tiers.
+inline KVCacheManagerConfig manager_config(const KVBackendConfig& c) {
+  KVCacheManagerConfig m;
+  m.num_blocks = c.num_blocks;
+  m.block_size = c.block_size;
+  m.enable_prefix_caching = c.prefix_caching || c.tiering.enabled();
+  m.enable_events = m.enable_prefix_caching;
+  return m;
+}
+
 /// The paged backends' begin_step bookkeeping: manager.append_slots for every sequence, handing
 /// each non-empty copy-on-write list to `copy_blocks` before the next sequence appends.
 /// Errors: throws pagedkv::Error on a size mismatch or an exhausted pool (naming the counts).
@@ -63,7 +74,7 @@ class PagedBackend : public KVBackend {
  public:
   explicit PagedBackend(const KVBackendConfig& c)
       : params_(attention_params(c)),
-        manager_(KVCacheManagerConfig{c.num_blocks, c.block_size}),
+        manager_(manager_config(c)),
         cache_(storage_config(c)),
         block_bytes_(kv_bytes_for_tokens(c.num_layers, c.num_kv_heads, c.head_dim, c.kv_dtype,
                                          c.block_size)) {}

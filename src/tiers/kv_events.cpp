@@ -1,0 +1,110 @@
+#include "pagedkv/tiers/kv_events.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "pagedkv/error.hpp"
+#include "pagedkv/tiers/redis_tier.hpp"
+
+namespace pagedkv {
+
+std::vector<KVEvent> pool_events(std::span<const KVCacheEvent> events, int32_t block_size,
+                                 std::string_view medium) {
+  std::vector<KVEvent> out;
+  out.reserve(events.size());
+  for (const KVCacheEvent& e : events) {
+    KVEvent k;
+    k.medium = std::string(medium);
+    k.block_hashes = {e.hash};
+    if (e.kind == KVCacheEvent::Kind::kStored) {
+      k.type = KVEvent::Type::kBlockStored;
+      if (e.parent_hash != kRootBlockHash) k.parent_block_hash = e.parent_hash;
+      k.token_ids = e.tokens;
+      k.block_size = block_size;
+    } else {
+      k.type = KVEvent::Type::kBlockRemoved;
+    }
+    out.push_back(std::move(k));
+  }
+  return out;
+}
+
+std::vector<KVEvent> tier_events(std::span<const TierEvent> events, int32_t block_size) {
+  std::vector<KVEvent> out;
+  out.reserve(events.size());
+  for (const TierEvent& e : events) {
+    KVEvent k;
+    k.medium = std::string(tier_medium_name(e.medium));
+    k.block_hashes = {e.hash};
+    if (e.stored) {
+      k.type = KVEvent::Type::kBlockStored;
+      if (e.parent_hash != kRootBlockHash) k.parent_block_hash = e.parent_hash;
+      k.token_ids = e.tokens;
+      k.block_size = block_size;
+    } else {
+      k.type = KVEvent::Type::kBlockRemoved;
+    }
+    out.push_back(std::move(k));
+  }
+  return out;
+}
+
+namespace {
+
+nlohmann::json event_json(const KVEvent& e) {
+  switch (e.type) {
+    case KVEvent::Type::kBlockStored:
+      return {{"type", "BlockStored"},
+              {"block_hashes", e.block_hashes},
+              {"parent_block_hash", e.parent_block_hash ? nlohmann::json(*e.parent_block_hash)
+                                                        : nlohmann::json(nullptr)},
+              {"token_ids", e.token_ids},
+              {"block_size", e.block_size},
+              {"lora_id", nullptr},
+              {"medium", e.medium}};
+    case KVEvent::Type::kBlockRemoved:
+      return {{"type", "BlockRemoved"}, {"block_hashes", e.block_hashes}, {"medium", e.medium}};
+    case KVEvent::Type::kAllBlocksCleared:
+      return {{"type", "AllBlocksCleared"}};
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string kv_event_batch_json(double ts, std::span<const KVEvent> events) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const KVEvent& e : events) list.push_back(event_json(e));
+  return nlohmann::json{{"ts", ts}, {"events", std::move(list)}, {"data_parallel_rank", nullptr}}
+      .dump();
+}
+
+KVEventPublisher::KVEventPublisher(const std::string& path) {
+  if (path == "-") {
+    out_ = stdout;
+    return;
+  }
+  out_ = std::fopen(path.c_str(), "a");
+  if (out_ == nullptr) {
+    throw Error(fmt::format("KV events: cannot open '{}' for appending", path));
+  }
+  owned_ = true;
+}
+
+KVEventPublisher::~KVEventPublisher() {
+  if (owned_) std::fclose(out_);
+}
+
+void KVEventPublisher::publish(std::span<const KVEvent> events) {
+  if (events.empty()) return;
+  const double ts =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const std::string line = kv_event_batch_json(ts, events);
+  if (std::fprintf(out_, "%s\n", line.c_str()) < 0 || std::fflush(out_) != 0) ++failures_;
+  if (stream_ != nullptr && !stream_->xadd("batch", line)) ++failures_;
+  ++batches_;
+}
+
+}  // namespace pagedkv
