@@ -66,6 +66,19 @@ add_test(NAME cli.replay.sharing_timed_groups
           --sharing parallel-2 --json --no-progress)
 set_tests_properties(cli.replay.sharing_timed_groups PROPERTIES LABELS "cli;sim"
   PASS_REGULAR_EXPRESSION "\"generated_tokens\": 12,.*\"generated_tokens\": 12,")
+# Tiers below the pool, the hand-worked case of tests/sim/test_replay_tiers.cpp with
+# stories260K (1280 bytes per token): a pool of 9 blocks of 16 (184320 bytes), a host tier of
+# 8 blocks (163840 bytes); r1 evicts r0's prefix, r2 repeats it and loads (128 - 1) / 16 = 7
+# blocks, 112 tokens, from the host tier.
+file(WRITE ${_fx}/evicted_prefix.jsonl
+  "{\"timestamp\": 0, \"input_length\": 128, \"output_length\": 1, \"hash_ids\": [1]}\n"
+  "{\"timestamp\": 1000, \"input_length\": 128, \"output_length\": 1, \"hash_ids\": [2]}\n"
+  "{\"timestamp\": 2000, \"input_length\": 128, \"output_length\": 1, \"hash_ids\": [1]}\n")
+add_test(NAME cli.replay.host_tier_hand_worked
+  COMMAND pagedkv_cli replay --trace ${_fx}/evicted_prefix.jsonl --preset stories260k
+          --kv-memory 184320 --strategies prefix-16 --tier-host 163840 --no-progress)
+set_tests_properties(cli.replay.host_tier_hand_worked PROPERTIES LABELS "cli;sim"
+  PASS_REGULAR_EXPRESSION "\\| prefix-16 \\| pool \\| 9 \\| 0 \\|.*\\| prefix-16 \\| host \\| 8 \\| 112 \\| 0.292 \\| 16 \\| 8 \\|")
 add_test(NAME cli.replay.json
   COMMAND pagedkv_cli replay --trace ${_fx}/good.csv --preset stories260k --kv-memory 1MiB
           --strategies paged-16 --json)

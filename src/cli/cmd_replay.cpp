@@ -80,7 +80,10 @@ struct Options {
   std::vector<int32_t> parallel_samples;  // sharing workloads (replay_sharing.hpp)
   std::vector<int32_t> beam_widths;
   uint64_t beam_seed = 1;
-  std::string sharing;  // timed replay of sharing groups: parallel-N or beam-N
+  std::string sharing;               // timed replay of sharing groups: parallel-N or beam-N
+  std::string tier_host, tier_disk;  // tiers below the pool (sizes), none when empty
+  double tier_disk_gbps = 5.0;
+  std::string tier_write = "on-eviction";
   bool strict = false;
   bool json = false;
   std::string svg_path;
@@ -130,6 +133,23 @@ void set_time_model(const Options& o, const sim::ModelPreset& model, sim::Replay
                                                       : sim::host_link_bandwidth("pcie4");
 }
 
+/// --tier-host / --tier-disk / --tier-write into the config (after set_time_model: host-tier
+/// loads cross the host link). Prefix strategies use them; without one they change nothing.
+void set_tiers(const Options& o, sim::ReplayConfig& config) {
+  if (!o.tier_host.empty()) {
+    config.tiers.push_back({.name = "host",
+                            .bytes = sim::parse_bytes(o.tier_host),
+                            .load_bytes_per_s = config.host_link_bytes_per_s});
+  }
+  if (!o.tier_disk.empty()) {
+    config.tiers.push_back({.name = "disk",
+                            .bytes = sim::parse_bytes(o.tier_disk),
+                            .load_bytes_per_s = o.tier_disk_gbps * 1e9});
+  }
+  config.tier_write =
+      o.tier_write == "write-through" ? sim::TierWrite::kWriteThrough : sim::TierWrite::kOnEviction;
+}
+
 /// "step 25 ms (constant)" or "roofline step time on NVIDIA H200 SXM 141GB (...)".
 std::string time_model_text(const Options& o, const sim::ReplayConfig& config) {
   std::string text =
@@ -140,6 +160,11 @@ std::string time_model_text(const Options& o, const sim::ReplayConfig& config) {
                         o.step_overhead_ms);
   if (config.preemption == sim::Preemption::kSwap) {
     text += fmt::format("; swap preemption over {:.0f} GB/s", config.host_link_bytes_per_s / 1e9);
+  }
+  for (const sim::ReplayTier& t : config.tiers) {
+    text += fmt::format("; {} tier {} ({:.0f} GB/s loads, {})", t.name,
+                        sim::format_bytes(static_cast<double>(t.bytes)), t.load_bytes_per_s / 1e9,
+                        o.tier_write);
   }
   if (config.group_width > 1) {
     text += fmt::format("; every request {} {}", config.group_width,
@@ -214,6 +239,7 @@ void run_replay(const Options& o) {
   config.watermark = o.watermark;
   config.rate_scale = o.rate_scale;
   set_time_model(o, model, config);
+  set_tiers(o, config);
   if (!o.sharing.empty()) apply_sharing(o.sharing, config);
   config.beam_seed = o.beam_seed;
   sim::validate(config);
@@ -307,7 +333,28 @@ void run_replay(const Options& o) {
     }
   }
   fmt::print("\n{}", sim::format_replay_table(results));
+  if (const std::string tiers = sim::format_tier_table(results); !tiers.empty()) {
+    fmt::print("\nprompt tokens found per tier (prefix strategies):\n\n{}", tiers);
+  }
   if (!o.svg_path.empty()) fmt::print("\nplot: {}\n", o.svg_path);
+}
+
+/// --tier-host, --tier-disk, --tier-disk-gbps, --tier-write (set_tiers reads them).
+void add_tier_flags(CLI::App& sub, Options& o) {
+  sub.add_option("--tier-host", o.tier_host,
+                 "prefix strategies: a host-memory tier below the pool of this size (e.g. "
+                 "64GiB); evicted cached blocks go there and are loaded back over the host link "
+                 "instead of prefilled (docs/tiers.md)");
+  sub.add_option("--tier-disk", o.tier_disk,
+                 "prefix strategies: a local-disk tier of this size (e.g. 1TiB), after the "
+                 "host tier");
+  sub.add_option("--tier-disk-gbps", o.tier_disk_gbps, "disk tier read bandwidth, GB/s")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-3, 1e4));
+  sub.add_option("--tier-write", o.tier_write,
+                 "when cached blocks go down to the tiers: on-eviction or write-through")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on-eviction", "write-through"}));
 }
 
 }  // namespace
@@ -361,6 +408,7 @@ void add_replay_command(CLI::App& app) {
                   "swap bandwidth: pcie4 (25 GB/s) or pcie5 (50 GB/s); default the "
                   "--hardware preset's, else pcie4")
       ->check(CLI::IsMember({"pcie4", "pcie5"}));
+  add_tier_flags(*sub, *opts);
   sub->add_option("--max-batch-tokens", opts->max_batch_tokens,
                   "tokens (prefill chunks + decodes) per step")
       ->capture_default_str()

@@ -273,7 +273,7 @@ class Scheduler {
   bool arrived(size_t i) const {
     return constant_model() ? arrival_step(i) <= step_ : arrival_ms(i) <= now_ms_;
   }
-  /// The current step's length: constant or roofline, plus its swap copies.
+  /// The current step's length: constant or roofline, plus its swap copies and tier loads.
   double step_duration_ms() const {
     const double compute =
         constant_model() ? config_.step_ms : step_time(*config_.roofline, work_).total_ms;
@@ -420,6 +420,10 @@ class Scheduler {
         delays_.push_back(step_ - r.arrival_step);
         res_.prompt_tokens += r.prompt;
       }
+      // Blocks onboarded from the tiers lengthen the step as swap copies do (their time is
+      // ReplayTierResult::load_seconds, not swap_seconds).
+      step_swap_ms_ += r.load_ms;
+      r.load_ms = 0;
       if (r.swapped) {  // swap-in: what the prefix cache did not supply comes back from host
         r.swapped = false;
         charge_swap(r.target - r.computed);
@@ -514,6 +518,13 @@ void validate(const ReplayConfig& c) {
   PAGEDKV_CHECK(c.group_width == 1 || c.preemption == Preemption::kRecompute,
                 "replay: sharing groups (width {}) support recompute preemption only",
                 c.group_width);
+  for (const ReplayTier& t : c.tiers) {
+    PAGEDKV_CHECK(t.bytes >= 0, "replay: tier '{}' size must be >= 0 bytes, got {}", t.name,
+                  t.bytes);
+    PAGEDKV_CHECK(t.load_bytes_per_s > 0 && std::isfinite(t.load_bytes_per_s),
+                  "replay: tier '{}' load bandwidth must be > 0 bytes/s, got {}", t.name,
+                  t.load_bytes_per_s);
+  }
   if (c.roofline) validate(*c.roofline);
 }
 

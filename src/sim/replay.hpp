@@ -60,6 +60,7 @@
 #include "sim/sharing.hpp"
 #include "sim/step_time.hpp"
 #include "sim/strategy.hpp"
+#include "sim/tier_sim.hpp"
 #include "sim/trace.hpp"
 
 namespace pagedkv::sim {
@@ -96,6 +97,12 @@ struct ReplayConfig {
   int32_t group_width = 1;
   SharingMode group_mode = SharingMode::kParallelSampling;
   uint64_t beam_seed = 1;  ///< beam search: the survivor choice (seeded_beam_chooser)
+  /// Tiers below the pool, nearest first (tier_sim.hpp), for prefix-<bs> strategies only (the
+  /// others ignore them): cached blocks are written down per `tier_write`, and a prompt's
+  /// blocks that miss in the pool but are found in a tier are loaded (onboarded) instead of
+  /// prefilled; the load time lengthens the admitting step, as swap copies do.
+  std::vector<ReplayTier> tiers;
+  TierWrite tier_write = TierWrite::kOnEviction;
 };
 
 /// Checks every field. Errors: throws pagedkv::Error naming the field and value.
@@ -148,6 +155,9 @@ struct ReplayResult {
   int64_t prefix_hit_tokens = 0;
   double prefix_hit_rate = 0;
   int64_t prefix_evictions = 0;
+  /// Tiers (ReplayConfig::tiers; empty without): per tier, nearest first. Prompt tokens served
+  /// from the pool are prefix_hit_tokens, from the tiers the sum of their hit_tokens.
+  std::vector<ReplayTierResult> tiers;
   /// Latency and throughput in simulated time (a token is delivered at the end of the step
   /// that computed it). TTFT: arrival to the first output token (to the end of
   /// the prefill for output 0); TPOT: (end-to-end - TTFT) / (output - 1), requests with output

@@ -8,6 +8,7 @@
 
 #include "core/check.hpp"
 #include "pagedkv/metadata/kv_cache_manager.hpp"
+#include "pagedkv/metadata/prefix_cache.hpp"
 
 namespace pagedkv::sim {
 
@@ -113,10 +114,14 @@ class PagedPool final : public Pool {
                                  .block_size = block_size,
                                  .enable_prefix_caching = prefix,
                                  .watermark = config.watermark,
-                                 .max_model_len = reachable_len(config, num_blocks, block_size)}),
+                                 .max_model_len = reachable_len(config, num_blocks, block_size),
+                                 .enable_events = prefix && !config.tiers.empty()}),
         width_(config.group_width),
         mode_(config.group_mode),
-        chooser_(seeded_beam_chooser(config.beam_seed, config.group_width)) {}
+        chooser_(seeded_beam_chooser(config.beam_seed, config.group_width)),
+        tiers_(prefix ? config.tiers : std::vector<ReplayTier>{},
+               config.kv_bytes_per_token * block_size, block_size),
+        tier_write_(config.tier_write) {}
 
   Admit admit(Active& r, bool /*alone*/) override {
     // A request that could not finish even alone (above the watermark) would be preempted by
@@ -150,8 +155,10 @@ class PagedPool final : public Pool {
     PAGEDKV_CHECK(added.has_value(), "replay: add_sequence failed after can_add_sequence kOk");
     r.cached = r.target;
     r.computed = added->num_computed_tokens;
+    if (!tiers_.empty() && !r.swapped) onboard(r);
     scratch_index_ = kNoRequest;
     waste_ += waste(r.cached);
+    sync_tiers();
     return Admit::kOk;
   }
 
@@ -167,6 +174,7 @@ class PagedPool final : public Pool {
     }
     if (!appended) return false;
     waste_ += waste(r.cached + 1) - waste(r.cached);
+    sync_tiers();
     return true;
   }
 
@@ -174,9 +182,10 @@ class PagedPool final : public Pool {
     const auto g = groups_.find(r.index);
     if (g == groups_.end()) {
       manager_.commit(seq(r), r.computed);
-      return;
+    } else {
+      for (SeqId m : g->second) manager_.commit(m, r.computed);
     }
-    for (SeqId m : g->second) manager_.commit(m, r.computed);
+    sync_tiers();
   }
 
   void release(Active& r) override {
@@ -213,6 +222,7 @@ class PagedPool final : public Pool {
     res.prefix_hit_tokens = st.prefix_hit_tokens;
     res.prefix_hit_rate = st.prefix_hit_rate();
     res.prefix_evictions = st.prefix_evictions;
+    res.tiers = tiers_.results();
     PAGEDKV_CHECK(st.preemptions == res.preemptions,
                   "replay: manager counted {} preemptions, scheduler {}", st.preemptions,
                   res.preemptions);
@@ -241,6 +251,8 @@ class PagedPool final : public Pool {
     return full + width_ * (total - full + 1);
   }
   bool append_group(Active& r);
+  void onboard(Active& r);
+  void sync_tiers();
 
   const Trace& trace_;
   int32_t vocab_size_;
@@ -260,7 +272,42 @@ class PagedPool final : public Pool {
   // every trace index.
   std::unordered_map<size_t, std::vector<SeqId>> groups_;
   SeqId next_member_ = SeqId{1} << 40;
+  TierStack tiers_;  // empty without tiers (or without prefix caching)
+  TierWrite tier_write_;
+  std::vector<BlockHash> chain_;  // onboard(): the prompt's block keys
 };
+
+// The prompt's full blocks past the pool's hit, from the tiers: at most up to the last full
+// block before the final prompt token (which is always computed, as the manager's own hit is
+// capped), loaded into the blocks add_sequence just allocated. The scheduler charges r.load_ms.
+void PagedPool::onboard(Active& r) {
+  const int64_t hit_blocks = r.computed / block_size_;
+  const int64_t max_blocks = (r.target - 1) / block_size_;
+  if (r.computed % block_size_ != 0 || hit_blocks >= max_blocks) return;
+  chain_.clear();
+  BlockHash parent = kRootBlockHash;
+  for (int64_t b = 0; b < max_blocks; ++b) {
+    const auto tokens = std::span<const TokenId>(scratch_).subspan(
+        static_cast<size_t>(b * block_size_), static_cast<size_t>(block_size_));
+    parent = block_hash(parent, tokens, 0);
+    chain_.push_back(parent);
+  }
+  const int64_t loaded =
+      tiers_.load(chain_, static_cast<size_t>(hit_blocks), max_blocks - hit_blocks, r.load_ms);
+  r.computed += loaded * block_size_;
+}
+
+// Blocks the pool published or let go since the last call go down to the tiers, per the
+// write policy.
+void PagedPool::sync_tiers() {
+  if (tiers_.empty()) return;
+  for (const KVCacheEvent& e : manager_.take_events()) {
+    const bool write = tier_write_ == TierWrite::kWriteThrough
+                           ? e.kind == KVCacheEvent::Kind::kStored
+                           : e.kind != KVCacheEvent::Kind::kStored;
+    if (write) tiers_.store(e.hash);
+  }
+}
 
 // One decode token for every member of r's group: the first decode (or the first after a
 // recompute) forks the sequence into width members; a beam step forks each beam once per
@@ -300,6 +347,7 @@ bool PagedPool::append_group(Active& r) {
   }
   waste_ += width_ * waste(r.cached + 1) - int64_t{r.members} * waste(r.cached);
   r.members = width_;
+  sync_tiers();
   return true;
 }
 

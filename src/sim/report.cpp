@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -54,6 +55,62 @@ std::string format_replay_table(std::span<const ReplayResult> results) {
   return out;
 }
 
+std::string format_tier_table(std::span<const ReplayResult> results) {
+  std::string out;
+  for (const ReplayResult& r : results) {
+    if (r.tiers.empty()) continue;
+    if (out.empty()) {
+      out =
+          "| strategy | tier | capacity blocks | hit tokens | share of looked-up tokens | stored "
+          "blocks | evicted blocks | load s |\n"
+          "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+    }
+    const double looked_up = static_cast<double>(std::max<int64_t>(r.prefix_query_tokens, 1));
+    int64_t saved = r.prefix_hit_tokens;
+    out += fmt::format("| {} | pool | {} | {} | {:.3f} | | {} | |\n", r.strategy, r.num_blocks,
+                       r.prefix_hit_tokens, static_cast<double>(r.prefix_hit_tokens) / looked_up,
+                       r.prefix_evictions);
+    for (const ReplayTierResult& t : r.tiers) {
+      saved += t.hit_tokens;
+      out += fmt::format("| {} | {} | {} | {} | {:.3f} | {} | {} | {:.2f} |\n", r.strategy, t.name,
+                         t.capacity_blocks, t.hit_tokens,
+                         static_cast<double>(t.hit_tokens) / looked_up, t.stored_blocks,
+                         t.evicted_blocks, t.load_seconds);
+    }
+    out += fmt::format("| {} | all | | {} | {:.3f} | | | |\n", r.strategy, saved,
+                       static_cast<double>(saved) / looked_up);
+  }
+  return out;
+}
+
+namespace {
+
+/// ReplayConfig::tiers as JSON.
+nlohmann::json tiers_json(const std::vector<ReplayTier>& tiers) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const ReplayTier& t : tiers) {
+    out.push_back({{"name", t.name}, {"bytes", t.bytes}, {"load_bytes_per_s", t.load_bytes_per_s}});
+  }
+  return out;
+}
+
+/// ReplayResult::tiers as JSON.
+nlohmann::json tiers_json(const std::vector<ReplayTierResult>& tiers) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const ReplayTierResult& t : tiers) {
+    out.push_back({{"name", t.name},
+                   {"capacity_blocks", t.capacity_blocks},
+                   {"stored_blocks", t.stored_blocks},
+                   {"evicted_blocks", t.evicted_blocks},
+                   {"hit_blocks", t.hit_blocks},
+                   {"hit_tokens", t.hit_tokens},
+                   {"load_seconds", t.load_seconds}});
+  }
+  return out;
+}
+
+}  // namespace
+
 nlohmann::json replay_to_json(const Trace& trace, const ModelPreset& model,
                               const ReplayConfig& config, std::span<const ReplayResult> results,
                               bool with_series) {
@@ -78,6 +135,11 @@ nlohmann::json replay_to_json(const Trace& trace, const ModelPreset& model,
       {"host_link_bytes_per_s", config.host_link_bytes_per_s},
       {"group_width", config.group_width},
       {"group_mode", config.group_mode == SharingMode::kBeamSearch ? "beam" : "parallel"}};
+  if (!config.tiers.empty()) {
+    j["config"]["tiers"] = tiers_json(config.tiers);
+    j["config"]["tier_write"] =
+        config.tier_write == TierWrite::kWriteThrough ? "write-through" : "on-eviction";
+  }
   if (config.roofline) {
     const RooflineModel& m = *config.roofline;
     j["config"]["roofline"] = {{"weight_bytes", m.weight_bytes},
@@ -139,6 +201,7 @@ nlohmann::json replay_to_json(const Trace& trace, const ModelPreset& model,
               {"throughput_rps", r.throughput_rps},
               {"output_tokens_per_s", r.output_tokens_per_s},
               {"wall_seconds", r.wall_seconds}};
+    if (!r.tiers.empty()) s["tiers"] = tiers_json(r.tiers);
     if (with_series) {
       json series = json::array();
       for (const SeriesPoint& p : r.series) {

@@ -23,6 +23,12 @@ namespace pagedkv::sim {
 /// p99 (steps), prefix hit rate, completed and rejected requests, simulated steps, wall time.
 [[nodiscard]] std::string format_replay_table(std::span<const ReplayResult> results);
 
+/// Markdown table of where prompt tokens were found, for the results that ran with tiers
+/// (ReplayConfig::tiers): per strategy a pool row (prefix hits), one row per tier (capacity,
+/// hit tokens, their share of the prompt tokens looked up, blocks stored and evicted, load
+/// time in s) and an "all" row (prefill tokens saved). Empty when no result has tiers.
+[[nodiscard]] std::string format_tier_table(std::span<const ReplayResult> results);
+
 /// Everything about a run as JSON: model, config, trace summary, one object per strategy (every
 /// ReplayResult field; the time series only when with_series).
 [[nodiscard]] nlohmann::json replay_to_json(const Trace& trace, const ModelPreset& model,

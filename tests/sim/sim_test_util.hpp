@@ -9,10 +9,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <filesystem>
+#include <vector>
 
 #include "common/test_files.hpp"
 #include "sim/replay.hpp"
+#include "sim/trace.hpp"
 
 namespace pagedkv::sim::testing {
 
@@ -36,6 +39,36 @@ inline ReplayConfig one_byte_per_token(int64_t capacity_tokens) {
   c.max_seqs = 256;
   c.watermark = 0.0;
   return c;
+}
+
+/// One request of a hand-written trace.
+struct Req {
+  double t_ms;
+  int64_t prompt;
+  int64_t output;
+  std::vector<int64_t> hashes = {};
+};
+
+/// A trace from rows (arrival ms, prompt, output, hash ids) with `hash_block_tokens` per hash
+/// id (0 = none), source "hand".
+inline Trace make_trace(const std::vector<Req>& reqs, int64_t hash_block_tokens = 0) {
+  Trace t;
+  t.source = "hand";
+  t.hash_block_tokens = hash_block_tokens;
+  int64_t line = 1;
+  for (const Req& r : reqs) {
+    TraceRequest q;
+    q.arrival_ms = r.t_ms;
+    q.prompt_tokens = r.prompt;
+    q.output_tokens = r.output;
+    q.line = line++;
+    q.hash_begin = static_cast<uint32_t>(t.hash_ids.size());
+    q.hash_count = static_cast<uint32_t>(r.hashes.size());
+    t.hash_ids.insert(t.hash_ids.end(), r.hashes.begin(), r.hashes.end());
+    t.requests.push_back(q);
+  }
+  t.rows_read = line - 1;
+  return t;
 }
 
 }  // namespace pagedkv::sim::testing

@@ -18,32 +18,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using testing::one_byte_per_token;  // budgets and times in a test read as counts
 
-struct Req {
-  double t_ms;
-  int64_t prompt;
-  int64_t output;
-  std::vector<int64_t> hashes = {};
-};
-
-Trace make_trace(const std::vector<Req>& reqs, int64_t hash_block_tokens = 0) {
-  Trace t;
-  t.source = "hand";
-  t.hash_block_tokens = hash_block_tokens;
-  int64_t line = 1;
-  for (const Req& r : reqs) {
-    TraceRequest q;
-    q.arrival_ms = r.t_ms;
-    q.prompt_tokens = r.prompt;
-    q.output_tokens = r.output;
-    q.line = line++;
-    q.hash_begin = static_cast<uint32_t>(t.hash_ids.size());
-    q.hash_count = static_cast<uint32_t>(r.hashes.size());
-    t.hash_ids.insert(t.hash_ids.end(), r.hashes.begin(), r.hashes.end());
-    t.requests.push_back(q);
-  }
-  t.rows_read = line - 1;
-  return t;
-}
+using testing::make_trace;
 
 void expect_conservation(const ReplayResult& r) {
   EXPECT_EQ(r.completed + r.rejected_too_long + r.rejected_too_large, r.requests);

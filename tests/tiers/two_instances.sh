@@ -79,6 +79,9 @@ redis=(--tier-redis "127.0.0.1:$port")
   fail "redis instance A"
 keys=$(redis-cli -p "$port" --scan --pattern 'pagedkv:v1:*' | wc -l)
 [ "$keys" -gt 0 ] || fail "instance A stored no key"
+# A's fingerprint (keys are pagedkv:v1:<fingerprint>:<block hash>): the fp16 instance below
+# stores the same block hashes under its own.
+fingerprint=$(redis-cli -p "$port" --scan --pattern 'pagedkv:v1:*' | head -1 | cut -d: -f3)
 grep -q '"type":"BlockStored"' events_a.jsonl || fail "no BlockStored event"
 grep -q '"medium":"REDIS"' events_a.jsonl || fail "no event names the REDIS medium"
 # B runs all three caches: the paged one, with its prefix onboarded, agrees with the others.
@@ -106,8 +109,8 @@ for line in open(sys.argv[1]):
     for e in json.loads(line)['events']:
         if e['type'] == 'BlockStored' and e['medium'] == 'REDIS' and e['parent_block_hash'] is None:
             print('%016x' % e['block_hashes'][0]); sys.exit(0)" events_a.jsonl)
-key=$(redis-cli -p "$port" --scan --pattern "pagedkv:v1:*:$first" | head -1)
-[ -n "$key" ] || fail "no key for the first block $first"
+key="pagedkv:v1:$fingerprint:$first"
+[ "$(redis-cli -p "$port" exists "$key")" = 1 ] || fail "no key $key for the first block"
 redis-cli -p "$port" set "$key" "not a block record" > /dev/null
 "$cli" generate "${common[@]}" --cache paged "${redis[@]}" > corrupt.json || fail "corrupt run"
 refused=$(field corrupt.json "j['modes'][0]['prefix_cache']['refused_records']")
