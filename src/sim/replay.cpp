@@ -205,7 +205,10 @@ class Scheduler {
       step_ms_ = step_duration_ms();
       // The step's forward pass: what each running request computed now holds K/V, and only
       // now may a later prompt share it (a request admitted in this same step may not).
-      for (const Active& r : running_) pool_->commit(r);
+      // (A request whose tier load ends after this step publishes once it has.)
+      for (const Active& r : running_) {
+        if (r.ready_ms <= now_ms_ + step_ms_) pool_->commit(r);
+      }
       PAGEDKV_CHECK(!running_.empty() || waiting_.empty(),
                     "replay: internal error: nothing runs at step {} but {} requests wait", step_,
                     waiting_.size());
@@ -273,7 +276,7 @@ class Scheduler {
   bool arrived(size_t i) const {
     return constant_model() ? arrival_step(i) <= step_ : arrival_ms(i) <= now_ms_;
   }
-  /// The current step's length: constant or roofline, plus its swap copies and tier loads.
+  /// The current step's length: constant or roofline, plus its swap copies.
   double step_duration_ms() const {
     const double compute =
         constant_model() ? config_.step_ms : step_time(*config_.roofline, work_).total_ms;
@@ -353,6 +356,7 @@ class Scheduler {
   /// 2. Running requests, oldest first: the next prefill chunk or one decode token.
   void run_running(int64_t& budget) {
     for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+      if (loading(running_[i])) continue;
       if (running_[i].computed < running_[i].target) {
         const int64_t n = std::min(running_[i].target - running_[i].computed, budget);
         work_.add(running_[i].computed, n);
@@ -396,6 +400,7 @@ class Scheduler {
       res_.recomputed_tokens += v.computed;
     }
     v.target = v.prompt + v.generated;
+    v.ready_ms = 0;
     v.members = 1;  // a group comes back as one sequence and forks again at its next decode
     v.cached = 0;
     v.computed = 0;
@@ -420,16 +425,20 @@ class Scheduler {
         delays_.push_back(step_ - r.arrival_step);
         res_.prompt_tokens += r.prompt;
       }
-      // Blocks onboarded from the tiers lengthen the step as swap copies do (their time is
-      // ReplayTierResult::load_seconds, not swap_seconds).
-      step_swap_ms_ += r.load_ms;
-      r.load_ms = 0;
+      if (r.load_ms > 0) {
+        // Blocks onboarded from the tiers load asynchronously (vLLM's KV connector: the request
+        // waits for its KV while the batch runs on): loads queue on one load link, and the
+        // request computes from the first step after its load completed.
+        load_free_ms_ = std::max(load_free_ms_, now_ms_) + r.load_ms;
+        r.ready_ms = load_free_ms_;
+        r.load_ms = 0;
+      }
       if (r.swapped) {  // swap-in: what the prefix cache did not supply comes back from host
         r.swapped = false;
         charge_swap(r.target - r.computed);
         r.computed = r.target;
       }
-      const int64_t n = std::min(r.target - r.computed, budget);
+      const int64_t n = loading(r) ? 0 : std::min(r.target - r.computed, budget);
       work_.add(r.computed, n);
       r.computed += n;
       budget -= n;
@@ -438,6 +447,9 @@ class Scheduler {
       waiting_.pop_front();
     }
   }
+
+  /// Whether r's blocks from the tiers are still loading at the start of this step.
+  bool loading(const Active& r) const { return r.ready_ms > now_ms_; }
 
   void charge_swap(int64_t positions) {
     const double ms = swap_ms(positions);
@@ -482,6 +494,7 @@ class Scheduler {
   double now_ms_ = 0;        ///< start of the current step, simulated ms
   double step_ms_ = 0;       ///< length of the current step, ms
   double extra_ms_ = 0;      ///< swap time so far (constant model: shifts the step grid), ms
+  double load_free_ms_ = 0;  ///< when the tier load link is free again, ms
   double step_swap_ms_ = 0;  ///< swap copies of the current step, ms
   double swap_ms_total_ = 0;
   double busy_ms_ = 0;  ///< time in steps that ran something, ms

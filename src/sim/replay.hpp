@@ -100,7 +100,9 @@ struct ReplayConfig {
   /// Tiers below the pool, nearest first (tier_sim.hpp), for prefix-<bs> strategies only (the
   /// others ignore them): cached blocks are written down per `tier_write`, and a prompt's
   /// blocks that miss in the pool but are found in a tier are loaded (onboarded) instead of
-  /// prefilled; the load time lengthens the admitting step, as swap copies do.
+  /// prefilled. Loads are asynchronous: they queue on one load link (each block takes block
+  /// bytes / the tier's load bandwidth), the request holds its blocks meanwhile and computes,
+  /// and publishes its blocks, only once its load completed; the batch runs on.
   std::vector<ReplayTier> tiers;
   TierWrite tier_write = TierWrite::kOnEviction;
 };

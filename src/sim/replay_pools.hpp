@@ -35,7 +35,8 @@ struct Active {
   int32_t members = 1;         // sequences holding `cached` positions each (a sharing group)
   bool swapped = false;        // swap preemption: its K/V wait in host memory
   double first_token_ms = -1;  // end of the step that delivered the first output token, ms
-  double load_ms = 0;  // admission: time of the blocks just loaded from the tiers (charged once)
+  double load_ms = 0;          // admission: time of the blocks just loaded from the tiers
+  double ready_ms = 0;         // tier loads done: the request computes from the first step after it
 };
 
 /// A memory strategy: admission, decode growth and release of requests' KV positions. Tracks
