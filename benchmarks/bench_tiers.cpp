@@ -59,19 +59,24 @@ std::unique_ptr<KVTier> make_tier(int tier, int64_t value_bytes, std::string* wh
   }
 }
 
-void BM_TierStore(benchmark::State& state) {
-  const auto bytes = static_cast<size_t>(state.range(1));
+// The tier of state.range(0) for values of state.range(1) bytes, or empty after skipping the
+// benchmark with the reason (no Redis address, or a tier that failed to open).
+std::unique_ptr<KVTier> open_tier(benchmark::State& state) {
   std::string why;
   std::unique_ptr<KVTier> tier;
   try {
-    tier = make_tier(static_cast<int>(state.range(0)), static_cast<int64_t>(bytes), &why);
+    tier = make_tier(static_cast<int>(state.range(0)), state.range(1), &why);
   } catch (const std::exception& e) {
     why = e.what();
   }
-  if (!tier) {
-    state.SkipWithError(why.c_str());
-    return;
-  }
+  if (!tier) state.SkipWithError(why.c_str());
+  return tier;
+}
+
+void BM_TierStore(benchmark::State& state) {
+  const auto bytes = static_cast<size_t>(state.range(1));
+  const std::unique_ptr<KVTier> tier = open_tier(state);
+  if (!tier) return;
   const std::vector<std::byte> value = value_of(bytes);
   for (auto _ : state) {
     for (int i = 0; i < kRecords; ++i) {
@@ -88,17 +93,8 @@ void BM_TierStore(benchmark::State& state) {
 
 void BM_TierLoad(benchmark::State& state) {
   const auto bytes = static_cast<size_t>(state.range(1));
-  std::string why;
-  std::unique_ptr<KVTier> tier;
-  try {
-    tier = make_tier(static_cast<int>(state.range(0)), static_cast<int64_t>(bytes), &why);
-  } catch (const std::exception& e) {
-    why = e.what();
-  }
-  if (!tier) {
-    state.SkipWithError(why.c_str());
-    return;
-  }
+  const std::unique_ptr<KVTier> tier = open_tier(state);
+  if (!tier) return;
   const std::vector<std::byte> value = value_of(bytes);
   for (int i = 0; i < kRecords; ++i) (void)tier->put(key_of(i), value);
   for (auto _ : state) {

@@ -10,23 +10,34 @@
 
 namespace pagedkv {
 
+namespace {
+
+// One vLLM event for a block that was stored (with its parent and tokens) or removed.
+KVEvent block_event(std::string medium, bool stored, BlockHash hash, BlockHash parent_hash,
+                    const std::vector<TokenId>& tokens, int32_t block_size) {
+  KVEvent k;
+  k.medium = std::move(medium);
+  k.block_hashes = {hash};
+  if (stored) {
+    k.type = KVEvent::Type::kBlockStored;
+    if (parent_hash != kRootBlockHash) k.parent_block_hash = parent_hash;
+    k.token_ids = tokens;
+    k.block_size = block_size;
+  } else {
+    k.type = KVEvent::Type::kBlockRemoved;
+  }
+  return k;
+}
+
+}  // namespace
+
 std::vector<KVEvent> pool_events(std::span<const KVCacheEvent> events, int32_t block_size,
                                  std::string_view medium) {
   std::vector<KVEvent> out;
   out.reserve(events.size());
   for (const KVCacheEvent& e : events) {
-    KVEvent k;
-    k.medium = std::string(medium);
-    k.block_hashes = {e.hash};
-    if (e.kind == KVCacheEvent::Kind::kStored) {
-      k.type = KVEvent::Type::kBlockStored;
-      if (e.parent_hash != kRootBlockHash) k.parent_block_hash = e.parent_hash;
-      k.token_ids = e.tokens;
-      k.block_size = block_size;
-    } else {
-      k.type = KVEvent::Type::kBlockRemoved;
-    }
-    out.push_back(std::move(k));
+    out.push_back(block_event(std::string(medium), e.kind == KVCacheEvent::Kind::kStored, e.hash,
+                              e.parent_hash, e.tokens, block_size));
   }
   return out;
 }
@@ -35,18 +46,8 @@ std::vector<KVEvent> tier_events(std::span<const TierEvent> events, int32_t bloc
   std::vector<KVEvent> out;
   out.reserve(events.size());
   for (const TierEvent& e : events) {
-    KVEvent k;
-    k.medium = std::string(tier_medium_name(e.medium));
-    k.block_hashes = {e.hash};
-    if (e.stored) {
-      k.type = KVEvent::Type::kBlockStored;
-      if (e.parent_hash != kRootBlockHash) k.parent_block_hash = e.parent_hash;
-      k.token_ids = e.tokens;
-      k.block_size = block_size;
-    } else {
-      k.type = KVEvent::Type::kBlockRemoved;
-    }
-    out.push_back(std::move(k));
+    out.push_back(block_event(std::string(tier_medium_name(e.medium)), e.stored, e.hash,
+                              e.parent_hash, e.tokens, block_size));
   }
   return out;
 }
