@@ -2,9 +2,11 @@
 # The tier figures of docs/tiers.md ("Measured"): (1) store and load bandwidth of each tier
 # against a memcpy of the same bytes (benchmarks/bench_tiers.cpp, Google Benchmark JSON), with a
 # redis-server started on loopback for the Redis rows; (2) TTFT and prompt tokens prefilled by
-# `pagedkv generate` on the built-in model, cold vs onboarding from a disk file vs from Redis
-# that an earlier instance (another process) filled. Each generate case runs REPEATS times; the
-# table gives the median TTFT.
+# `pagedkv generate` on the built-in model: cold; hits in the pool and in the host tier (one
+# process: --warm-pass pool / tiers runs the prompts once first); onboarding from a disk file
+# and from Redis that an earlier instance (another process) filled. Each case runs REPEATS times;
+# the table gives the median TTFT. In every warm case the first prompt loads the shared prefix
+# and the other two then share it in the pool.
 # Usage: scripts/bench-tiers.sh [BUILD_DIR (build)] [OUT_DIR (build/bench-tiers)] [REPEATS (5)]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,6 +49,8 @@ run() {  # run NAME ARGS...: REPEATS runs, one JSON each
   for i in $(seq "$repeats"); do "$cli" generate "${common[@]}" "$@" > "$out/$name.$i.json"; done
 }
 run cold
+run pool --prefix-caching --warm-pass pool
+run host --tier-host-mib 64 --warm-pass tiers
 # Instance A fills the tiers once; every B run onboards from them (B writes back nothing new).
 "$cli" generate "${common[@]}" --tier-disk "$out/kv.tier" > "$out/disk_a.json"
 run disk --tier-disk "$out/kv.tier"
@@ -59,7 +63,7 @@ out, repeats = sys.argv[1], int(sys.argv[2])
 print("| case | TTFT ms (median of %d) | prompt tokens | prefilled | onboarded |" % repeats)
 print("| --- | ---: | ---: | ---: | ---: |")
 prompt = json.load(open(f"{out}/disk.1.json"))["modes"][0]["prefix_cache"]["prompt_tokens"]
-for name in ["cold", "disk", "redis"]:
+for name in ["cold", "pool", "host", "disk", "redis"]:
     runs = [json.load(open(f"{out}/{name}.{i}.json"))["modes"][0] for i in range(1, repeats + 1)]
     pc = runs[0].get("prefix_cache") or {}
     ttft = statistics.median(r["ttft_ms"] for r in runs)

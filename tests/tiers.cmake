@@ -25,3 +25,21 @@ if(TARGET pagedkv_cli)
   set_tests_properties(tiers.two_instances PROPERTIES LABELS "tiers;cli" TIMEOUT 300
                        SKIP_RETURN_CODE 77)
 endif()
+
+# --warm-pass (docs/tiers.md, "From pagedkv generate"): the real model's prompts run once, the
+# pool's prefix cache is dropped to a host tier, and the measured run onboards the full blocks
+# of every prompt from it (32 of the 55 prompt tokens of tests/model/prompts.txt at block size
+# 16: the two prompts over 16 tokens) and still agrees with the contiguous reference.
+if(TARGET pagedkv_cli)
+  add_test(NAME cli.generate.warm_pass_tiers
+           COMMAND pagedkv_cli generate --steps 60 --cache all --tier-host-mib 8
+                   --warm-pass tiers --prompts ${CMAKE_CURRENT_SOURCE_DIR}/model/prompts.txt)
+  set_tests_properties(cli.generate.warm_pass_tiers PROPERTIES LABELS "tiers;cli"
+    PASS_REGULAR_EXPRESSION "agreement: contiguous vs paged: same tokens.*warm pass [(]tiers[)][^\n]*\nprefix cache [(]paged[)]: 32 of 55 prompt tokens not prefilled [(]0 hit in the pool, 32 onboarded from the tiers[)]")
+  add_test(NAME cli.generate.warm_pass_tiers_needs_a_tier
+    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
+            "-DARGS=generate|--steps|60|--cache|paged|--prefix-caching|--warm-pass|tiers"
+            "-DSTDERR_REGEX=warm pass 'tiers' needs a tier"
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/model/expect_exit.cmake)
+  set_tests_properties(cli.generate.warm_pass_tiers_needs_a_tier PROPERTIES LABELS "tiers;cli")
+endif()

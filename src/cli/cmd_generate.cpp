@@ -251,7 +251,7 @@ void print_json(const Options& o, const model::LlamaConfig& cfg, const std::stri
                      {"pool_bytes", st.pool_bytes}});
     if (r.mode == CacheMode::kPaged && (o.tiers.prefix_caching || !o.tiers.redis.empty() ||
                                         o.tiers.host_mib > 0 || !o.tiers.disk_path.empty())) {
-      modes.back()["prefix_cache"] = tiering_json(st);
+      modes.back()["prefix_cache"] = tiering_json(o.tiers, st);
     }
   }
   j["modes"] = modes;
@@ -379,6 +379,7 @@ void run_generate(const Options& o) {
   model::GenerateOptions paged_options = with_shadows(o, g);  // after every field of g
   paged_options.prefix_caching = o.tiers.prefix_caching;
   paged_options.tiering = tiering_options(o.tiers, m.llama.weights().content_hash());
+  paged_options.warm_pass = warm_pass(o.tiers);
   if (!paged_options.tiering.enabled()) paged_options.tiering.model_id.clear();
   if (paged_options.prefix_caching || paged_options.tiering.enabled()) {
     // Cached prompt positions are not forwarded, so the paged run has no logits for them:

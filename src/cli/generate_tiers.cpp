@@ -39,6 +39,19 @@ void add_tier_flags(CLI::App& sub, TierFlags& f) {
   sub.add_option("--kv-events-stream", f.events_stream,
                  "also XADD each event batch to this Redis stream (needs --tier-redis)")
       ->group(group);
+  sub.add_option("--warm-pass", f.warm_pass,
+                 "run the prompts once first, unmeasured: pool = the measured run hits the "
+                 "pool; tiers = the pool's prefix cache is then dropped to the tiers, so it "
+                 "hits there")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "pool", "tiers"}))
+      ->group(group);
+}
+
+model::WarmPass warm_pass(const TierFlags& f) {
+  if (f.warm_pass == "pool") return model::WarmPass::kPool;
+  if (f.warm_pass == "tiers") return model::WarmPass::kTiers;
+  return model::WarmPass::kNone;
 }
 
 model::TieringOptions tiering_options(const TierFlags& f, uint64_t weights_hash) {
@@ -59,6 +72,9 @@ model::TieringOptions tiering_options(const TierFlags& f, uint64_t weights_hash)
 void print_tiering(const TierFlags& flags, const model::RunStats& st) {
   const model::TieringReport& r = st.tiering;
   if (!flags.prefix_caching && r.tiers.empty() && r.event_batches == 0) return;
+  if (flags.warm_pass != "none") {
+    fmt::print("warm pass ({}): the prompts ran once first, unmeasured\n", flags.warm_pass);
+  }
   fmt::print(
       "prefix cache (paged): {} of {} prompt tokens not prefilled ({} hit in the pool, {} "
       "onboarded from the tiers)\n",
@@ -81,7 +97,7 @@ void print_tiering(const TierFlags& flags, const model::RunStats& st) {
   if (r.event_batches > 0) fmt::print("KV events: {} batches published\n", r.event_batches);
 }
 
-nlohmann::ordered_json tiering_json(const model::RunStats& st) {
+nlohmann::ordered_json tiering_json(const TierFlags& flags, const model::RunStats& st) {
   const model::TieringReport& r = st.tiering;
   nlohmann::ordered_json tiers = nlohmann::ordered_json::array();
   for (size_t i = 0; i < r.tiers.size(); ++i) {
@@ -99,7 +115,8 @@ nlohmann::ordered_json tiering_json(const model::RunStats& st) {
                      {"bytes_written", t.bytes_written},
                      {"bytes_read", t.bytes_read}});
   }
-  return {{"prompt_tokens", st.prompt_tokens},
+  return {{"warm_pass", flags.warm_pass},
+          {"prompt_tokens", st.prompt_tokens},
           {"prompt_tokens_cached", st.prompt_tokens_cached},
           {"onboarded_tokens", r.onboarded_tokens},
           {"refused_records", r.refused_records},

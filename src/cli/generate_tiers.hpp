@@ -22,23 +22,29 @@ struct TierFlags {
   std::string write_policy = "write-through";
   std::string events_path;
   std::string events_stream;
+  std::string warm_pass = "none";
 };
 
 /// Adds --prefix-caching, --tier-host-mib, --tier-disk, --tier-disk-mib, --tier-redis,
-/// --tier-redis-timeout-ms, --tier-write, --kv-events and --kv-events-stream to `sub`.
+/// --tier-redis-timeout-ms, --tier-write, --kv-events, --kv-events-stream and --warm-pass to
+/// `sub`.
 void add_tier_flags(CLI::App& sub, TierFlags& flags);
 
 /// The paged run's options from the flags; `weights_hash` identifies the model
 /// (LlamaWeights::content_hash), so instances of different models share nothing.
 [[nodiscard]] model::TieringOptions tiering_options(const TierFlags& flags, uint64_t weights_hash);
 
+/// --warm-pass as parsed (validated by the flag's check).
+[[nodiscard]] model::WarmPass warm_pass(const TierFlags& flags);
+
 /// The text report of a paged run with prefix caching or tiers (nothing otherwise).
 void print_tiering(const TierFlags& flags, const model::RunStats& stats);
 
-/// The same as JSON: {"prompt_tokens", "prompt_tokens_cached", "onboarded_tokens",
+/// The same as JSON: {"warm_pass", "prompt_tokens", "prompt_tokens_cached", "onboarded_tokens",
 /// "refused_records", "stores_dropped", "event_batches", "tiers": [{"name", "loaded_blocks",
 /// "entries", "used_bytes", "budget_bytes", "puts", "gets", "hits", "failures", "evictions",
 /// "bytes_written", "bytes_read"}]}.
-[[nodiscard]] nlohmann::ordered_json tiering_json(const model::RunStats& stats);
+[[nodiscard]] nlohmann::ordered_json tiering_json(const TierFlags& flags,
+                                                  const model::RunStats& stats);
 
 }  // namespace pagedkv::cli

@@ -101,6 +101,25 @@ void check_request(const LlamaConfig& c, const std::vector<std::vector<TokenId>>
   }
 }
 
+/// A warm pass needs a cache it can leave blocks in: the paged mode with prefix caching (tiers
+/// for WarmPass::kTiers), and no shadow caches (they would see the warm pass too).
+void check_warm_pass(CacheMode mode, const GenerateOptions& opt) {
+  if (opt.warm_pass == WarmPass::kNone) return;
+  const char* name = warm_pass_name(opt.warm_pass);
+  if (mode != CacheMode::kPaged || !(opt.prefix_caching || opt.tiering.enabled())) {
+    throw Error(
+        fmt::format("generate: warm pass '{}' needs the paged mode with prefix caching, "
+                    "not the {} mode{}",
+                    name, cache_mode_name(mode), mode == CacheMode::kPaged ? " without it" : ""));
+  }
+  if (opt.warm_pass == WarmPass::kTiers && !opt.tiering.has_tier()) {
+    throw Error("generate: warm pass 'tiers' needs a tier (host, disk or Redis) to write to");
+  }
+  if (!opt.shadow_kv_dtypes.empty()) {
+    throw Error(fmt::format("generate: warm pass '{}' cannot run with shadow KV dtypes", name));
+  }
+}
+
 /// The page pool of a run: blocks (all sequences) and bytes per block.
 struct PagePool {
   int64_t blocks = 0;
@@ -159,6 +178,18 @@ void gather_step(const std::vector<SequenceOutput>& outs, const std::vector<uint
 
 }  // namespace
 
+const char* warm_pass_name(WarmPass w) {
+  switch (w) {
+    case WarmPass::kNone:
+      return "none";
+    case WarmPass::kPool:
+      return "pool";
+    case WarmPass::kTiers:
+      return "tiers";
+  }
+  return "?";
+}
+
 double RunStats::tokens_per_s() const {
   return total_ms > 0 ? static_cast<double>(tokens_generated) / (total_ms / 1000.0) : 0.0;
 }
@@ -184,12 +215,88 @@ Summary summarize(std::vector<double> values) {
   return s;
 }
 
+/// One pass of the batch on `backend`: every prompt registered (prefix hits and onboarding
+/// counted), prefilled in one step, then decoded one token per step until each stops; the
+/// outputs, timings and token counts go to `result`; every sequence is freed at the end.
+void run_pass(LlamaModel& model, KVBackend& backend,
+              const std::vector<std::vector<TokenId>>& prompts, const GenerateOptions& opt,
+              bool record_logits, GenerateResult& result) {
+  const auto num_seqs = static_cast<int64_t>(prompts.size());
+  const int32_t vocab = model.config().vocab_size;
+  RunStats& st = result.stats;
+  result.seqs.resize(static_cast<size_t>(num_seqs));
+  std::vector<Sampler> samplers;
+  std::vector<uint8_t> active(static_cast<size_t>(num_seqs), 1);
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    auto& s = result.seqs[static_cast<size_t>(i)];
+    s.prompt_ids = prompts[static_cast<size_t>(i)];
+    s.ids = s.prompt_ids;
+    samplers.emplace_back(opt.seed, static_cast<uint64_t>(i));
+  }
+  const auto t_start = Clock::now();  // onboarding from the tiers is part of the first step
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    auto& s = result.seqs[static_cast<size_t>(i)];
+    s.positions_run = backend.add_prompt(i, s.prompt_ids);
+    st.prompt_tokens += static_cast<int64_t>(s.prompt_ids.size());
+    st.prompt_tokens_cached += s.positions_run;
+  }
+
+  StepBatch batch;
+  for (bool first = true;; first = false) {
+    gather_step(result.seqs, active, backend.caches(), first, batch);
+    if (batch.seqs.empty()) break;
+
+    const auto t_step = Clock::now();
+    // Prompt rows are only needed to record them; later steps have one new position each.
+    const bool all_rows = record_logits && first;
+    const std::span<const float> logits =
+        model.forward(backend, StepInput{batch.seqs, batch.n_new, batch.tokens}, all_rows);
+
+    int64_t row = -1;
+    for (size_t b = 0; b < batch.seqs.size(); ++b) {
+      const auto i = static_cast<size_t>(batch.seqs[b]);
+      auto& s = result.seqs[i];
+      const int64_t new_positions = first ? batch.n_new[b] : 1;
+      row += all_rows ? batch.n_new[b] : 1;
+      const float* last = logits.data() + row * vocab;
+      if (record_logits) {
+        const float* from = all_rows ? last - (new_positions - 1) * vocab : last;
+        s.logits.insert(s.logits.end(), from, last + vocab);
+      }
+      s.positions_run += new_positions;
+      const TokenId next = samplers[i].sample(last, vocab, opt.temperature);
+      if (next == kBos) {
+        s.stopped_on_bos = true;
+        active[i] = 0;
+        continue;
+      }
+      s.ids.push_back(next);
+      ++s.num_generated;
+      ++st.tokens_generated;
+      if (s.positions_run >= opt.steps) active[i] = 0;
+    }
+    const double ms = ms_since(t_step);
+    if (first) {
+      st.ttft_ms = ms_since(t_start);
+    } else {
+      st.tpot_ms.push_back(ms);
+    }
+  }
+  st.total_ms = ms_since(t_start);
+
+  st.kv_bytes_in_use = backend.bytes_in_use();
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    st.kv_tokens_in_use += backend.num_tokens(i);
+    backend.free_sequence(i);
+  }
+}
+
 GenerateResult generate(LlamaModel& model, const std::vector<std::vector<TokenId>>& prompts,
                         CacheMode mode, const GenerateOptions& opt) {
   const LlamaConfig& c = model.config();
   check_request(c, prompts, opt);
   const auto num_seqs = static_cast<int64_t>(prompts.size());
-  const int32_t vocab = c.vocab_size;
+  check_warm_pass(mode, opt);
   const PagePool pool = size_page_pool(c, num_seqs, mode, opt);
   KVBackendConfig backend_config =
       model.backend_config(opt.block_size, static_cast<int32_t>(pool.blocks));
@@ -228,73 +335,20 @@ GenerateResult generate(LlamaModel& model, const std::vector<std::vector<TokenId
       kv_bytes_for_tokens(c.n_layers, c.n_kv_heads, c.head_size(), DType::kF32, c.seq_len);
   if (mode != CacheMode::kContiguous) st.pool_bytes = pool.blocks * pool.block_bytes;
 
-  result.seqs.resize(static_cast<size_t>(num_seqs));
-  std::vector<Sampler> samplers;
-  std::vector<uint8_t> active(static_cast<size_t>(num_seqs), 1);
-  for (int64_t i = 0; i < num_seqs; ++i) {
-    auto& s = result.seqs[static_cast<size_t>(i)];
-    s.prompt_ids = prompts[static_cast<size_t>(i)];
-    s.ids = s.prompt_ids;
-    samplers.emplace_back(opt.seed, static_cast<uint64_t>(i));
+  if (opt.warm_pass != WarmPass::kNone) {
+    GenerateResult warm;  // the same prompts and samplers; only the cache it leaves matters
+    run_pass(model, *backend, prompts, opt, /*record_logits=*/false, warm);
+    if (opt.warm_pass == WarmPass::kTiers) backend->drop_prefix_cache();
   }
-  const auto t_start = Clock::now();  // onboarding from the tiers is part of the first step
-  for (int64_t i = 0; i < num_seqs; ++i) {
-    auto& s = result.seqs[static_cast<size_t>(i)];
-    s.positions_run = backend->add_prompt(i, s.prompt_ids);
-    st.prompt_tokens += static_cast<int64_t>(s.prompt_ids.size());
-    st.prompt_tokens_cached += s.positions_run;
-  }
-
-  StepBatch batch;
-  for (bool first = true;; first = false) {
-    gather_step(result.seqs, active, backend->caches(), first, batch);
-    if (batch.seqs.empty()) break;
-
-    const auto t_step = Clock::now();
-    // Prompt rows are only needed to record them; later steps have one new position each.
-    const bool all_rows = opt.record_logits && first;
-    const std::span<const float> logits =
-        model.forward(*backend, StepInput{batch.seqs, batch.n_new, batch.tokens}, all_rows);
-
-    int64_t row = -1;
-    for (size_t b = 0; b < batch.seqs.size(); ++b) {
-      const auto i = static_cast<size_t>(batch.seqs[b]);
-      auto& s = result.seqs[i];
-      const int64_t new_positions = first ? batch.n_new[b] : 1;
-      row += all_rows ? batch.n_new[b] : 1;
-      const float* last = logits.data() + row * vocab;
-      if (opt.record_logits) {
-        const float* from = all_rows ? last - (new_positions - 1) * vocab : last;
-        s.logits.insert(s.logits.end(), from, last + vocab);
-      }
-      s.positions_run += new_positions;
-      const TokenId next = samplers[i].sample(last, vocab, opt.temperature);
-      if (next == kBos) {
-        s.stopped_on_bos = true;
-        active[i] = 0;
-        continue;
-      }
-      s.ids.push_back(next);
-      ++s.num_generated;
-      ++st.tokens_generated;
-      if (s.positions_run >= opt.steps) active[i] = 0;
-    }
-    const double ms = ms_since(t_step);
-    if (first) {
-      st.ttft_ms = ms_since(t_start);
-    } else {
-      st.tpot_ms.push_back(ms);
-    }
-  }
-  st.total_ms = ms_since(t_start);
-
-  st.kv_bytes_in_use = backend->bytes_in_use();
-  for (int64_t i = 0; i < num_seqs; ++i) {
-    st.kv_tokens_in_use += backend->num_tokens(i);
-    backend->free_sequence(i);
-  }
+  const TieringReport before = backend->tiering_report();
+  run_pass(model, *backend, prompts, opt, opt.record_logits, result);
   backend->finish();
   st.tiering = backend->tiering_report();
+  // What the measured pass onboarded (the tiers' own counters cover both passes).
+  st.tiering.onboarded_tokens -= before.onboarded_tokens;
+  for (size_t t = 0; t < before.loaded_blocks.size(); ++t) {
+    st.tiering.loaded_blocks[t] -= before.loaded_blocks[t];
+  }
   if (shadow != nullptr) result.shadow_errors = shadow->errors();
   return result;
 }

@@ -20,6 +20,16 @@
 
 namespace pagedkv::model {
 
+/// What the cache holds before the measured pass (docs/tiers.md, "Measured"). kPool: the same
+/// prompts run once first on the same cache (the whole generation, then freed), so the measured
+/// pass's prompts hit the blocks that pass published in the pool. kTiers: the same, then the
+/// pool's prefix cache is dropped (KVBackend::drop_prefix_cache: every cached block written
+/// down to the tiers, the stores finished), so the hits come from the nearest tier instead.
+enum class WarmPass : uint8_t { kNone, kPool, kTiers };
+
+/// "none", "pool", "tiers".
+[[nodiscard]] const char* warm_pass_name(WarmPass w);
+
 struct GenerateOptions {
   int32_t steps = 256;         ///< positions per sequence, prompt included; >= prompt length
   float temperature = 0.0f;    ///< 0 = greedy argmax (first maximum); > 0 samples softmax(l / T)
@@ -38,6 +48,9 @@ struct GenerateOptions {
   /// Paged mode on the CPU: tiers below the pool and KV events (docs/tiers.md); implies
   /// prefix caching. The paged run's cached prompt positions are not forwarded (no logits).
   TieringOptions tiering;
+  /// Paged mode with prefix caching: a first, unmeasured pass of the same prompts (WarmPass).
+  /// RunStats and the outputs are the measured pass's; the tiers' counters cover both.
+  WarmPass warm_pass = WarmPass::kNone;
   /// Teacher-forced storage error (kv_shadow.hpp): with the paged mode on the CPU, one shadow
   /// paged cache per dtype here is fed the same q/k/v as the run's cache, and the NMSE of its
   /// attention outputs is reported in GenerateResult::shadow_errors. Empty: none.
@@ -94,9 +107,10 @@ struct GenerateResult {
 /// Errors: throws pagedkv::Error if prompts is empty, a prompt is empty or longer than steps,
 /// steps < 1, block_size < 1, temperature < 0 or not finite, a token id is out of range, or the
 /// page pool (sequences x ceil(steps / block_size) blocks, paged and none) would exceed 8 GiB;
-/// with options.device == Device::kCuda, as make_kv_backend (no device, another mode, a
-/// geometry the CUDA kernels do not support); with shadow_kv_dtypes, if the mode is not paged
-/// or the device not the CPU, and as ShadowKVBackend.
+/// a warm pass without the paged mode and prefix caching, without a tier (kTiers) or with
+/// shadow dtypes; with options.device == Device::kCuda, as make_kv_backend (no device, another
+/// mode, a geometry the CUDA kernels do not support); with shadow_kv_dtypes, if the mode is not
+/// paged or the device not the CPU, and as ShadowKVBackend.
 [[nodiscard]] GenerateResult generate(LlamaModel& model,
                                       const std::vector<std::vector<TokenId>>& prompts,
                                       CacheMode mode, const GenerateOptions& options);

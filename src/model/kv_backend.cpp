@@ -121,6 +121,11 @@ std::optional<Device> parse_device(std::string_view name) {
   return ::pagedkv::detail::parse_enum<Device>(kDeviceNames, name);
 }
 
+void KVBackend::drop_prefix_cache() {
+  throw Error(
+      fmt::format("kv backend: the {} mode has no prefix cache to drop", cache_mode_name(mode())));
+}
+
 std::string_view cache_mode_name(CacheMode mode) {
   const std::string_view name = ::pagedkv::detail::enum_name<CacheMode>(kCacheModeNames, mode);
   return name.empty() ? "?" : name;

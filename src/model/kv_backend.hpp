@@ -117,6 +117,11 @@ class KVBackend {
   /// End of a run, after every sequence was freed: the tiers write down what the policy says
   /// and finish their queued stores. Nothing for the other backends.
   virtual void finish() {}
+  /// Between passes, with every sequence freed: drops the pool's prefix cache
+  /// (KVCacheManager::reset_prefix_cache); with tiers the dropped blocks are written down
+  /// first (under either write policy) and the queued stores finished, so later prompts hit in
+  /// the tiers instead. Errors: throws pagedkv::Error for a backend without prefix caching.
+  virtual void drop_prefix_cache();
   /// What the tiers did (empty without tiers).
   [[nodiscard]] virtual TieringReport tiering_report() const { return {}; }
 

@@ -80,6 +80,12 @@ class PrefixPagedBackend final : public CpuPagedBackend {
     if (tiering_ != nullptr) tiering_->finish(read_block());
   }
 
+  void drop_prefix_cache() override {
+    (void)manager_.reset_prefix_cache();  // kRemoved events: the tiers write them down
+    handle_events();
+    if (tiering_ != nullptr) tiering_->flush();
+  }
+
   TieringReport tiering_report() const override {
     return tiering_ == nullptr ? TieringReport{} : tiering_->report();
   }

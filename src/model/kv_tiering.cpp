@@ -159,6 +159,11 @@ int64_t KVTiering::onboard(KVCacheManager& manager, SeqId seq, std::span<const T
   return computed + n;
 }
 
+void KVTiering::flush() {
+  if (store_ != nullptr) store_->flush();
+  publish({});
+}
+
 void KVTiering::finish(const ReadBlock& read) {
   if (store_ != nullptr) {
     if (options_.policy == WritePolicy::kOnEviction) {

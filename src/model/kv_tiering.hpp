@@ -37,6 +37,10 @@ struct TieringOptions {
   std::string events_stream;  ///< also XADD them to this Redis stream (needs redis)
   /// Identity of the weights (KVFingerprint::model_id): engines share blocks only when equal.
   std::string model_id;
+  /// Whether any tier is asked for.
+  [[nodiscard]] bool has_tier() const {
+    return host_bytes > 0 || !disk_path.empty() || !redis.empty();
+  }
   /// Whether any tier or event output is asked for.
   [[nodiscard]] bool enabled() const {
     return host_bytes > 0 || !disk_path.empty() || !redis.empty() || !events_path.empty();
@@ -83,6 +87,9 @@ class KVTiering {
   /// (never an error: the prefill computes the rest).
   int64_t onboard(KVCacheManager& manager, SeqId seq, std::span<const TokenId> prompt,
                   int64_t computed, const ReadBlock& read, const WriteBlock& write);
+
+  /// Waits for the queued stores and publishes the events so far.
+  void flush();
 
   /// End of a run: with the on-eviction policy, writes every block still published in the pool
   /// down; waits for the queued stores; publishes the last events.
