@@ -12,6 +12,7 @@
 #include "model/tokenizer.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/storage/kv_cache_config.hpp"
+#include "tiny_llama.hpp"
 
 namespace pagedkv::model {
 namespace {
@@ -19,18 +20,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-LlamaConfig tiny(int32_t seq_len = 64) {
-  LlamaConfig c;
-  c.dim = 32;
-  c.hidden_dim = 48;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;  // GQA group 2
-  c.vocab_size = 300;
-  c.seq_len = seq_len;
-  c.shared_classifier = false;  // tied random weights would just repeat the last token
-  return c;
-}
+LlamaConfig tiny(int32_t seq_len = 64) { return testing::tiny_llama_config(seq_len); }
 
 std::vector<std::vector<TokenId>> prompts() {
   // Different lengths (1, 5, 19 tokens), so blocks fill unevenly and prefill rows differ.

@@ -13,6 +13,7 @@
 #include "model/llama.hpp"
 #include "model/tokenizer.hpp"
 #include "pagedkv/error.hpp"
+#include "tiny_llama.hpp"
 
 namespace pagedkv::model {
 namespace {
@@ -20,18 +21,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-LlamaConfig tiny() {
-  LlamaConfig c;
-  c.dim = 32;
-  c.hidden_dim = 48;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.vocab_size = 300;
-  c.seq_len = 64;
-  c.shared_classifier = false;
-  return c;
-}
+using testing::tiny_llama_config;
 
 std::vector<std::vector<TokenId>> shared_prefix_prompts() {
   const std::vector<TokenId> p = {kBos, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30};
@@ -58,7 +48,7 @@ std::vector<std::vector<TokenId>> ids_of(const GenerateResult& r) {
 
 class GenerateWarm : public ::testing::Test {
  protected:
-  LlamaModel model_{random_weights(tiny(), 11)};
+  LlamaModel model_{random_weights(tiny_llama_config(), 11)};
   std::vector<std::vector<TokenId>> prompts_ = shared_prefix_prompts();
   // The contiguous cache's tokens: what every paged run must reproduce.
   std::vector<std::vector<TokenId>> expected_ =
