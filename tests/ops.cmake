@@ -39,3 +39,9 @@ if(TARGET pagedkv_cli)
   set_tests_properties(ops.cli_empty_path_exits_2 PROPERTIES LABELS "cli;ops"
     PASS_REGULAR_EXPRESSION "^pagedkv ops: the script path is empty[^\n]*\n$")
 endif()
+
+add_executable(ops_test_ops_hybrid ${CMAKE_CURRENT_SOURCE_DIR}/ops/test_ops_hybrid.cpp)
+target_link_libraries(ops_test_ops_hybrid PRIVATE pagedkv_ops pagedkv::pagedkv GTest::gtest
+                                                  GTest::gtest_main GTest::gmock)
+target_include_directories(ops_test_ops_hybrid PRIVATE ${PROJECT_SOURCE_DIR}/src)
+gtest_discover_tests(ops_test_ops_hybrid DISCOVERY_TIMEOUT 60 PROPERTIES LABELS ops)

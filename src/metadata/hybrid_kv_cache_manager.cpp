@@ -241,6 +241,14 @@ void HybridKVCacheManager::free_sequence(SeqId seq) {
   seqs_.erase(seq);
 }
 
+std::vector<SeqId> HybridKVCacheManager::sequences() const {
+  std::vector<SeqId> ids;
+  ids.reserve(seqs_.size());
+  for (const auto& [id, s] : seqs_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
 int64_t HybridKVCacheManager::num_tokens(SeqId seq) const {
   return get(seq, "num_tokens").num_tokens;
 }

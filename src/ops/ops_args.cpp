@@ -177,6 +177,18 @@ AddOptions add_options(const OpsLine& l) {
   return o;
 }
 
+AppendArgs append_args(const OpsLine& l) {
+  expect_options(l, {"n"});
+  expect_args(l, 1, SIZE_MAX, "SEQ TOKEN... or SEQ n=COUNT");
+  AppendArgs a;
+  a.by_count = l.options.contains("n");
+  if (a.by_count && l.args.size() != 1)
+    fail_at(l.line, "append: give either tokens or n=COUNT, not both");
+  if (!a.by_count) a.ids = token_args(l, 1);
+  a.n = a.by_count ? count_value(l, "n", l.options.at("n")) : static_cast<int64_t>(a.ids.size());
+  return a;
+}
+
 KVCacheManagerConfig manager_config(const OpsLine& l) {
   expect_args(l, 0, 0, "only key=value options");
   expect_options(l, {"blocks", "block_size", "host_blocks", "watermark", "max_model_len", "policy",

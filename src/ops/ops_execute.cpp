@@ -42,18 +42,57 @@ constexpr OpEntry kOps[] = {{"add", op_add},
                             {"events", op_events},
                             {"batch_metadata", op_batch_metadata}};
 
+/// The ops a hybrid manager (`manager ... groups=`) runs, in documentation order.
+constexpr OpEntry kHybridOps[] = {{"add", hy_add},
+                                  {"append", hy_append},
+                                  {"can_append", hy_can_append},
+                                  {"truncate", hy_truncate},
+                                  {"fork", hy_fork},
+                                  {"free", hy_free},
+                                  {"dump", hy_dump},
+                                  {"batch_metadata", hy_batch_metadata}};
+
+/// A `manager ... groups=` line: the hybrid manager replaces whatever manager was there.
+void start_hybrid(const OpsLine& l, State& st) {
+  const HybridKVCacheManagerConfig config = hybrid_manager_config(l);
+  charge(l, st, config.num_blocks);
+  auto m = std::make_unique<HybridKVCacheManager>(config);
+  st.hybrid = std::move(m);
+  st.manager.reset();
+  st.preempted.clear();
+  st.held_tokens = 0;
+}
+
+/// Runs `l` on the hybrid manager; ops it does not have are errors naming those it has.
+std::optional<json> run_hybrid(const OpsLine& l, State& st) {
+  for (const OpEntry& e : kHybridOps) {
+    if (e.name == l.op) return e.handler(l, st);
+  }
+  std::string names;
+  for (const OpEntry& e : kHybridOps)
+    names += fmt::format("{}{}", names.empty() ? "" : ", ", e.name);
+  fail_at(l.line,
+          fmt::format("{}: not an op of a manager with groups (those are: {})", l.op, names));
+}
+
 /// Creates the manager (`manager`) or runs the op's handler on it.
 std::optional<json> run(const OpsLine& l, State& st) {
+  if (l.op == kManagerOp && manager_has_groups(l)) {
+    start_hybrid(l, st);
+    return std::nullopt;
+  }
   if (l.op == kManagerOp) {
     // Built first: a rejected configuration leaves the previous manager and its state.
     const KVCacheManagerConfig config = manager_config(l);
     charge(l, st, int64_t{config.num_blocks} + config.num_host_blocks);
     auto m = std::make_unique<KVCacheManager>(config);
     st.manager = std::move(m);
+    st.hybrid.reset();
     st.preempted.clear();
     st.held_tokens = 0;
     return std::nullopt;
   }
+  if (st.hybrid) return run_hybrid(l, st);
   if (!st.manager)
     fail_at(l.line, fmt::format("{}: no manager yet (start with a `manager` line)", l.op));
   for (const OpEntry& e : kOps) {
@@ -69,6 +108,8 @@ std::optional<json> run_prefixed(const OpsLine& l, State& st) {
   } catch (const Error& e) {
     const std::string msg = e.what();
     if (msg.rfind("line ", 0) == 0) throw;
+    // A message that already starts with the op's name (the hybrid manager's do) keeps it once.
+    if (msg.starts_with(l.op) && msg.compare(l.op.size(), 2, ": ") == 0) fail_at(l.line, msg);
     fail_at(l.line, fmt::format("{}: {}", l.op, msg));
   }
 }
@@ -122,7 +163,8 @@ int64_t table_units(const KVCacheManager& m, SeqId seq) {
 }
 
 void check_new_sequence(const OpsLine& l, const State& st) {
-  const int64_t held = st.manager->num_sequences() + static_cast<int64_t>(st.preempted.size());
+  const int64_t held = (st.hybrid ? st.hybrid->num_sequences() : st.manager->num_sequences()) +
+                       static_cast<int64_t>(st.preempted.size());
   if (held >= OpsLimits::kMaxSequences) {
     fail_at(l.line, fmt::format("{}: {} sequences held (preempted ones included), the limit of {} "
                                 "sequences per script",
@@ -146,6 +188,7 @@ OpsExecutor::OpsExecutor(int64_t work_budget) : state_(std::make_unique<State>()
 OpsExecutor::~OpsExecutor() = default;
 
 const KVCacheManager* OpsExecutor::manager() const { return state_->manager.get(); }
+const HybridKVCacheManager* OpsExecutor::hybrid_manager() const { return state_->hybrid.get(); }
 int64_t OpsExecutor::held_tokens() const { return state_->held_tokens; }
 int64_t OpsExecutor::work_left() const { return state_->work_left; }
 

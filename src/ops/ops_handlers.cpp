@@ -123,18 +123,11 @@ std::optional<json> op_commit(const OpsLine& l, State& st) {
 }
 
 std::optional<json> op_append(const OpsLine& l, State& st) {
-  expect_options(l, {"n"});
-  expect_args(l, 1, SIZE_MAX, "SEQ TOKEN... or SEQ n=COUNT");
+  const auto [by_count, ids, n] = append_args(l);
   KVCacheManager& m = *st.manager;
   json j = result_head(l);
   const SeqId seq = seq_arg(l, 0);
   j["seq"] = seq;
-  const bool by_count = l.options.contains("n");
-  if (by_count && l.args.size() != 1)
-    fail_at(l.line, "append: give either tokens or n=COUNT, not both");
-  const std::vector<TokenId> ids = by_count ? std::vector<TokenId>{} : token_args(l, 1);
-  const int64_t n =
-      by_count ? count_value(l, "n", l.options.at("n")) : static_cast<int64_t>(ids.size());
   check_growth(l, st, n);
   const bool can_release = m.eviction_policy().kind() != EvictionKind::kNone;
   // Token eviction looks at the table (and this op copies it); slots are printed per token.
@@ -226,28 +219,15 @@ std::optional<json> op_truncate(const OpsLine& l, State& st) {
 }
 
 std::optional<json> op_fork(const OpsLine& l, State& st) {
-  expect_args(l, 2, 2, "PARENT CHILD");
-  expect_options(l, {});
-  const SeqId parent = seq_arg(l, 0);
-  const SeqId child = seq_arg(l, 1);
-  // The child copies the parent's token ids: counted like the parent's tokens.
-  const int64_t n = st.manager->num_tokens(parent);
-  check_growth(l, st, n);
-  if (!st.manager->has_sequence(child)) check_new_sequence(l, st);
-  charge(l, st, n + table_units(*st.manager, parent));
-  st.manager->fork(parent, child);
-  st.held_tokens += n;
+  // The child copies the parent's token ids: charged for them and the parent's table.
+  KVCacheManager& m = *st.manager;
+  fork_sequence(l, st, m, [&](SeqId p) { return m.num_tokens(p) + table_units(m, p); });
   return std::nullopt;
 }
 
 std::optional<json> op_free(const OpsLine& l, State& st) {
-  expect_args(l, 1, 1, "SEQ");
-  expect_options(l, {});
-  const SeqId seq = seq_arg(l, 0);
-  const int64_t n = st.manager->has_sequence(seq) ? st.manager->num_tokens(seq) : 0;
-  charge(l, st, table_units(*st.manager, seq));
-  st.manager->free_sequence(seq);
-  st.held_tokens -= n;
+  KVCacheManager& m = *st.manager;
+  free_sequence(l, st, m, [&](SeqId s) { return table_units(m, s); });
   return std::nullopt;
 }
 

@@ -25,6 +25,8 @@ using json = nlohmann::ordered_json;
 /// What the executor keeps between lines.
 struct OpsExecutor::State {
   std::unique_ptr<KVCacheManager> manager;
+  /// Instead of `manager` after a `manager ... groups=` line (ops_hybrid.cpp).
+  std::unique_ptr<HybridKVCacheManager> hybrid;
   /// Sequences preempted by recompute, for `resume`.
   std::map<SeqId, PreemptedSequence> preempted;
   /// Tokens held: every sequence's num_tokens plus the preempted ones' (OpsLimits).
@@ -50,12 +52,25 @@ void check_tokens_per_op(const OpsLine& l, int64_t n, std::string_view what);
 std::vector<TokenId> token_args(const OpsLine& l, size_t from);
 /// A token count option or argument: an integer >= 0 within kMaxTokensPerOp.
 int64_t count_value(const OpsLine& l, std::string_view what, std::string_view text);
+/// What `append SEQ TOKEN...` or `append SEQ n=COUNT` appends (arguments and options checked):
+/// the token ids (empty with n=COUNT) and their count.
+struct AppendArgs {
+  bool by_count = false;
+  std::vector<TokenId> ids;
+  int64_t n = 0;
+};
+AppendArgs append_args(const OpsLine& l);
 /// The optional `lookahead=N` option (vLLM v0's num_lookahead_slots), 0 when absent.
 int64_t lookahead_option(const OpsLine& l);
 /// The options of add / can_add: extra=K, max_new=N, chunk=N.
 AddOptions add_options(const OpsLine& l);
 /// The `manager` line's configuration.
 KVCacheManagerConfig manager_config(const OpsLine& l);
+
+/// Whether a `manager` line declares KV cache groups (a hybrid manager).
+bool manager_has_groups(const OpsLine& l);
+/// The configuration of a `manager blocks=N block_size=B groups=G,G...` line.
+HybridKVCacheManagerConfig hybrid_manager_config(const OpsLine& l);
 
 // ---- token accounting (ops_execute.cpp) --------------------------------------------------------
 
@@ -76,6 +91,38 @@ json result_head(const OpsLine& l);
 json copies_json(const std::vector<BlockCopy>& copies);
 json table_json(std::span<const BlockId> t);
 std::string hex(uint64_t h);
+/// The padded block tables as rows: [num_seqs][max_blocks_per_seq].
+json padded_rows_json(const PaddedBlockTables& p);
+/// {"indptr", "indices", "last_page_len"}.
+json csr_json(const CsrBlockTables& c);
+
+/// `fork PARENT CHILD` on either manager: the child's tokens are counted like the parent's;
+/// units(parent) is what the op is charged.
+template <typename Manager, typename Units>
+void fork_sequence(const OpsLine& l, State& st, Manager& m, Units units) {
+  expect_args(l, 2, 2, "PARENT CHILD");
+  expect_options(l, {});
+  const SeqId parent = seq_arg(l, 0);
+  const SeqId child = seq_arg(l, 1);
+  const int64_t n = m.num_tokens(parent);
+  check_growth(l, st, n);
+  if (!m.has_sequence(child)) check_new_sequence(l, st);
+  charge(l, st, units(parent));
+  m.fork(parent, child);
+  st.held_tokens += n;
+}
+
+/// `free SEQ` on either manager; units(seq) is what the op is charged.
+template <typename Manager, typename Units>
+void free_sequence(const OpsLine& l, State& st, Manager& m, Units units) {
+  expect_args(l, 1, 1, "SEQ");
+  expect_options(l, {});
+  const SeqId seq = seq_arg(l, 0);
+  const int64_t n = m.has_sequence(seq) ? m.num_tokens(seq) : 0;
+  charge(l, st, units(seq));
+  m.free_sequence(seq);
+  st.held_tokens -= n;
+}
 
 // ---- handlers ----------------------------------------------------------------------------------
 
@@ -106,5 +153,15 @@ std::optional<json> op_stats(const OpsLine& l, State& st);
 std::optional<json> op_dump(const OpsLine& l, State& st);
 std::optional<json> op_events(const OpsLine& l, State& st);
 std::optional<json> op_batch_metadata(const OpsLine& l, State& st);
+
+// ops_hybrid.cpp: the ops of a hybrid manager (`manager ... groups=`).
+std::optional<json> hy_add(const OpsLine& l, State& st);
+std::optional<json> hy_append(const OpsLine& l, State& st);
+std::optional<json> hy_can_append(const OpsLine& l, State& st);
+std::optional<json> hy_truncate(const OpsLine& l, State& st);
+std::optional<json> hy_fork(const OpsLine& l, State& st);
+std::optional<json> hy_free(const OpsLine& l, State& st);
+std::optional<json> hy_dump(const OpsLine& l, State& st);
+std::optional<json> hy_batch_metadata(const OpsLine& l, State& st);
 
 }  // namespace pagedkv::ops

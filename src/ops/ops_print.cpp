@@ -150,6 +150,20 @@ std::optional<json> op_events(const OpsLine& l, State& st) {
   return j;
 }
 
+json padded_rows_json(const PaddedBlockTables& p) {
+  const auto width = static_cast<size_t>(p.max_blocks_per_seq);
+  json rows = json::array();
+  for (size_t i = 0; i < static_cast<size_t>(p.num_seqs); ++i) {
+    rows.push_back(std::vector<int32_t>(p.block_tables.begin() + i * width,
+                                        p.block_tables.begin() + (i + 1) * width));
+  }
+  return rows;
+}
+
+json csr_json(const CsrBlockTables& c) {
+  return {{"indptr", c.indptr}, {"indices", c.indices}, {"last_page_len", c.last_page_len}};
+}
+
 std::optional<json> op_batch_metadata(const OpsLine& l, State& st) {
   expect_args(l, 1, SIZE_MAX, "SEQ[:NEW]... (SEQ -1: a padding row)");
   expect_options(l, {});
@@ -179,18 +193,11 @@ std::optional<json> op_batch_metadata(const OpsLine& l, State& st) {
   const BatchMetadata b = m.batch_metadata(seqs, news);
   json j = result_head(l);
   j["block_size"] = b.block_size;
-  json rows = json::array();
-  const auto width = static_cast<size_t>(b.padded.max_blocks_per_seq);
-  for (size_t i = 0; i < static_cast<size_t>(b.padded.num_seqs); ++i) {
-    rows.push_back(std::vector<int32_t>(b.padded.block_tables.begin() + i * width,
-                                        b.padded.block_tables.begin() + (i + 1) * width));
-  }
-  j["block_tables"] = std::move(rows);
+  j["block_tables"] = padded_rows_json(b.padded);
   j["context_lens"] = b.padded.context_lens;
   j["slot_mapping"] = b.slot_mapping;
   j["query_start"] = b.query_start;
-  j["csr"] = {
-      {"indptr", b.csr.indptr}, {"indices", b.csr.indices}, {"last_page_len", b.csr.last_page_len}};
+  j["csr"] = csr_json(b.csr);
   return j;
 }
 

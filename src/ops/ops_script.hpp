@@ -24,6 +24,7 @@
 #include <string_view>
 #include <vector>
 
+#include "pagedkv/metadata/hybrid_kv_cache_manager.hpp"
 #include "pagedkv/metadata/kv_cache_manager.hpp"
 
 namespace pagedkv::ops {
@@ -48,6 +49,8 @@ struct OpsLimits {
   static constexpr int64_t kMaxBlocks = int64_t{1} << 18;
   /// Tokens per block a `manager` line may ask for.
   static constexpr int64_t kMaxBlockSize = int64_t{1} << 16;
+  /// KV cache groups a `manager ... groups=` line may declare.
+  static constexpr int64_t kMaxGroups = 64;
   /// Work budget: an op is charged, before it runs, one unit per token or block it touches or
   /// prints (a `manager` line its blocks, `fork` its parent's tokens and table, `dump` the whole
   /// state...) and one for the line. A script may spend kWorkBase plus kWorkPerByte per byte
@@ -124,8 +127,11 @@ class OpsExecutor {
   /// (but the work units charged).
   std::optional<nlohmann::ordered_json> execute(const OpsLine& line);
 
-  /// The manager, or null before the first `manager` line.
+  /// The manager, or null before the first `manager` line and while a `manager ... groups=`
+  /// line's hybrid manager is in use.
   [[nodiscard]] const KVCacheManager* manager() const;
+  /// The hybrid manager of a `manager ... groups=` line, else null.
+  [[nodiscard]] const HybridKVCacheManager* hybrid_manager() const;
   /// Tokens held now, as counted against OpsLimits::kMaxTotalTokens.
   [[nodiscard]] int64_t held_tokens() const;
   /// Work units left of the budget.

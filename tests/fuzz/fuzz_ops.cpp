@@ -16,6 +16,7 @@
 #include "fuzz_util.hpp"
 #include "ops/ops_script.hpp"
 #include "pagedkv/error.hpp"
+#include "pagedkv/metadata/hybrid_kv_cache_manager.hpp"
 #include "pagedkv/metadata/kv_cache_manager.hpp"
 
 namespace {
@@ -35,6 +36,7 @@ void check_message(const pagedkv::Error& e) {
 /// the executor's token count.
 struct Snapshot {
   const pagedkv::KVCacheManager* manager = nullptr;
+  const pagedkv::HybridKVCacheManager* hybrid = nullptr;
   int32_t free_blocks = 0;
   int64_t held = 0;
   std::vector<std::pair<pagedkv::SeqId, int64_t>> seqs;
@@ -51,6 +53,11 @@ Snapshot snapshot(const pagedkv::ops::OpsExecutor& ex) {
     for (pagedkv::SeqId q : s.manager->sequences())
       s.seqs.emplace_back(q, s.manager->num_tokens(q));
   }
+  s.hybrid = ex.hybrid_manager();
+  if (s.hybrid != nullptr) {
+    s.free_blocks = s.hybrid->num_free_blocks();
+    for (pagedkv::SeqId q : s.hybrid->sequences()) s.seqs.emplace_back(q, s.hybrid->num_tokens(q));
+  }
   return s;
 }
 
@@ -60,6 +67,9 @@ void check_held(const pagedkv::ops::OpsExecutor& ex, const pagedkv::ops::OpsLine
   int64_t in_manager = 0;
   if (const pagedkv::KVCacheManager* m = ex.manager()) {
     for (pagedkv::SeqId s : m->sequences()) in_manager += m->num_tokens(s);
+  }
+  if (const pagedkv::HybridKVCacheManager* h = ex.hybrid_manager()) {
+    for (pagedkv::SeqId s : h->sequences()) in_manager += h->num_tokens(s);
   }
   PAGEDKV_FUZZ_CHECK(ex.held_tokens() <= pagedkv::ops::OpsLimits::kMaxTotalTokens &&
                          ex.held_tokens() >= in_manager,
@@ -113,14 +123,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                          static_cast<long long>(l.line), l.op.c_str(), e.what());
     }
     check_held(ex, l);
-    if (const KVCacheManager* m = ex.manager()) {
-      try {
-        m->check_invariants();
-      } catch (const Error& e) {
-        PAGEDKV_FUZZ_CHECK(false, "invariant broken after line %lld (%s): %s",
-                           static_cast<long long>(l.line), l.op.c_str(), e.what());
-      }
+    try {
+      if (const KVCacheManager* m = ex.manager()) m->check_invariants();
+      if (const HybridKVCacheManager* h = ex.hybrid_manager()) h->check_invariants();
+    } catch (const Error& e) {
+      PAGEDKV_FUZZ_CHECK(false, "invariant broken after line %lld (%s): %s",
+                         static_cast<long long>(l.line), l.op.c_str(), e.what());
     }
+  }
+  if (const HybridKVCacheManager* h = ex.hybrid_manager()) {
+    // The same through a copy of the hybrid manager: every group's blocks return.
+    HybridKVCacheManager copy = *h;
+    for (SeqId s : copy.sequences()) copy.free_sequence(s);
+    copy.check_invariants();
+    PAGEDKV_FUZZ_CHECK(copy.num_free_blocks() == copy.config().num_blocks - 1,
+                       "hybrid: %d of %d usable blocks free", copy.num_free_blocks(),
+                       copy.config().num_blocks - 1);
   }
   if (const KVCacheManager* m = ex.manager()) {
     // Abort every request through a copy (the executor owns its manager): all blocks return.

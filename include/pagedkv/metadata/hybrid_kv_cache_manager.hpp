@@ -14,8 +14,9 @@
 /// (vLLM splits the layers into groups of equal size, padding the last); the manager itself
 /// does not depend on it (it never touches K/V) and accepts any layer counts.
 ///
-/// Not yet here (issue 17): prefix caching across groups, swap and recompute preemption, and the
-/// ops-script commands; KVCacheManager remains the manager for single-group models.
+/// Scriptable with `pagedkv ops` (`manager ... groups=`, docs/ops-script.md). Not yet here
+/// (issue 17): prefix caching across groups, swap and recompute preemption; KVCacheManager
+/// remains the manager for single-group models.
 
 #include <cstdint>
 #include <optional>
@@ -131,6 +132,12 @@ class HybridKVCacheManager {
   /// Drops the sequence and its references. Errors: throws if `seq` is unknown.
   void free_sequence(SeqId seq);
 
+  /// Whether `seq` is registered.
+  [[nodiscard]] bool has_sequence(SeqId seq) const { return seqs_.contains(seq); }
+  /// Registered sequences.
+  [[nodiscard]] int64_t num_sequences() const { return static_cast<int64_t>(seqs_.size()); }
+  /// Registered sequence ids, ascending.
+  [[nodiscard]] std::vector<SeqId> sequences() const;
   /// Tokens of `seq`. Errors: throws if unknown.
   [[nodiscard]] int64_t num_tokens(SeqId seq) const;
   /// Group `group`'s table of `seq`: ceil(tokens / block_size) entries, kNullBlock where
