@@ -324,6 +324,20 @@ HWY_INLINE void TileAccumulate2(DF df, const float* HWY_RESTRICT p0, const float
   if (d < D) AccumulateChunk2<1>(df, p0, p1, v, off, n, d, acc0, acc1);
 }
 
+/// exp(x) per lane, NaN lanes kept NaN. Highway's EMU128 fallback computes Exp through a C++
+/// float-to-int conversion, undefined behaviour for NaN (UBSan reports it; the hardware targets
+/// convert without UB, so they call Exp directly). A NaN score comes from NaN or infinite
+/// weights or K/V (inf - inf); it must reach the output as NaN, not as UB.
+template <class DF, class V = hn::Vec<DF>>
+HWY_INLINE V ExpOrNaN(DF df, V x) {
+#if HWY_TARGET == HWY_EMU128
+  const auto nan = hn::IsNaN(x);
+  return hn::IfThenElse(nan, x, hn::Exp(df, hn::IfThenZeroElse(nan, x)));
+#else
+  return hn::Exp(df, x);
+#endif
+}
+
 /// Online softmax step of one row over a tile: s [ts] scores (padding -inf) become the
 /// probabilities exp(s - m); the running max m, sum l and accumulator acc [D] are rescaled only
 /// when the max grows. Returns false when the tile has no visible key for the row (nothing to
@@ -354,7 +368,7 @@ HWY_INLINE bool OnlineSoftmax(DF df, float* HWY_RESTRICT s, int64_t ts, int64_t 
   const V vm = hn::Set(df, *m);
   V vsum = hn::Zero(df);
   for (int64_t i = 0; i < ts; i += L) {
-    const V p = hn::Exp(df, hn::Sub(hn::LoadU(df, s + i), vm));
+    const V p = ExpOrNaN(df, hn::Sub(hn::LoadU(df, s + i), vm));
     hn::StoreU(p, df, s + i);
     vsum = hn::Add(vsum, p);
   }
