@@ -53,8 +53,8 @@ KVCacheGroupSpec parse_group(const OpsLine& l, std::string_view text) {
     g.chunk = value(1, "chunk");
     return g;
   }
-  fail_at(l.line, fmt::format("manager: group '{}' is not full, window:W, window:W:S or chunk:C",
-                              text));
+  fail_at(l.line,
+          fmt::format("manager: group '{}' is not full, window:W, window:W:S or chunk:C", text));
 }
 
 }  // namespace
@@ -68,9 +68,9 @@ HybridKVCacheManagerConfig hybrid_manager_config(const OpsLine& l) {
   HybridKVCacheManagerConfig c;
   // One block more than asked: block 0 is the hybrid manager's null block, so blocks=N keeps
   // N usable blocks as for the single-group manager.
-  c.num_blocks = static_cast<int32_t>(
-                     to_int(l, "blocks", l.options.at("blocks"), 1, OpsLimits::kMaxBlocks)) +
-                 1;
+  c.num_blocks =
+      static_cast<int32_t>(to_int(l, "blocks", l.options.at("blocks"), 1, OpsLimits::kMaxBlocks)) +
+      1;
   if (l.options.contains("block_size")) {
     c.block_size = static_cast<int32_t>(
         to_int(l, "block_size", l.options.at("block_size"), 1, OpsLimits::kMaxBlockSize));
