@@ -49,9 +49,7 @@ void add_tier_flags(CLI::App& sub, TierFlags& f) {
 }
 
 model::WarmPass warm_pass(const TierFlags& f) {
-  if (f.warm_pass == "pool") return model::WarmPass::kPool;
-  if (f.warm_pass == "tiers") return model::WarmPass::kTiers;
-  return model::WarmPass::kNone;
+  return model::parse_warm_pass(f.warm_pass).value_or(model::WarmPass::kNone);
 }
 
 model::TieringOptions tiering_options(const TierFlags& f, uint64_t weights_hash) {

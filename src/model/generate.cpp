@@ -8,6 +8,7 @@
 #include <limits>
 #include <numeric>
 
+#include "core/enum_names.hpp"
 #include "model/tokenizer.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/storage/kv_cache_config.hpp"
@@ -17,6 +18,9 @@ namespace pagedkv::model {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr ::pagedkv::detail::EnumName<WarmPass> kWarmPassNames[] = {
+    {WarmPass::kNone, "none"}, {WarmPass::kPool, "pool"}, {WarmPass::kTiers, "tiers"}};
 
 /// Largest page pool generate() allocates: a typo in --block-size or a huge prompt file should
 /// be an error message, not an out-of-memory failure.
@@ -179,15 +183,13 @@ void gather_step(const std::vector<SequenceOutput>& outs, const std::vector<uint
 }  // namespace
 
 const char* warm_pass_name(WarmPass w) {
-  switch (w) {
-    case WarmPass::kNone:
-      return "none";
-    case WarmPass::kPool:
-      return "pool";
-    case WarmPass::kTiers:
-      return "tiers";
-  }
-  return "?";
+  // The table's names are string literals: data() is NUL-terminated.
+  const std::string_view name = ::pagedkv::detail::enum_name<WarmPass>(kWarmPassNames, w);
+  return name.empty() ? "?" : name.data();
+}
+
+std::optional<WarmPass> parse_warm_pass(std::string_view name) {
+  return ::pagedkv::detail::parse_enum<WarmPass>(kWarmPassNames, name);
 }
 
 double RunStats::tokens_per_s() const {

@@ -11,6 +11,8 @@
 /// sequences together), then every unfinished sequence advances one token per decode step.
 
 #include <cstdint>
+#include <optional>
+#include <string_view>
 #include <vector>
 
 #include "model/kv_backend.hpp"
@@ -29,6 +31,8 @@ enum class WarmPass : uint8_t { kNone, kPool, kTiers };
 
 /// "none", "pool", "tiers".
 [[nodiscard]] const char* warm_pass_name(WarmPass w);
+/// Inverse of warm_pass_name; empty for anything else.
+[[nodiscard]] std::optional<WarmPass> parse_warm_pass(std::string_view name);
 
 struct GenerateOptions {
   int32_t steps = 256;         ///< positions per sequence, prompt included; >= prompt length

@@ -165,13 +165,10 @@ void KVTiering::flush() {
 }
 
 void KVTiering::finish(const ReadBlock& read) {
-  if (store_ != nullptr) {
-    if (options_.policy == WritePolicy::kOnEviction) {
-      for (const auto& [hash, p] : published_) store_published(hash, p, read);
-    }
-    store_->flush();
+  if (store_ != nullptr && options_.policy == WritePolicy::kOnEviction) {
+    for (const auto& [hash, p] : published_) store_published(hash, p, read);
   }
-  publish({});
+  flush();
 }
 
 TieringReport KVTiering::report() const {

@@ -42,9 +42,7 @@ struct TieringOptions {
     return host_bytes > 0 || !disk_path.empty() || !redis.empty();
   }
   /// Whether any tier or event output is asked for.
-  [[nodiscard]] bool enabled() const {
-    return host_bytes > 0 || !disk_path.empty() || !redis.empty() || !events_path.empty();
-  }
+  [[nodiscard]] bool enabled() const { return has_tier() || !events_path.empty(); }
 };
 
 /// What the tiers did in a run, for the report.

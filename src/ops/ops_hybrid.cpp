@@ -28,15 +28,20 @@ json group_tables_json(const Hybrid& m, SeqId seq) {
   return tables;
 }
 
-/// One group of the `groups=` list: full | window:W | window:W:S (S sinks) | chunk:C.
-KVCacheGroupSpec parse_group(const OpsLine& l, std::string_view text) {
+/// `text` cut at every `sep` (empty pieces kept).
+std::vector<std::string_view> split(std::string_view text, char sep) {
   std::vector<std::string_view> parts;
   for (size_t at = 0;;) {
-    const size_t colon = text.find(':', at);
-    parts.push_back(text.substr(at, colon == std::string_view::npos ? colon : colon - at));
-    if (colon == std::string_view::npos) break;
-    at = colon + 1;
+    const size_t next = text.find(sep, at);
+    parts.push_back(text.substr(at, next == std::string_view::npos ? next : next - at));
+    if (next == std::string_view::npos) return parts;
+    at = next + 1;
   }
+}
+
+/// One group of the `groups=` list: full | window:W | window:W:S (S sinks) | chunk:C.
+KVCacheGroupSpec parse_group(const OpsLine& l, std::string_view text) {
+  const std::vector<std::string_view> parts = split(text, ':');
   KVCacheGroupSpec g;
   const auto value = [&](size_t i, std::string_view what) {
     return static_cast<int32_t>(to_int(l, what, parts[i], 0, OpsLimits::kMaxTotalTokens));
@@ -75,18 +80,11 @@ HybridKVCacheManagerConfig hybrid_manager_config(const OpsLine& l) {
     c.block_size = static_cast<int32_t>(
         to_int(l, "block_size", l.options.at("block_size"), 1, OpsLimits::kMaxBlockSize));
   }
-  const std::string_view list = l.options.at("groups");
-  for (size_t at = 0;;) {
-    const size_t comma = list.find(',', at);
-    const std::string_view item =
-        list.substr(at, comma == std::string_view::npos ? comma : comma - at);
-    if (c.groups.size() >= OpsLimits::kMaxGroups) {
-      fail_at(l.line, fmt::format("manager: more than {} groups", OpsLimits::kMaxGroups));
-    }
-    c.groups.push_back(parse_group(l, item));
-    if (comma == std::string_view::npos) break;
-    at = comma + 1;
+  const std::vector<std::string_view> items = split(l.options.at("groups"), ',');
+  if (static_cast<int64_t>(items.size()) > OpsLimits::kMaxGroups) {
+    fail_at(l.line, fmt::format("manager: more than {} groups", OpsLimits::kMaxGroups));
   }
+  for (std::string_view item : items) c.groups.push_back(parse_group(l, item));
   return c;
 }
 
