@@ -58,6 +58,7 @@ struct DecodeProblem {
   float scale_log2 = 0.0f;  // softmax scale * log2(e): scores live in the log2 domain
   int32_t window_left = -1;
   int32_t sink_tokens = 0;
+  int32_t chunk_size = 0;          // chunked local attention, tokens; 0 = none
   const float* k_scale = nullptr;  // [num_kv_heads], 8-bit dtypes only: x = stored * scale
   const float* v_scale = nullptr;  // [num_kv_heads], 8-bit dtypes only
 };

@@ -80,6 +80,7 @@ detail::DecodeProblem make_problem(const char* fn, const AttentionParams& params
   p.scale_log2 = params.softmax_scale() * kLog2e;
   p.window_left = params.window_left;
   p.sink_tokens = params.sink_tokens;
+  p.chunk_size = params.chunk_size;
   if (plan.split_k()) {
     // Same carving as decode_workspace_bytes: partial outputs, then 256-byte aligned lse.
     const int64_t rows = int64_t{num_seqs} * params.num_heads * plan.num_splits;

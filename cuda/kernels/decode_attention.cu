@@ -115,7 +115,7 @@ struct DecodeCta {
   int head0;    // first query head of the CTA
   int n_heads;  // query heads served, <= kHeads
   // Positions [begin, end) of this split; of those, the query at qpos sees [lo, qpos] and the
-  // sinks [0, sink_end) (AttentionParams: window and sinks). `end` precedes `begin` because
+  // sinks [0, sink_end) (AttentionParams: window, chunk and sinks). `end` precedes `begin` because
   // the field order decides an operand order in the SASS, kept identical to the unsplit body.
   int64_t end;
   int64_t begin;
@@ -155,8 +155,9 @@ __device__ __forceinline__ DecodeCta locate_cta(const DecodeProblem& p) {
     if (c.split != p.num_splits - 1 && first + p.chunk_tokens < ctx) c.end = first + p.chunk_tokens;
   }
   c.qpos = ctx - 1;
-  c.lo = p.window_left < 0 ? 0 : (c.qpos - p.window_left + 1 > 0 ? c.qpos - p.window_left + 1 : 0);
-  c.sink_end = p.window_left < 0 ? 0 : (p.sink_tokens < c.lo ? p.sink_tokens : c.lo);
+  // The host's rule itself (constexpr, callable here with --expt-relaxed-constexpr).
+  c.lo = AttentionParams::mask_first_visible(c.qpos, p.window_left, p.chunk_size);
+  c.sink_end = AttentionParams::mask_sink_end(c.lo, p.window_left, p.chunk_size, p.sink_tokens);
   return c;
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "cli/generate_layers.hpp"
 #include "cli/generate_model.hpp"
 #include "cli/generate_tiers.hpp"
 #include "model/generate.hpp"
@@ -55,7 +56,8 @@ struct Options {
   float kv_scale_headroom = 1.0f;
   bool kv_nmse = false;
   bool json = false;
-  TierFlags tiers;  ///< --prefix-caching, --tier-*, --kv-events*
+  TierFlags tiers;    ///< --prefix-caching, --tier-*, --kv-events*
+  LayerFlags layers;  ///< --layer-pattern, --window, --sinks, --chunk
 };
 
 std::string human_bytes(int64_t bytes) {
@@ -253,6 +255,9 @@ void print_json(const Options& o, const model::LlamaConfig& cfg, const std::stri
                                         o.tiers.host_mib > 0 || !o.tiers.disk_path.empty())) {
       modes.back()["prefix_cache"] = tiering_json(o.tiers, st);
     }
+    if (r.mode == CacheMode::kPaged && !o.layers.pattern.empty()) {
+      modes.back()["kv_cache_groups"] = layer_groups_json(o.layers, st);
+    }
   }
   j["modes"] = modes;
   json agree = json::array();
@@ -374,6 +379,7 @@ void run_generate(const Options& o) {
   g.block_size = o.block_size;
   g.kv_dtype = parse_dtype(o.kv_dtype);  // validated by the option's check
   g.kv_scale_headroom = o.kv_scale_headroom;
+  g.layer_attention = layer_attention(o.layers, cfg.n_layers);
   const int64_t logit_bytes = static_cast<int64_t>(prompts.size()) * steps * cfg.vocab_size * 4;
   g.record_logits = modes.size() > 1 && logit_bytes <= kMaxLogitBytes;
   model::GenerateOptions paged_options = with_shadows(o, g);  // after every field of g
@@ -416,7 +422,10 @@ void run_generate(const Options& o) {
   } else {
     print_human(o, m.description, device_desc, steps, prompts, m.tok, runs, checks);
     for (const auto& r : runs) {
-      if (r.mode == CacheMode::kPaged) print_tiering(o.tiers, r.result.stats);
+      if (r.mode == CacheMode::kPaged) {
+        print_tiering(o.tiers, r.result.stats);
+        print_layer_groups(o.layers, r.result.stats);
+      }
     }
   }
   std::fflush(stdout);
@@ -524,6 +533,7 @@ void add_generate_command(CLI::App& app) {
                 "cache, reporting the NMSE of their attention outputs (teacher-forced)");
   sub->add_flag("--json", opts->json, "print one JSON object instead of text and tables");
   add_tier_flags(*sub, opts->tiers);
+  add_layer_flags(*sub, opts->layers);
   sub->callback([opts] { run_generate(*opts); });
 }
 

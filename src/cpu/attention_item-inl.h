@@ -233,8 +233,8 @@ HWY_INLINE void MaskScores(const ItemState<T>& st, float* HWY_RESTRICT s, int64_
   for (int32_t i = n; i < ts; ++i) s[i] = kNegInf;
   if (!st.masked) return;
   const int64_t pos = st.rs.first_pos + tok;
-  const int64_t lo = window_lo(pos, st.a.window_left);
-  const int64_t se = sink_end(lo, st.a.window_left, st.a.sink_tokens);
+  const int64_t lo = window_lo(pos, st.a);
+  const int64_t se = sink_end(lo, st.a);
   if (kk[n - 1] > pos || kk[0] < lo) {  // keys ascend: else the whole tile is visible
     for (int32_t i = 0; i < n; ++i) {
       if (kk[i] > pos || (kk[i] < lo && kk[i] >= se)) s[i] = kNegInf;

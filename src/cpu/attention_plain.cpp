@@ -17,8 +17,7 @@ namespace {
 /// (2018): keep a running max m, rescale the running sum l and accumulator when m grows.
 template <DType kDType>
 void attend_row(const KVLayerView& cache, const int32_t* table, int32_t kv_head, int64_t pos,
-                int32_t window_left, int32_t sink_tokens, float scale, const float* q, float* acc,
-                float* out) {
+                const AttentionParams& mask, float scale, const float* q, float* acc, float* out) {
   const int32_t head_dim = cache.head_dim;
   const int32_t bs = cache.block_size;
   // The 8-bit formats' scales fold into the scores (K) and the output (V): x = stored * scale.
@@ -45,10 +44,11 @@ void attend_row(const KVLayerView& cache, const int32_t* table, int32_t kv_head,
     for (int32_t d = 0; d < head_dim; ++d) acc[d] += p * load_as_f32(cache.v, kDType, off + d);
   };
 
-  // Visible keys: [0, min(sinks, lo)) then [lo, pos], lo = first position of the window.
-  const int64_t lo =
-      window_left < 0 ? 0 : std::max<int64_t>(0, pos - static_cast<int64_t>(window_left) + 1);
-  const int64_t sink_end = window_left < 0 ? 0 : std::min<int64_t>(sink_tokens, lo);
+  // Visible keys: [0, min(sinks, lo)) then [lo, pos], lo = first position of the window or
+  // chunk.
+  const int64_t lo = mask.first_visible(pos);
+  const int64_t sink_end =
+      AttentionParams::mask_sink_end(lo, mask.window_left, mask.chunk_size, mask.sink_tokens);
   for (int64_t k = 0; k < sink_end; ++k) visit(k);
   for (int64_t k = lo; k <= pos; ++k) visit(k);
 
@@ -78,8 +78,8 @@ void prefill(const AttentionParams& params, const KVLayerView& cache, const Bloc
       const int64_t row = query_start[i] + t;
       for (int32_t h = 0; h < num_heads; ++h) {
         const int64_t off = (row * num_heads + h) * head_dim;
-        attend_row<kDType>(cache, table, h / group, pos, params.window_left, params.sink_tokens,
-                           scale, q.data() + off, acc.data(), out.data() + off);
+        attend_row<kDType>(cache, table, h / group, pos, params, scale, q.data() + off, acc.data(),
+                           out.data() + off);
       }
     }
   }

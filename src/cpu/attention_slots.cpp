@@ -19,9 +19,10 @@ void paged_attention_over_slots(const AttentionParams& params, const KVLayerView
   check_table_geometry(kFn, cache, keys.block_size, keys.num_blocks);
   const std::span<const int32_t> indptr = keys.indptr;
   const std::span<const Slot> slots = keys.slots;
-  PAGEDKV_CHECK(params.window_left == -1 && params.sink_tokens == 0,
-                "{}: window_left {} / sink_tokens {} must be -1 / 0: the slot list is the mask",
-                kFn, params.window_left, params.sink_tokens);
+  PAGEDKV_CHECK(params.window_left == -1 && params.sink_tokens == 0 && params.chunk_size == 0,
+                "{}: window_left {} / sink_tokens {} / chunk_size {} must be -1 / 0 / 0: the slot "
+                "list is the mask",
+                kFn, params.window_left, params.sink_tokens, params.chunk_size);
   PAGEDKV_CHECK(!indptr.empty() && indptr[0] == 0, "{}: indptr must start with 0 (size {})", kFn,
                 indptr.size());
   const int64_t rows = static_cast<int64_t>(indptr.size()) - 1;

@@ -42,16 +42,25 @@ void add_row_sets(const KernelArgs& a, int32_t num_kv_heads, int32_t heads_per_s
     rs.q_row = q_begin + t0;
     rs.first_pos = ctx - n + t0;
     const int64_t last_pos = rs.first_pos + rs.num_q - 1;
-    const int64_t lo = window_lo(rs.first_pos, a.window_left);
-    const int64_t se = sink_end(window_lo(last_pos, a.window_left), a.window_left, a.sink_tokens);
-    if (se >= lo) {  // sinks and window touch: one range
+    const int64_t lo = window_lo(rs.first_pos, a);
+    const int64_t se = sink_end(window_lo(last_pos, a), a);
+    // The rows' windows [lo(p), p] overlap or touch from row to row (lo never decreases and
+    // lo(p + 1) <= p + 1), so their union is [lo, last_pos]; window_left 0 makes each one
+    // empty, and only the sinks remain. No key outside the union is read (a local group's
+    // released entries may point at garbage).
+    if (a.window_left == 0) {
       rs.sink_len = 0;
       rs.main_begin = 0;
+      rs.main_end = se;
+    } else if (se >= lo) {  // sinks and window touch: one range
+      rs.sink_len = 0;
+      rs.main_begin = 0;
+      rs.main_end = std::max<int64_t>(0, last_pos + 1);
     } else {
       rs.sink_len = se;
       rs.main_begin = lo;
+      rs.main_end = std::max(rs.main_begin, last_pos + 1);
     }
-    rs.main_end = std::max(rs.main_begin, last_pos + 1);
     for (int32_t h = 0; h < num_kv_heads; h += hg) {
       rs.kv_head = h;
       plan.sets.push_back(rs);
@@ -126,6 +135,7 @@ KernelArgs make_kernel_args(const AttentionParams& params, const KVLayerView& ca
   a.scale = params.softmax_scale();
   a.window_left = params.window_left;
   a.sink_tokens = params.sink_tokens;
+  a.chunk_size = params.chunk_size;
   return a;
 }
 

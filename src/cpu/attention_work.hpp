@@ -74,6 +74,7 @@ struct KernelArgs {
   float scale = 0.0f;
   int32_t window_left = -1;
   int32_t sink_tokens = 0;
+  int32_t chunk_size = 0;
   bool team = false;  // the call runs on a thread team (see AttendImpl's prefetch rules)
 };
 
@@ -102,13 +103,14 @@ struct RowSet {
   [[nodiscard]] int32_t num_rows(int32_t group) const { return num_q * num_kv * group; }
 };
 
-/// First visible key of a query at `pos` (the sliding window's left edge; 0 without a window).
-inline int64_t window_lo(int64_t pos, int32_t window_left) {
-  return window_left < 0 ? 0 : std::max<int64_t>(0, pos - window_left + 1);
+/// First visible key of a query at `pos` outside the sinks (window and chunk edges;
+/// AttentionParams::mask_first_visible).
+inline int64_t window_lo(int64_t pos, const KernelArgs& a) {
+  return AttentionParams::mask_first_visible(pos, a.window_left, a.chunk_size);
 }
-/// End of the always-visible sink range of a query whose window starts at `lo`.
-inline int64_t sink_end(int64_t lo, int32_t window_left, int32_t sink_tokens) {
-  return window_left < 0 ? 0 : std::min<int64_t>(sink_tokens, lo);
+/// End of the always-visible sink range of a query whose first visible key is `lo`.
+inline int64_t sink_end(int64_t lo, const KernelArgs& a) {
+  return AttentionParams::mask_sink_end(lo, a.window_left, a.chunk_size, a.sink_tokens);
 }
 
 /// One work item: partition `part` of row set `set`.

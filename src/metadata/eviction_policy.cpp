@@ -28,8 +28,7 @@ std::optional<EvictionKind> parse_eviction_kind(std::string_view name) {
 void EvictionPolicy::set_attention_mask(AttentionParams& params) const {
   const AttentionMask mask = attention_mask();
   if (mask.window_left < 0) return;
-  params.window_left = mask.window_left;
-  params.sink_tokens = mask.sink_tokens;
+  mask.apply(params);
 }
 
 bool EvictionPolicy::is_visible(int64_t key, int64_t query) const {

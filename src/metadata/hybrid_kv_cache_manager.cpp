@@ -32,7 +32,8 @@ int64_t KVCacheGroupSpec::first_visible(int64_t pos) const {
 }
 
 AttentionMask KVCacheGroupSpec::mask() const {
-  if (kind == GroupAttention::kSlidingWindow) return {window, sink_tokens};
+  if (kind == GroupAttention::kSlidingWindow) return {window, sink_tokens, 0};
+  if (kind == GroupAttention::kChunkedLocal) return {-1, 0, chunk};
   return {};
 }
 

@@ -7,10 +7,12 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <utility>
 
 #include "core/enum_names.hpp"
 #include "model/tokenizer.hpp"
 #include "pagedkv/error.hpp"
+#include "pagedkv/metadata/kv_cache_groups.hpp"
 #include "pagedkv/storage/kv_cache_config.hpp"
 
 namespace pagedkv::model {
@@ -80,6 +82,10 @@ class Sampler {
 void check_request(const LlamaConfig& c, const std::vector<std::vector<TokenId>>& prompts,
                    const GenerateOptions& opt) {
   if (prompts.empty()) throw Error("generate: no prompt");
+  if (!opt.layer_attention.empty() && std::cmp_not_equal(opt.layer_attention.size(), c.n_layers)) {
+    throw Error(fmt::format("generate: {} layer attention entries for a model of {} layers",
+                            opt.layer_attention.size(), c.n_layers));
+  }
   if (opt.steps < 1) throw Error(fmt::format("generate: steps {} must be >= 1", opt.steps));
   if (opt.block_size < 1) {
     throw Error(fmt::format("generate: block size {} must be >= 1", opt.block_size));
@@ -127,7 +133,8 @@ void check_warm_pass(CacheMode mode, const GenerateOptions& opt) {
 /// The page pool of a run: blocks (all sequences) and bytes per block.
 struct PagePool {
   int64_t blocks = 0;
-  int64_t block_bytes = 0;
+  int64_t block_bytes = 0;  // all layers, one block
+  int64_t bytes = 0;        // the pool allocated (paged and none modes)
 };
 
 /// Sizes the pool so that it never runs out: each sequence forwards at most `steps` positions.
@@ -140,16 +147,25 @@ PagePool size_page_pool(const LlamaConfig& c, int64_t num_seqs, CacheMode mode,
     throw Error(fmt::format("generate: {} sequences x {} positions need {} blocks, too many",
                             num_seqs, opt.steps, pool.blocks));
   }
+  const DType dtype = mode == CacheMode::kPaged ? opt.kv_dtype : DType::kF32;
   pool.block_bytes =
-      kv_bytes_for_tokens(c.n_layers, c.n_kv_heads, c.head_size(),
-                          mode == CacheMode::kPaged ? opt.kv_dtype : DType::kF32, opt.block_size);
-  if (mode != CacheMode::kContiguous && pool.blocks * pool.block_bytes > kMaxPoolBytes) {
+      kv_bytes_for_tokens(c.n_layers, c.n_kv_heads, c.head_size(), dtype, opt.block_size);
+  // The hybrid paged pool (a layer pattern) holds as many blocks per group, pages of
+  // layers_per_group layers (hybrid_backend.hpp): the bytes it allocates, for the bound.
+  int64_t pool_bytes = pool.blocks * pool.block_bytes;
+  if (mode == CacheMode::kPaged && !opt.layer_attention.empty()) {
+    const KVCacheGroupLayout layout = group_layers(opt.layer_attention);
+    pool_bytes = pool.blocks * static_cast<int64_t>(layout.groups.size()) *
+                 kv_bytes_for_tokens(layout.layers_per_group, c.n_kv_heads, c.head_size(), dtype,
+                                     opt.block_size);
+  }
+  pool.bytes = pool_bytes;
+  if (mode != CacheMode::kContiguous && pool_bytes > kMaxPoolBytes) {
     throw Error(
         fmt::format("generate: the page pool would take {} bytes ({} sequences x {} "
                     "blocks of {} tokens), more than the {} allowed: use fewer prompts, "
                     "fewer steps or a smaller block size",
-                    pool.blocks * pool.block_bytes, num_seqs, pool.blocks / num_seqs,
-                    opt.block_size, kMaxPoolBytes));
+                    pool_bytes, num_seqs, pool.blocks / num_seqs, opt.block_size, kMaxPoolBytes));
   }
   return pool;
 }
@@ -222,7 +238,7 @@ Summary summarize(std::vector<double> values) {
 /// outputs, timings and token counts go to `result`; every sequence is freed at the end.
 void run_pass(LlamaModel& model, KVBackend& backend,
               const std::vector<std::vector<TokenId>>& prompts, const GenerateOptions& opt,
-              bool record_logits, GenerateResult& result) {
+              bool record_logits, int64_t block_bytes, GenerateResult& result) {
   const auto num_seqs = static_cast<int64_t>(prompts.size());
   const int32_t vocab = model.config().vocab_size;
   RunStats& st = result.stats;
@@ -287,8 +303,10 @@ void run_pass(LlamaModel& model, KVBackend& backend,
   st.total_ms = ms_since(t_start);
 
   st.kv_bytes_in_use = backend.bytes_in_use();
+  st.kv_groups = backend.group_usage();
   for (int64_t i = 0; i < num_seqs; ++i) {
     st.kv_tokens_in_use += backend.num_tokens(i);
+    st.kv_bytes_all_full += blocks_for_tokens(backend.num_tokens(i), opt.block_size) * block_bytes;
     backend.free_sequence(i);
   }
 }
@@ -304,6 +322,7 @@ GenerateResult generate(LlamaModel& model, const std::vector<std::vector<TokenId
       model.backend_config(opt.block_size, static_cast<int32_t>(pool.blocks));
   if (mode == CacheMode::kPaged) backend_config.kv_dtype = opt.kv_dtype;
   backend_config.kv_scale_headroom = opt.kv_scale_headroom;
+  backend_config.layer_attention = opt.layer_attention;
   if (mode == CacheMode::kPaged) {
     if ((opt.prefix_caching || opt.tiering.enabled()) && opt.device != Device::kCpu) {
       throw Error(
@@ -335,15 +354,15 @@ GenerateResult generate(LlamaModel& model, const std::vector<std::vector<TokenId
   st.contiguous_reservation_bytes =
       num_seqs *
       kv_bytes_for_tokens(c.n_layers, c.n_kv_heads, c.head_size(), DType::kF32, c.seq_len);
-  if (mode != CacheMode::kContiguous) st.pool_bytes = pool.blocks * pool.block_bytes;
+  if (mode != CacheMode::kContiguous) st.pool_bytes = pool.bytes;
 
   if (opt.warm_pass != WarmPass::kNone) {
     GenerateResult warm;  // the same prompts and samplers; only the cache it leaves matters
-    run_pass(model, *backend, prompts, opt, /*record_logits=*/false, warm);
+    run_pass(model, *backend, prompts, opt, /*record_logits=*/false, pool.block_bytes, warm);
     if (opt.warm_pass == WarmPass::kTiers) backend->drop_prefix_cache();
   }
   const TieringReport before = backend->tiering_report();
-  run_pass(model, *backend, prompts, opt, opt.record_logits, result);
+  run_pass(model, *backend, prompts, opt, opt.record_logits, pool.block_bytes, result);
   backend->finish();
   st.tiering = backend->tiering_report();
   // What the measured pass onboarded (the tiers' own counters cover both passes).

@@ -59,6 +59,11 @@ struct GenerateOptions {
   /// paged cache per dtype here is fed the same q/k/v as the run's cache, and the NMSE of its
   /// attention outputs is reported in GenerateResult::shadow_errors. Empty: none.
   std::vector<DType> shadow_kv_dtypes;
+  /// [n_layers] each layer's attention (layer_attention_from_pattern), or empty: all full.
+  /// Every mode applies the layers' masks (the contiguous mode is then the reference with the
+  /// same per-layer masks); the paged mode runs the hybrid paged cache (KV cache groups over
+  /// one pool, KVBackendConfig::layer_attention); not with prefix caching or tiers.
+  std::vector<KVCacheGroupSpec> layer_attention;
 };
 
 struct SequenceOutput {
@@ -88,6 +93,12 @@ struct RunStats {
   /// Of those, tokens not prefilled: prefix hits in the pool plus blocks onboarded from tiers.
   int64_t prompt_tokens_cached = 0;
   TieringReport tiering;  ///< what the tiers did (paged mode with tiers)
+  /// Hybrid paged mode (a layer pattern): KV per group at the end ([num_groups]); else empty.
+  std::vector<GroupKVUsage> kv_groups;
+  /// What an all-full paged cache of the same block size would hold for the tokens cached at
+  /// the end: sum over sequences of ceil(tokens / block_size) blocks x every layer's block
+  /// bytes, in the paged mode's dtype. Units: bytes. Set by the paged and none modes.
+  int64_t kv_bytes_all_full = 0;
 
   [[nodiscard]] double tokens_per_s() const;
   /// Share of the max-length reservation not holding a token: 1 - kv_bytes_in_use / reservation.

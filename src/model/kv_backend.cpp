@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "core/enum_names.hpp"
 #include "model/cpu_paged_backend.hpp"
+#include "model/hybrid_backend.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/storage/kv_cache_config.hpp"
 
@@ -47,7 +49,7 @@ class NoCacheBackend final : public CpuPagedBackend {
 class ContiguousBackend final : public KVBackend {
  public:
   explicit ContiguousBackend(const KVBackendConfig& c)
-      : params_(detail::attention_params(c)), cache_(c.num_layers, c.num_kv_heads, c.head_dim) {}
+      : layer_params_(detail::layer_params(c)), cache_(c.num_layers, c.num_kv_heads, c.head_dim) {}
 
   CacheMode mode() const override { return CacheMode::kContiguous; }
   void add_sequence(SeqId seq) override { cache_.add_sequence(seq); }
@@ -65,14 +67,15 @@ class ContiguousBackend final : public KVBackend {
 
   void attend(int32_t layer, std::span<const float> q, std::span<const float> k,
               std::span<const float> v, std::span<float> out) override {
-    const size_t q_row = static_cast<size_t>(params_.num_heads) * params_.head_dim;
-    const size_t kv_row = static_cast<size_t>(params_.num_kv_heads) * params_.head_dim;
+    const AttentionParams& params = layer_params_[static_cast<size_t>(layer)];
+    const size_t q_row = static_cast<size_t>(params.num_heads) * params.head_dim;
+    const size_t kv_row = static_cast<size_t>(params.num_kv_heads) * params.head_dim;
     size_t row = 0;
     for (size_t i = 0; i < seqs_.size(); ++i) {
       const auto n = static_cast<size_t>(n_new_[i]);
       cache_.append(seqs_[i], layer, k.subspan(row * kv_row, n * kv_row),
                     v.subspan(row * kv_row, n * kv_row));
-      reference_attention(params_, q.subspan(row * q_row, n * q_row), cache_.keys(seqs_[i], layer),
+      reference_attention(params, q.subspan(row * q_row, n * q_row), cache_.keys(seqs_[i], layer),
                           cache_.values(seqs_[i], layer), cache_.num_tokens(seqs_[i], layer),
                           out.subspan(row * q_row, n * q_row));
       row += n;
@@ -82,7 +85,7 @@ class ContiguousBackend final : public KVBackend {
   int64_t bytes_in_use() const override { return cache_.bytes_in_use(); }
 
  private:
-  AttentionParams params_;
+  std::vector<AttentionParams> layer_params_;  // [num_layers], each layer's mask
   ReferenceKVCache cache_;
   std::vector<SeqId> seqs_;
   std::vector<int64_t> n_new_;
@@ -137,6 +140,18 @@ std::optional<CacheMode> parse_cache_mode(std::string_view name) {
 
 std::unique_ptr<KVBackend> make_kv_backend(CacheMode mode, const KVBackendConfig& config,
                                            Device device) {
+  const bool hybrid = !config.layer_attention.empty();
+  if (hybrid) {
+    if (std::cmp_not_equal(config.layer_attention.size(), config.num_layers)) {
+      throw Error(fmt::format("kv backend: {} layer attention entries for {} layers",
+                              config.layer_attention.size(), config.num_layers));
+    }
+    if (mode == CacheMode::kPaged && (config.prefix_caching || config.tiering.enabled())) {
+      throw Error(
+          "kv backend: a layer pattern runs the hybrid paged cache, which has no prefix caching "
+          "or tiers here yet");
+    }
+  }
   if (device == Device::kCuda) {
     if (mode != CacheMode::kPaged) {
       throw Error(
@@ -148,6 +163,9 @@ std::unique_ptr<KVBackend> make_kv_backend(CacheMode mode, const KVBackendConfig
   }
   switch (mode) {
     case CacheMode::kPaged:
+      if (hybrid) {
+        return std::make_unique<detail::HybridPagedBackend<HostKVCache, CpuPagedAttention>>(config);
+      }
       if (config.prefix_caching || config.tiering.enabled()) {
         return make_prefix_paged_backend(config);
       }

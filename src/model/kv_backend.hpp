@@ -25,6 +25,7 @@
 
 #include "model/kv_tiering.hpp"
 #include "pagedkv/cpu/attention.hpp"
+#include "pagedkv/metadata/hybrid_kv_cache_manager.hpp"
 #include "pagedkv/metadata/kv_cache_manager.hpp"
 #include "pagedkv/reference/reference_attention.hpp"
 #include "pagedkv/reference/reference_kv_cache.hpp"
@@ -65,6 +66,18 @@ struct KVBackendConfig {
   bool prefix_caching = false;
   /// Paged mode on the CPU: tiers below the pool and KV events (implies prefix caching).
   TieringOptions tiering;
+  /// [num_layers] each layer's attention (full, sliding window, chunked local), or empty: all
+  /// full. Every mode applies the layer's mask; the paged mode then keeps the layers in KV
+  /// cache groups over one pool (HybridKVCacheManager, group_layers), releasing what a local
+  /// layer no longer sees, and sizes its pool as num_blocks per group plus the null block.
+  std::vector<KVCacheGroupSpec> layer_attention;
+};
+
+/// KV held by one KV cache group of the hybrid paged mode. Units: blocks, bytes.
+struct GroupKVUsage {
+  KVCacheGroupSpec spec;  ///< the group's attention; spec.num_layers its real layers
+  int64_t blocks = 0;     ///< non-null table entries over all sequences
+  int64_t bytes = 0;      ///< blocks x page bytes (the page holds the group's layer slots)
 };
 
 /// One forward step's attention for a batch of sequences.
@@ -124,6 +137,8 @@ class KVBackend {
   virtual void drop_prefix_cache();
   /// What the tiers did (empty without tiers).
   [[nodiscard]] virtual TieringReport tiering_report() const { return {}; }
+  /// KV per group of the hybrid paged mode, now ([num_groups]); empty for the other backends.
+  [[nodiscard]] virtual std::vector<GroupKVUsage> group_usage() const { return {}; }
 
   /// K/V bytes held now (paged: blocks in use x block bytes; contiguous: stored tokens; none:
   /// 0 between steps). Units: bytes.

@@ -12,6 +12,7 @@
 #include "pagedkv/cuda/supported_configs.hpp"
 #include "pagedkv/error.hpp"
 #if PAGEDKV_WITH_CUDA
+#include "model/hybrid_backend.hpp"
 #include "model/paged_backend.hpp"
 #include "pagedkv/cuda/device_decode_runner.hpp"
 #include "pagedkv/cuda/device_kv_cache.hpp"
@@ -25,6 +26,10 @@ std::unique_ptr<KVBackend> make_cuda_paged_backend(const KVBackendConfig& config
   // the first attention call.
   cuda::check_decode_config(DType::kF32, config.head_dim, config.block_size);
 #if PAGEDKV_WITH_CUDA
+  if (!config.layer_attention.empty()) {
+    return std::make_unique<
+        detail::HybridPagedBackend<cuda::DeviceKVCache, cuda::DeviceDecodeRunner>>(config);
+  }
   return std::make_unique<detail::PagedBackend<cuda::DeviceKVCache, cuda::DeviceDecodeRunner>>(
       config);
 #else

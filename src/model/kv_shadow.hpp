@@ -47,6 +47,9 @@ class ShadowKVBackend final : public KVBackend {
               std::span<const float> v, std::span<float> out) override;
   void end_step() override;
   [[nodiscard]] int64_t bytes_in_use() const override { return primary_->bytes_in_use(); }
+  [[nodiscard]] std::vector<GroupKVUsage> group_usage() const override {
+    return primary_->group_usage();
+  }
 
   /// Per shadow, in the order given to the constructor.
   [[nodiscard]] const std::vector<ShadowError>& errors() const { return errors_; }

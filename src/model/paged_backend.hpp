@@ -42,6 +42,16 @@ inline AttentionParams attention_params(const KVBackendConfig& c) {
   return p;
 }
 
+/// Each layer's attention: the model's geometry with the layer's mask (c.layer_attention[l]'s;
+/// full attention for every layer when layer_attention is empty). [num_layers].
+inline std::vector<AttentionParams> layer_params(const KVBackendConfig& c) {
+  std::vector<AttentionParams> out(static_cast<size_t>(c.num_layers), attention_params(c));
+  for (size_t l = 0; l < c.layer_attention.size() && l < out.size(); ++l) {
+    c.layer_attention[l].mask().apply(out[l]);
+  }
+  return out;
+}
+
 /// HND pools of c.kv_dtype in the default placement for the backend's geometry.
 inline KVCacheConfig storage_config(const KVBackendConfig& c) {
   KVCacheConfig s{c.num_layers, c.num_blocks, c.block_size,  c.num_kv_heads,
@@ -73,7 +83,7 @@ template <PagedKVStorage Storage, PagedAttention Attention>
 class PagedBackend : public KVBackend {
  public:
   explicit PagedBackend(const KVBackendConfig& c)
-      : params_(attention_params(c)),
+      : layer_params_(layer_params(c)),
         manager_(manager_config(c)),
         cache_(storage_config(c)),
         block_bytes_(kv_bytes_for_tokens(c.num_layers, c.num_kv_heads, c.head_dim, c.kv_dtype,
@@ -98,9 +108,10 @@ class PagedBackend : public KVBackend {
     cache_.write(layer, meta_.slot_mapping, k, v);
     const KVLayerView view = cache_.layer(layer);
     if (decode_) {
-      attention_.decode(params_, view, meta_.padded.view(), q, out);
+      attention_.decode(layer_params_[layer], view, meta_.padded.view(), q, out);
     } else {
-      attention_.prefill(params_, view, meta_.padded.view(), meta_.query_start, q, out);
+      attention_.prefill(layer_params_[layer], view, meta_.padded.view(), meta_.query_start, q,
+                         out);
     }
   }
 
@@ -117,7 +128,7 @@ class PagedBackend : public KVBackend {
   }
 
  protected:
-  AttentionParams params_;
+  std::vector<AttentionParams> layer_params_;  // [num_layers]
   KVCacheManager manager_;
   Storage cache_;
   Attention attention_;

@@ -239,6 +239,7 @@ std::optional<json> hy_batch_metadata(const OpsLine& l, State& st) {
   for (const GroupBatchMetadata& g : groups) {
     out.push_back({{"window_left", g.mask.window_left},
                    {"sink_tokens", g.mask.sink_tokens},
+                   {"chunk_size", g.mask.chunk_size},
                    {"block_tables", padded_rows_json(g.padded)},
                    {"context_lens", g.padded.context_lens},
                    {"csr", csr_json(g.csr)}});

@@ -21,9 +21,10 @@ void check_geometry(const char* fn, const AttentionParams& params) {
   PAGEDKV_CHECK(params.num_heads % params.num_kv_heads == 0,
                 "{}: num_heads {} is not a multiple of num_kv_heads {}", fn, params.num_heads,
                 params.num_kv_heads);
-  PAGEDKV_CHECK(params.window_left >= -1 && params.sink_tokens >= 0,
-                "{}: window_left must be >= -1 and sink_tokens >= 0, got {} and {}", fn,
-                params.window_left, params.sink_tokens);
+  PAGEDKV_CHECK(params.window_left >= -1 && params.sink_tokens >= 0 && params.chunk_size >= 0,
+                "{}: window_left must be >= -1, sink_tokens and chunk_size >= 0, got {}, {} and "
+                "{}",
+                fn, params.window_left, params.sink_tokens, params.chunk_size);
 }
 
 /// The softmax scale, computed here in double rather than through AttentionParams so the
@@ -44,13 +45,19 @@ void check_kv(const char* fn, const AttentionParams& params, std::span<const flo
                 params.head_dim);
 }
 
-/// Is key position `key` visible from a query at position `pos`? The rule of attention.hpp:
-/// causal (key <= pos); with a window, only pos - window_left < key, plus the first
-/// sink_tokens positions.
+/// Is key position `key` visible from a query at position `pos`? The rule of attention.hpp,
+/// written independently of AttentionParams::visible: causal (key <= pos); with a window,
+/// only pos - window_left < key; with chunks, only keys of the query's own chunk
+/// (key / chunk_size == pos / chunk_size); under either, the first sink_tokens positions too.
 bool visible(const AttentionParams& params, int64_t pos, int64_t key) {
   if (key > pos) return false;
-  if (params.window_left < 0) return true;
-  return key > pos - params.window_left || key < params.sink_tokens;
+  const bool windowed = params.window_left >= 0;
+  const bool chunked = params.chunk_size > 0;
+  if (!windowed && !chunked) return true;
+  if (key < params.sink_tokens) return true;
+  const bool in_window = !windowed || key > pos - params.window_left;
+  const bool in_chunk = !chunked || key / params.chunk_size == pos / params.chunk_size;
+  return in_window && in_chunk;
 }
 
 /// softmax(scores) . V for one query row of one head; scores of masked keys are -inf.

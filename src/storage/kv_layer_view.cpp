@@ -29,6 +29,8 @@ void check_attention_shape(const AttentionParams& params, const KVLayerView& cac
                 params.window_left);
   PAGEDKV_CHECK(params.sink_tokens >= 0, "attention: sink_tokens must be >= 0, got {}",
                 params.sink_tokens);
+  PAGEDKV_CHECK(params.chunk_size >= 0, "attention: chunk_size must be >= 0 (0 = none), got {}",
+                params.chunk_size);
   PAGEDKV_CHECK(std::isfinite(params.scale), "attention: scale must be finite, got {}",
                 params.scale);
   PAGEDKV_CHECK(cache.block_size >= 1, "attention: cache block_size must be >= 1, got {}",

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <set>
@@ -36,9 +37,11 @@ struct AttentionCase {
   bool prefill = false;
   int32_t window_left = -1;
   int32_t sink_tokens = 0;
+  int32_t chunk_size = 0;
 };
 
-/// "nhd_bf16_d64_bs16_gqa2_kv2_ctx50_win5_sink2", after "decode_" / "prefill_" when with_kind.
+/// "nhd_bf16_d64_bs16_gqa2_kv2_ctx50_win5_sink2_chunk8", after "decode_" / "prefill_" when
+/// with_kind.
 inline std::string case_name(const AttentionCase& c, bool with_kind) {
   std::string name = with_kind ? (c.prefill ? "prefill_" : "decode_") : "";
   if (c.layout == KVLayout::kNHD) name += "nhd_";
@@ -47,6 +50,7 @@ inline std::string case_name(const AttentionCase& c, bool with_kind) {
           std::to_string(c.num_kv_heads) + "_ctx" + std::to_string(c.context);
   if (c.window_left >= 0) name += "_win" + std::to_string(c.window_left);
   if (c.sink_tokens > 0) name += "_sink" + std::to_string(c.sink_tokens);
+  if (c.chunk_size > 0) name += "_chunk" + std::to_string(c.chunk_size);
   return name;
 }
 
@@ -125,11 +129,19 @@ inline std::vector<AttentionCase> attention_grid(bool prefill) {
 inline constexpr std::pair<int32_t, int32_t> kMasks[] = {
     {0, 0}, {0, 3}, {1, 0}, {5, 0}, {7, 0}, {16, 0}, {5, 2}, {1, 4}, {30, 3}, {2000, 0}, {4, 100}};
 
-/// The mask cases of the grid (block_size 7, group 2, context 50; fp32 for even windows, bf16
-/// for odd ones), decode or prefill. Names are left to the caller.
+/// Chunked local attention masks of the grid (chunk_size, window_left, sink_tokens): chunks of
+/// one key, shorter than, equal to and longer than a block (7), not dividing the context, past
+/// the context (= full), with sinks, and with a window that binds inside the chunk.
+inline constexpr std::array<int32_t, 3> kChunkMasks[] = {{1, -1, 0}, {4, -1, 0},  {7, -1, 0},
+                                                         {8, -1, 0}, {16, -1, 0}, {64, -1, 0},
+                                                         {8, -1, 3}, {16, 5, 0},  {20, 9, 2}};
+
+/// The mask cases of the grid (block_size 7, group 2, context 50; fp32 for even windows or
+/// chunks, bf16 for odd ones), decode or prefill: kMasks, then kChunkMasks. The blocks each
+/// mask hides are released (scenario_from_case). Names are left to the caller.
 inline std::vector<AttentionCase> mask_grid(bool prefill) {
   std::vector<AttentionCase> cases;
-  for (auto [window, sinks] : kMasks) {
+  const auto add = [&](int32_t window, int32_t sinks, int32_t chunk) {
     AttentionCase c;
     c.block_size = 7;
     c.group = 2;
@@ -137,9 +149,12 @@ inline std::vector<AttentionCase> mask_grid(bool prefill) {
     c.prefill = prefill;
     c.window_left = window;
     c.sink_tokens = sinks;
-    c.dtype = window % 2 == 0 ? DType::kF32 : DType::kBF16;
+    c.chunk_size = chunk;
+    c.dtype = (chunk > 0 ? chunk : window) % 2 == 0 ? DType::kF32 : DType::kBF16;
     cases.push_back(c);
-  }
+  };
+  for (auto [window, sinks] : kMasks) add(window, sinks, 0);
+  for (auto [chunk, window, sinks] : kChunkMasks) add(window, sinks, chunk);
   return cases;
 }
 

@@ -45,6 +45,7 @@ struct PagedScenario {
   std::vector<int32_t> query_start;      // [num_seqs + 1]
   std::vector<std::vector<float>> k, v;  // per sequence [context_len, num_kv_heads, head_dim]
   std::vector<float> q;                  // [query_start.back(), num_heads, head_dim]
+  std::vector<BlockId> spare;            // NaN-filled blocks no table uses
 
   [[nodiscard]] BlockTableView view() const {
     return {padded.data(),      context_lens.data(), static_cast<int32_t>(seqs.size()),
@@ -152,9 +153,42 @@ inline PagedScenario make_scenario(KVCacheConfig geometry, AttentionParams param
     s.padded.insert(s.padded.end(), row.begin(), row.end());
     s.tables.push_back(std::move(table));
   }
+  s.spare.assign(ids.begin() + static_cast<std::ptrdiff_t>(next), ids.end());
   s.q.resize(static_cast<size_t>(s.query_start.back()) * params.num_heads * params.head_dim);
   for (float& x : s.q) x = uni(rng);
   return s;
+}
+
+/// What a hybrid manager's local group does to a table (HybridKVCacheManager's release rule):
+/// every block that no query of its sequence sees under s.params' mask (window, chunk, sinks)
+/// is released, and its entry in the kernels' padded table points at a spare block full of NaN
+/// (the null block), so a kernel that reads a hidden key produces NaN. s.tables (the logical
+/// tables stored() and reference() read) keep the real blocks. No-op under full attention or
+/// without a spare block. Returns the entries redirected.
+inline int64_t release_hidden_blocks(PagedScenario& s) {
+  if (s.spare.empty()) return 0;
+  const int32_t bs = s.config.block_size;
+  int64_t released = 0;
+  for (size_t i = 0; i < s.seqs.size(); ++i) {
+    const int64_t ctx = s.context_lens[i];
+    const int64_t n = s.query_start[i + 1] - s.query_start[i];
+    for (size_t b = 0; b < s.tables[i].size(); ++b) {
+      bool seen = false;
+      for (int64_t pos = std::max<int64_t>(0, ctx - n); pos < ctx && !seen; ++pos) {
+        for (int64_t k = static_cast<int64_t>(b) * bs; k < static_cast<int64_t>(b + 1) * bs; ++k) {
+          if (s.params.visible(k, pos)) {
+            seen = true;
+            break;
+          }
+        }
+      }
+      if (!seen) {
+        s.padded[i * static_cast<size_t>(s.max_blocks_per_seq) + b] = s.spare.front();
+        ++released;
+      }
+    }
+  }
+  return released;
 }
 
 /// max |a - b| over all elements (NaN anywhere gives NaN, which fails every <= bound).
@@ -201,8 +235,9 @@ inline double storage_rel_bound(DType dtype) {
 }
 
 /// make_scenario for a test-case struct with the usual fields (block_size, num_kv_heads,
-/// head_dim, dtype, layout, group, window_left, sink_tokens; placement when it has one):
-/// geometry and params from the case, num_heads = num_kv_heads * group.
+/// head_dim, dtype, layout, group, window_left, sink_tokens; placement and chunk_size when it
+/// has them): geometry and params from the case, num_heads = num_kv_heads * group; the blocks
+/// the mask hides from every query are released (release_hidden_blocks).
 template <typename Case>
 PagedScenario scenario_from_case(const Case& c, std::vector<SeqSpec> seqs, uint32_t seed) {
   KVCacheConfig geometry;
@@ -218,7 +253,10 @@ PagedScenario scenario_from_case(const Case& c, std::vector<SeqSpec> seqs, uint3
   params.head_dim = c.head_dim;
   params.window_left = c.window_left;
   params.sink_tokens = c.sink_tokens;
-  return make_scenario(geometry, params, std::move(seqs), seed);
+  if constexpr (requires { c.chunk_size; }) params.chunk_size = c.chunk_size;
+  PagedScenario s = make_scenario(geometry, params, std::move(seqs), seed);
+  release_hidden_blocks(s);
+  return s;
 }
 
 }  // namespace pagedkv::testing

@@ -315,6 +315,9 @@ TEST_F(AttentionErrors, BadMaskParameters) {
   p = s_.params;
   p.sink_tokens = -1;
   EXPECT_THAT(decode_error(p, s_.view()), HasSubstr("sink_tokens must be >= 0, got -1"));
+  p = s_.params;
+  p.chunk_size = -3;
+  EXPECT_THAT(decode_error(p, s_.view()), HasSubstr("chunk_size must be >= 0 (0 = none), got -3"));
 }
 
 TEST_F(AttentionErrors, CheckAttentionParamsDirectly) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <string>
 #include <tuple>
@@ -318,6 +319,7 @@ struct GpuCase {
   KVLayout layout = KVLayout::kHND;
   int32_t window_left = -1;
   int32_t sink_tokens = 0;
+  int32_t chunk_size = 0;
   std::vector<int32_t> contexts;
 };
 
@@ -328,6 +330,7 @@ std::string gpu_case_name(const GpuCase& c) {
   if (c.layout == KVLayout::kNHD) name += "_nhd";
   if (c.window_left >= 0) name += "_win" + std::to_string(c.window_left);
   if (c.sink_tokens > 0) name += "_sink" + std::to_string(c.sink_tokens);
+  if (c.chunk_size > 0) name += "_chunk" + std::to_string(c.chunk_size);
   if (c.contexts.size() == 1) name += "_ctx" + std::to_string(c.contexts[0]);
   return name;
 }
@@ -437,16 +440,25 @@ std::vector<GpuCase> mask_cases() {
   std::vector<GpuCase> cases;
   const std::pair<int32_t, int32_t> masks[] = {{0, 0},   {0, 3},  {1, 0},
                                                {100, 0}, {64, 4}, {2000, 0}};
+  // Chunked local attention (chunk, window, sinks): chunks shorter than, equal to and longer
+  // than a block, one not a power of two, with sinks and with a window inside the chunk. The
+  // blocks each mask hides point at NaN (scenario_from_case), as a hybrid table's released
+  // entries point at the null block.
+  const std::array<int32_t, 3> chunks[] = {{3, -1, 0},    {8, -1, 0},   {1000, -1, 0},
+                                           {8192, -1, 0}, {512, -1, 4}, {1024, 100, 0}};
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kFP8E4M3}) {
-    for (auto [window, sinks] : masks) {
+    const auto add = [&](int32_t window, int32_t sinks, int32_t chunk) {
       GpuCase c;
       c.dtype = dtype;
       c.block_size = 8;
       c.window_left = window;
       c.sink_tokens = sinks;
+      c.chunk_size = chunk;
       c.contexts = {1, 17, 1031, 4097};
       cases.push_back(c);
-    }
+    };
+    for (auto [window, sinks] : masks) add(window, sinks, 0);
+    for (auto [chunk, window, sinks] : chunks) add(window, sinks, chunk);
   }
   return cases;
 }

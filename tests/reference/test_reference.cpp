@@ -89,10 +89,11 @@ TEST(ReferenceAttention, HandWorkedGqa) {
 
 // Four tokens with zero keys (all visible keys weigh the same) and V_j = [j + 1, 0]: the
 // output's first component is the mean of (j + 1) over the visible positions j.
-float mean_of_visible(int32_t window_left, int32_t sink_tokens) {
+float mean_of_visible(int32_t window_left, int32_t sink_tokens, int32_t chunk_size = 0) {
   AttentionParams p = one_head(1.0f);
   p.window_left = window_left;
   p.sink_tokens = sink_tokens;
+  p.chunk_size = chunk_size;
   const std::vector<float> k(8, 0.0f);
   const std::vector<float> v = {1, 0, 2, 0, 3, 0, 4, 0};
   const std::vector<float> q = {1, 1};  // position 3
@@ -124,6 +125,34 @@ TEST(ReferenceAttention, HandWorkedWindowPrefill) {
   std::vector<float> out(8);
   reference_attention(p, q, k, v, 4, out);
   EXPECT_THAT(out, Pointwise(FloatNear(kTol), std::vector<float>{1, 0, 1.5f, 0, 2.5f, 0, 3.5f, 0}));
+}
+
+TEST(ReferenceAttention, HandWorkedChunks) {
+  // The query at position 3 sees its chunk [floor(3 / C) x C, 3] (Llama 4's chunked local
+  // attention), plus sinks; a window as well keeps the later edge.
+  EXPECT_NEAR(mean_of_visible(-1, 0, 1), 4.0f, kTol);      // chunk {3}
+  EXPECT_NEAR(mean_of_visible(-1, 0, 2), 3.5f, kTol);      // chunk {2, 3}
+  EXPECT_NEAR(mean_of_visible(-1, 0, 3), 4.0f, kTol);      // chunk {3, 4, 5}: only 3 exists
+  EXPECT_NEAR(mean_of_visible(-1, 0, 4), 2.5f, kTol);      // chunk {0..3}: all
+  EXPECT_NEAR(mean_of_visible(-1, 0, 100), 2.5f, kTol);    // chunk past the context: all
+  EXPECT_NEAR(mean_of_visible(-1, 1, 2), 8.0f / 3, kTol);  // sink 0 + chunk {2, 3}
+  EXPECT_NEAR(mean_of_visible(1, 0, 4), 4.0f, kTol);       // window 1 inside chunk 4: {3}
+  EXPECT_NEAR(mean_of_visible(3, 0, 2), 3.5f, kTol);       // chunk {2, 3} inside window {1..3}
+}
+
+TEST(ReferenceAttention, HandWorkedChunkedPrefill) {
+  // All four positions as queries, chunk 2: pos 0 -> {0}: 1; pos 1 -> {0,1}: 1.5;
+  // pos 2 -> {2}: 3; pos 3 -> {2,3}: 3.5.
+  AttentionParams p = one_head(1.0f);
+  p.chunk_size = 2;
+  const std::vector<float> k(8, 0.0f);
+  const std::vector<float> v = {1, 0, 2, 0, 3, 0, 4, 0};
+  const std::vector<float> q(8, 1.0f);
+  std::vector<float> out(8);
+  reference_attention(p, q, k, v, 4, out);
+  EXPECT_THAT(out, Pointwise(FloatNear(kTol), std::vector<float>{1, 0, 1.5f, 0, 3, 0, 3.5f, 0}));
+  p.chunk_size = -1;
+  EXPECT_THROW(reference_attention(p, q, k, v, 4, out), Error);
 }
 
 TEST(ReferenceAttention, LargeScoresDoNotOverflow) {

@@ -21,6 +21,9 @@ namespace pagedkv {
 /// Shapes: q, out [num_seqs, num_heads, head_dim] fp32; tables: see BlockTableView.
 /// Units: context_lens in tokens; a padding row (context 0) outputs zeros.
 /// GQA: query head h reads kv head h / (num_heads / num_kv_heads).
+/// Mask: params.visible (causal; sliding window, chunked local and sinks as AttentionParams
+/// documents). A key the mask hides is never read, so a local group's released table entries
+/// (HybridKVCacheManager's null block) may point anywhere.
 /// Errors: throws pagedkv::Error on a params/view mismatch, tables built for another geometry
 /// (tables.block_size != cache.block_size, or tables.num_blocks > cache.num_blocks; see
 /// check_table_geometry), q/out size != num_seqs * num_heads * head_dim, a context longer than
@@ -89,7 +92,8 @@ void paged_prefill_attention(const AttentionParams& params, const KVLayerView& c
 /// with bs the manager's block_size.
 /// Errors: throws pagedkv::Error on a params/view mismatch, slots computed for another geometry
 /// (keys.block_size != cache.block_size, keys.num_blocks > cache.num_blocks), params.window_left
-/// != -1 or sink_tokens != 0 (a mask has no meaning for an explicit list), a bad indptr, a slot
+/// != -1, sink_tokens != 0 or chunk_size != 0 (a mask has no meaning for an explicit list), a
+/// bad indptr, a slot
 /// out of range, or q/out/probs of the wrong size.
 /// Source: H2O (Zhang et al., NeurIPS 2023) needs per-key attention weights; online softmax is
 /// not used here because the probabilities themselves are an output.

@@ -70,12 +70,23 @@ struct EvictionPolicyConfig {
   int32_t heavy = 0;   ///< H >= 0 (kHeavyHitters)
 };
 
-/// The mask kernels apply for a policy, with AttentionParams' meaning: the query at position q
-/// sees key k <= q when window_left < 0 (unbounded), or k > q - window_left, or k < sink_tokens.
-/// Units: tokens.
+/// The mask kernels apply for a policy or a KV cache group, with AttentionParams' meaning
+/// (AttentionParams::visible): the query at position q sees key k <= q when the mask is not
+/// local, else k >= first visible position (window: q - window_left + 1; chunk:
+/// floor(q / chunk_size) x chunk_size; the later of both) or k < sink_tokens.
+/// Units: tokens. Eviction policies never set chunk_size (only HybridKVCacheManager's chunked
+/// groups do).
 struct AttentionMask {
   int32_t window_left = -1;  ///< last positions visible, the query's own included; -1 = all
-  int32_t sink_tokens = 0;   ///< leading positions always visible (with window_left >= 0)
+  int32_t sink_tokens = 0;   ///< leading positions always visible (under a local mask)
+  int32_t chunk_size = 0;    ///< chunked local attention's chunk; 0 = none
+
+  /// Sets params.window_left, sink_tokens and chunk_size to this mask's.
+  void apply(AttentionParams& params) const {
+    params.window_left = window_left;
+    params.sink_tokens = sink_tokens;
+    params.chunk_size = chunk_size;
+  }
 };
 
 /// Half-open interval [begin, end) of token positions; empty when end <= begin.

@@ -53,9 +53,9 @@ struct KVCacheGroupSpec {
   /// + 1) (window), floor(pos / chunk) x chunk (chunked). Positions below it, other than the
   /// sinks, are never read again. Precondition: pos >= 0.
   [[nodiscard]] int64_t first_visible(int64_t pos) const;
-  /// The kernels' mask of the group (window_left, sink_tokens). A chunked group has no
-  /// AttentionMask form yet and gets {-1, 0}: a kernel given it would read the released
-  /// entries (the null block), so kernels over chunked tables are not supported yet.
+  /// The kernels' mask of the group: {-1, 0, 0} (full), {window, sink_tokens, 0} (window),
+  /// {-1, 0, chunk} (chunked). Under it a kernel never reads an entry the release rule
+  /// released (the null block).
   [[nodiscard]] AttentionMask mask() const;
 };
 

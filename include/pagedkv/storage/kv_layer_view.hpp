@@ -110,8 +110,8 @@ void copy_blocks(const KVLayerView& src, const KVLayerView& dst, std::span<const
 /// Errors: throws pagedkv::Error if a size (num_heads, num_kv_heads, head_dim, the view's
 /// block_size and num_blocks) is < 1, num_heads is not a multiple of num_kv_heads, num_kv_heads
 /// or head_dim differ from the view's (the message names both values), window_left < -1,
-/// sink_tokens < 0, scale is not finite, the view's k or v is null, or (quantized dtype) its
-/// k_scale or v_scale is null or holds a scale that is not finite and > 0 (naming it).
+/// sink_tokens < 0, chunk_size < 0, scale is not finite, the view's k or v is null, or (quantized
+/// dtype) its k_scale or v_scale is null or holds a scale that is not finite and > 0 (naming it).
 void check_attention_params(const AttentionParams& params, const KVLayerView& cache);
 
 /// check_attention_params without reading the scales: every check but the scale values and
