@@ -172,6 +172,8 @@ TEST(HybridPrefix, FullLostABlockWindowKeptItsRecentOnes) {
   EXPECT_EQ(hit.num_computed_tokens, 12);
   EXPECT_THAT(hit.blocks[0], ElementsAre(1, 2, 3));
   EXPECT_THAT(hit.blocks[1], ElementsAre(N, 7, 8));
+  EXPECT_EQ(m.can_add_sequence(kPrompt), Admission::kLater)
+      << "5 hit blocks leave the LRU and 2 x 2 are fresh: 9 blocks, 7 available";
   // Next in LRU order: 9, 3, 8: evicting three more leaves the full group 2 blocks, the window
   // {6, 7} for h = 8.
   EXPECT_THAT(m.allocator().cached_lru(), ElementsAre(9, 3, 8, 2, 7, 1, 6));
@@ -185,6 +187,24 @@ TEST(HybridPrefix, FullLostABlockWindowKeptItsRecentOnes) {
   EXPECT_FALSE(m.add_sequence(3, kPrompt));
   EXPECT_EQ(state(m), before) << "a refused add changes nothing";
   m.check_invariants();
+}
+
+TEST(HybridPrefix, WindowNeedsTheLastWMinusOnePositionsExactly) {
+  // At h = 16 a window W needs positions [17 - W, 16): W = 6 needs 11..15 (entries 2, 3), W = 5
+  // needs 12..15 (entry 3 only). The window group keeps only entry 3 (block 9) cached here.
+  for (const auto& [w, want] : std::vector<std::pair<int32_t, int64_t>>{{6, 0}, {5, 16}}) {
+    HybridKVCacheManager m = make(12, {full(), window(w)});
+    ASSERT_TRUE(m.add_sequence(1, kPrompt));  // full {1..5}, window {6..10}, free {11}
+    EXPECT_EQ(m.commit(1, 17), 8);
+    ASSERT_TRUE(m.append_tokens(1, ids(117, 1)));  // p = 17 sees 12 or 13 on: entries 0..2 go
+    EXPECT_THAT(m.allocator().cached_lru(), ElementsAre(6, 7, 8)) << w;
+    ASSERT_TRUE(m.add_sequence(2, ids(200, 5)));  // 11, then evicts 6, 7, 8
+    EXPECT_THAT(table(m, 2, 1), ElementsAre(7, 8)) << w;
+    const HybridPrefixLookup hit = m.lookup_prefix(kPrompt);
+    EXPECT_EQ(hit.num_computed_tokens, want) << "window " << w;
+    if (want == 16) EXPECT_THAT(hit.blocks[1], ElementsAre(N, N, N, 9));
+    m.check_invariants();
+  }
 }
 
 TEST(HybridPrefix, ChunkedGroupNeedsOnlyTheCurrentChunk) {
