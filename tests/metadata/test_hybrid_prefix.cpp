@@ -207,6 +207,32 @@ TEST(HybridPrefix, WindowNeedsTheLastWMinusOnePositionsExactly) {
   }
 }
 
+TEST(HybridPrefix, LocalGroupsShrinkTheHitToAFixpoint) {
+  // Groups {chunk 8, window 8, full}. The keys of entries 0..2 stay on the blocks sequence 1
+  // had before a swap (cached in the LRU); the decode after the swap-in releases its local
+  // entries unpublished, so: window keys {1, 2}, chunk key {2}, full keys {0..3}.
+  HybridKVCacheManager m = make(40, {chunked(8), window(8), full()}, 16);
+  ASSERT_TRUE(m.add_sequence(1, ids(100, 11)));  // chunk {1,2,3}, window {4,5,6}, full {7,8,9}
+  ASSERT_TRUE(m.append_tokens(1, ids(111, 1)));  // p = 11: chunk 1, 2 and window 4 freed
+  EXPECT_EQ(m.commit(1, 12), 6);                 // chunk 3, window 5, 6, full 7, 8, 9
+  ASSERT_TRUE(m.swap_out(1));
+  EXPECT_THAT(m.allocator().cached_lru(), ElementsAre(3, 6, 9, 5, 8, 7));
+  ASSERT_TRUE(m.swap_in(1));
+  EXPECT_THAT(table(m, 1, 1), ElementsAre(N, 11, 12));
+  for (int32_t t = 112; t < 124; ++t) ASSERT_TRUE(m.append_tokens(1, ids(t, 1)));
+  EXPECT_THAT(table(m, 1, 0), ElementsAre(N, N, N, N, 19, 22));
+  EXPECT_THAT(table(m, 1, 1), ElementsAre(N, N, N, N, 20, 23));  // entry 3 went at p = 23
+  EXPECT_EQ(m.commit(1, 16), 1);  // full entry 3 only, chained on block 9's entry
+  // Full: 16. Window: 16 needs {2, 3} -> 12 ({1, 2}). Chunk: 12 needs {2}: cached (block 3).
+  EXPECT_EQ(m.lookup_prefix(kPrompt).num_computed_tokens, 12);
+  ASSERT_TRUE(m.add_sequence(2, ids(500, 32)));  // 24 blocks: the 23 free ones, then evicts 3
+  EXPECT_EQ(m.prefix_cache(0).entry(3), nullptr);
+  // Now chunk: 12 -> 8 (a chunk start needs nothing). Window again: 8 needs {0, 1}, 4 needs
+  // {0}: 0. One pass over the groups would stop at 12 (or 8).
+  EXPECT_EQ(m.lookup_prefix(kPrompt).num_computed_tokens, 0);
+  m.check_invariants();
+}
+
 TEST(HybridPrefix, ChunkedGroupNeedsOnlyTheCurrentChunk) {
   // (c) groups {full, chunk 8}: at h the chunked group needs [floor(h / 8) x 8, h): nothing at
   // h = 16 or 8, entry 2 at h = 12.
