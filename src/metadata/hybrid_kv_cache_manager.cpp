@@ -75,6 +75,8 @@ int32_t checked_pool_size(const HybridKVCacheManagerConfig& c) {
   PAGEDKV_CHECK(c.block_size >= 1, "hybrid manager: block_size must be >= 1, got {}", c.block_size);
   PAGEDKV_CHECK(!c.groups.empty(), "hybrid manager: at least one KV cache group is needed");
   for (size_t i = 0; i < c.groups.size(); ++i) validate_group(c.groups[i], i);
+  PAGEDKV_CHECK(c.num_host_blocks >= 0 && c.num_host_blocks < (1 << 30),
+                "hybrid manager: num_host_blocks must be in [0, 2^30), got {}", c.num_host_blocks);
   return c.num_blocks;
 }
 
@@ -84,6 +86,14 @@ HybridKVCacheManager::HybridKVCacheManager(HybridKVCacheManagerConfig config)
     : config_(std::move(config)), pool_(checked_pool_size(config_)) {
   const std::optional<BlockId> null = pool_.allocate();  // ids come in ascending order: 0
   PAGEDKV_CHECK(null && *null == kNullBlock, "hybrid manager: the null block is not block 0");
+  if (config_.num_host_blocks > 0) {
+    host_.emplace(config_.num_host_blocks + 1);
+    (void)host_->allocate();  // host block 0, so that a swapped entry never reads as null
+  }
+  prefix_.reserve(config_.groups.size());
+  for (size_t g = 0; g < config_.groups.size(); ++g) {
+    prefix_.emplace_back(config_.num_blocks, config_.block_size);
+  }
 }
 
 const HybridKVCacheManager::Sequence& HybridKVCacheManager::get(SeqId seq, const char* op) const {
@@ -98,6 +108,20 @@ HybridKVCacheManager::Sequence& HybridKVCacheManager::get(SeqId seq, const char*
   return it->second;
 }
 
+const HybridKVCacheManager::Sequence& HybridKVCacheManager::get_running(SeqId seq,
+                                                                        const char* op) const {
+  const Sequence& s = get(seq, op);
+  PAGEDKV_CHECK(!s.swapped, "{}: sequence {} is swapped out", op, seq);
+  return s;
+}
+
+HybridKVCacheManager::Sequence HybridKVCacheManager::new_sequence() const {
+  Sequence s;
+  s.tables.resize(config_.groups.size());
+  s.serials.resize(config_.groups.size());
+  return s;
+}
+
 int64_t HybridKVCacheManager::sink_blocks(const KVCacheGroupSpec& g) const {
   return blocks_for_tokens(g.sink_tokens, config_.block_size);
 }
@@ -108,9 +132,7 @@ int64_t HybridKVCacheManager::first_live_entry(const KVCacheGroupSpec& g, int64_
 
 void HybridKVCacheManager::add_sequence(SeqId seq) {
   PAGEDKV_CHECK(!seqs_.contains(seq), "add_sequence: sequence {} already exists", seq);
-  Sequence s;
-  s.tables.resize(config_.groups.size());
-  seqs_.emplace(seq, std::move(s));
+  seqs_.emplace(seq, new_sequence());
 }
 
 HybridKVCacheManager::Plan HybridKVCacheManager::plan(const Sequence& s, int64_t n) const {
@@ -129,7 +151,10 @@ HybridKVCacheManager::Plan HybridKVCacheManager::plan(const Sequence& s, int64_t
       out.release[g].push_back(e);
       out.freed += pool_.ref_count(b) == 1;
     }
-    if (n > 0 && p % bs != 0 && pool_.ref_count(table.back()) > 1) {
+    // A published block may be the last one again after a truncate: its cached content must
+    // not be overwritten in place either.
+    if (n > 0 && p % bs != 0 &&
+        (pool_.ref_count(table.back()) > 1 || pool_.is_cached(table.back()))) {
       out.cow.push_back(static_cast<int32_t>(g));
     }
     out.new_blocks += blocks_for_tokens(p + n, bs) - size;
@@ -139,22 +164,38 @@ HybridKVCacheManager::Plan HybridKVCacheManager::plan(const Sequence& s, int64_t
 
 int64_t HybridKVCacheManager::blocks_needed(SeqId seq, int64_t n) const {
   PAGEDKV_CHECK(n >= 0, "blocks_needed: tokens must be >= 0, got {}", n);
-  const Plan pl = plan(get(seq, "blocks_needed"), n);
+  const Plan pl = plan(get_running(seq, "blocks_needed"), n);
   return pl.new_blocks + static_cast<int64_t>(pl.cow.size()) - pl.freed;
 }
 
 bool HybridKVCacheManager::can_append(SeqId seq, int64_t n) const {
-  return blocks_needed(seq, n) <= pool_.num_free();
+  return blocks_needed(seq, n) <= pool_.num_available();
 }
 
 std::optional<HybridAppendResult> HybridKVCacheManager::append_slots(SeqId seq, int64_t n) {
-  PAGEDKV_CHECK(n >= 0, "append_slots: tokens must be >= 0, got {}", n);
+  return do_append(seq, n, {}, false, "append_slots");
+}
+
+std::optional<HybridAppendResult> HybridKVCacheManager::append_tokens(
+    SeqId seq, std::span<const TokenId> tokens) {
+  return do_append(seq, static_cast<int64_t>(tokens.size()), tokens, true, "append_tokens");
+}
+
+std::optional<HybridAppendResult> HybridKVCacheManager::do_append(SeqId seq, int64_t n,
+                                                                  std::span<const TokenId> ids,
+                                                                  bool record_ids, const char* op) {
+  PAGEDKV_CHECK(n >= 0, "{}: tokens must be >= 0, got {}", op, n);
   PAGEDKV_CHECK(n <= std::numeric_limits<int32_t>::max(),
-                "append_slots: at most 2^31 - 1 tokens per call, got {}", n);
-  Sequence& s = get(seq, "append_slots");
+                "{}: at most 2^31 - 1 tokens per call, got {}", op, n);
+  (void)get_running(seq, op);
+  Sequence& s = get(seq, op);
   const Plan pl = plan(s, n);
   const int64_t fresh_count = pl.new_blocks + static_cast<int64_t>(pl.cow.size());
-  if (fresh_count - pl.freed > pool_.num_free()) return std::nullopt;
+  if (fresh_count - pl.freed > pool_.num_available()) return std::nullopt;
+  // Only this can throw (bad_alloc) among the changes: do it first.
+  if (s.ids_known && record_ids) {
+    s.token_ids.insert(s.token_ids.end(), ids.begin(), ids.end());
+  }
 
   HybridAppendResult r;
   r.released.resize(config_.groups.size());
@@ -167,8 +208,8 @@ std::optional<HybridAppendResult> HybridKVCacheManager::append_slots(SeqId seq, 
       entry = kNullBlock;
     }
   }
-  // Enough blocks are free now (checked above, the releases came first).
-  std::vector<BlockId> fresh = *pool_.allocate(static_cast<int32_t>(fresh_count));
+  // Enough blocks are available now (checked above, the releases came first).
+  std::vector<BlockId> fresh = allocate_evicting(static_cast<int32_t>(fresh_count));
   size_t next = 0;
   for (int32_t g : pl.cow) {
     BlockId& last = s.tables[static_cast<size_t>(g)].back();
@@ -190,11 +231,15 @@ std::optional<HybridAppendResult> HybridKVCacheManager::append_slots(SeqId seq, 
     }
   }
   s.num_tokens = p + n;
+  if (n > 0 && !record_ids && s.ids_known) {
+    s.ids_known = false;  // positions with unknown ids: nothing at or after them is keyed
+    s.token_ids.clear();
+  }
   return r;
 }
 
 void HybridKVCacheManager::fork(SeqId parent, SeqId child) {
-  const Sequence& src = get(parent, "fork");
+  const Sequence& src = get_running(parent, "fork");
   PAGEDKV_CHECK(!seqs_.contains(child), "fork: sequence {} already exists", child);
   Sequence copy = src;
   for (const std::vector<BlockId>& table : copy.tables) {
@@ -206,6 +251,7 @@ void HybridKVCacheManager::fork(SeqId parent, SeqId child) {
 }
 
 void HybridKVCacheManager::truncate(SeqId seq, int64_t num_tokens) {
+  (void)get_running(seq, "truncate");
   Sequence& s = get(seq, "truncate");
   PAGEDKV_CHECK(num_tokens >= 0 && num_tokens <= s.num_tokens,
                 "truncate: sequence {} has {} tokens, cannot keep {}", seq, s.num_tokens,
@@ -223,23 +269,49 @@ void HybridKVCacheManager::truncate(SeqId seq, int64_t num_tokens) {
                     (e + 1) * config_.block_size - 1, num_tokens);
     }
   }
-  for (std::vector<BlockId>& table : s.tables) {
-    while (static_cast<int64_t>(table.size()) > keep) {
-      if (table.back() != kNullBlock) (void)pool_.release(table.back());
-      table.pop_back();
+  // Tail first, entry by entry over the groups, as free_sequence.
+  for (auto e = static_cast<int64_t>(s.tables[0].size()); e-- > keep;) {
+    for (std::vector<BlockId>& table : s.tables) {
+      if (table[static_cast<size_t>(e)] != kNullBlock) {
+        (void)pool_.release(table[static_cast<size_t>(e)]);
+      }
     }
   }
+  for (std::vector<BlockId>& table : s.tables) table.resize(static_cast<size_t>(keep));
   s.num_tokens = num_tokens;
+  if (s.ids_known) s.token_ids.resize(static_cast<size_t>(num_tokens));
+  s.committed = std::min(s.committed, num_tokens);
+  // Keys of the full blocks that remain; a partial last block is keyed again once full.
+  const auto full_blocks = static_cast<size_t>(num_tokens / config_.block_size);
+  if (s.hashes.size() > full_blocks) {
+    s.hashes.resize(full_blocks);
+    for (std::vector<uint64_t>& serials : s.serials) serials.resize(full_blocks);
+  }
+}
+
+void HybridKVCacheManager::release_tables(const std::vector<std::vector<BlockId>>& tables,
+                                          BlockAllocator& pool) {
+  // Tail entries first over every group: cached tail blocks reach the LRU first, so they are
+  // evicted before the head blocks other prompts are likelier to share.
+  for (auto e = static_cast<int64_t>(tables[0].size()); e-- > 0;) {
+    for (const std::vector<BlockId>& table : tables) {
+      if (table[static_cast<size_t>(e)] != kNullBlock) {
+        (void)pool.release(table[static_cast<size_t>(e)]);
+      }
+    }
+  }
 }
 
 void HybridKVCacheManager::free_sequence(SeqId seq) {
   const Sequence& s = get(seq, "free_sequence");
-  for (const std::vector<BlockId>& table : s.tables) {
-    for (BlockId b : table) {
-      if (b != kNullBlock) (void)pool_.release(b);
-    }
-  }
+  release_tables(s.tables, s.swapped ? *host_ : pool_);
   seqs_.erase(seq);
+}
+
+const PrefixCache& HybridKVCacheManager::prefix_cache(int32_t group) const {
+  PAGEDKV_CHECK(group >= 0 && group < num_groups(), "prefix_cache: group {} not in [0, {})", group,
+                num_groups());
+  return prefix_[static_cast<size_t>(group)];
 }
 
 std::vector<SeqId> HybridKVCacheManager::sequences() const {
@@ -266,6 +338,7 @@ int64_t HybridKVCacheManager::blocks_in_tables(int32_t group) const {
                 group, num_groups());
   int64_t n = 0;
   for (const auto& [id, s] : seqs_) {
+    if (s.swapped) continue;
     n += std::count_if(s.tables[static_cast<size_t>(group)].begin(),
                        s.tables[static_cast<size_t>(group)].end(),
                        [](BlockId b) { return b != kNullBlock; });
@@ -278,7 +351,7 @@ std::vector<GroupBatchMetadata> HybridKVCacheManager::batch_metadata(
   std::vector<const Sequence*> rows;
   std::vector<int32_t> lens;
   for (SeqId id : seqs) {
-    const Sequence& s = get(id, "batch_metadata");
+    const Sequence& s = get_running(id, "batch_metadata");
     PAGEDKV_CHECK(s.num_tokens <= std::numeric_limits<int32_t>::max(),
                   "batch_metadata: sequence {} has {} tokens, more than int32 context lengths hold",
                   id, s.num_tokens);
@@ -295,43 +368,6 @@ std::vector<GroupBatchMetadata> HybridKVCacheManager::batch_metadata(
     out[g].mask = config_.groups[g].mask();
   }
   return out;
-}
-
-void HybridKVCacheManager::check_invariants() const {
-  pool_.check_invariants();
-  std::vector<int32_t> holders(static_cast<size_t>(config_.num_blocks), 0);
-  for (const auto& [id, s] : seqs_) {
-    const int64_t want = blocks_for_tokens(s.num_tokens, config_.block_size);
-    for (size_t g = 0; g < s.tables.size(); ++g) {
-      const std::vector<BlockId>& table = s.tables[g];
-      const KVCacheGroupSpec& spec = config_.groups[g];
-      PAGEDKV_CHECK(static_cast<int64_t>(table.size()) == want,
-                    "hybrid manager: sequence {} group {} has {} entries for {} tokens (want {})",
-                    id, g, table.size(), s.num_tokens, want);
-      const int64_t live_from = first_live_entry(spec, s.num_tokens);
-      for (size_t e = 0; e < table.size(); ++e) {
-        const BlockId b = table[e];
-        PAGEDKV_CHECK(
-            b >= 0 && b < config_.num_blocks,
-            "hybrid manager: sequence {} group {} entry {} holds block {} outside the pool", id, g,
-            e, b);
-        const bool needed =
-            static_cast<int64_t>(e) < sink_blocks(spec) || static_cast<int64_t>(e) >= live_from;
-        PAGEDKV_CHECK(!needed || b != kNullBlock,
-                      "hybrid manager: sequence {} group {} entry {} is released but still seen",
-                      id, g, e);
-        if (b != kNullBlock) ++holders[static_cast<size_t>(b)];
-      }
-    }
-  }
-  PAGEDKV_CHECK(pool_.ref_count(kNullBlock) == 1,
-                "hybrid manager: the null block's ref count is {}, want 1 (the manager's own)",
-                pool_.ref_count(kNullBlock));
-  for (BlockId b = 1; b < config_.num_blocks; ++b) {
-    PAGEDKV_CHECK(pool_.ref_count(b) == holders[static_cast<size_t>(b)],
-                  "hybrid manager: block {} has ref count {} but {} table entries", b,
-                  pool_.ref_count(b), holders[static_cast<size_t>(b)]);
-  }
 }
 
 }  // namespace pagedkv
