@@ -22,6 +22,7 @@
 #include "cli/replay_sharing.hpp"
 #include "pagedkv/error.hpp"
 #include "sim/hardware_preset.hpp"
+#include "sim/hybrid_layout.hpp"
 #include "sim/model_preset.hpp"
 #include "sim/replay.hpp"
 #include "sim/report.hpp"
@@ -232,6 +233,7 @@ void run_replay(const Options& o) {
   sim::ReplayConfig config;
   config.kv_memory_bytes = sim::parse_bytes(o.kv_memory);
   config.kv_bytes_per_token = sim::kv_bytes_per_token(model);
+  config.model = model;
   config.max_context = model.max_context;
   config.step_ms = o.step_ms;
   config.max_batch_tokens = o.max_batch_tokens;
@@ -247,9 +249,13 @@ void run_replay(const Options& o) {
   std::vector<sim::Strategy> strategies;
   if (o.strategies.empty()) {
     strategies = sim::default_strategies();
+    // The hybrid allocation is only a different strategy when some layers are local.
+    if (model.num_local_layers > 0) strategies.push_back({sim::StrategyKind::kHybrid, 16});
   } else {
     for (const std::string& s : o.strategies) strategies.push_back(sim::parse_strategy(s));
   }
+  // Before any run: a strategy the options do not support fails now, not after the others ran.
+  for (const sim::Strategy& s : strategies) sim::validate(config, s);
 
   sim::Trace trace = sim::read_trace(o.trace_path, {.strict = o.strict});
   for (const std::string& w : trace.warnings)
@@ -318,6 +324,17 @@ void run_replay(const Options& o) {
       config.rate_scale == 1.0
           ? std::string()
           : fmt::format("; request rate x{} (--rate-scale)", config.rate_scale));
+  for (const sim::ReplayResult& r : results) {
+    if (r.layers_per_group == 0) continue;
+    fmt::print(
+        "{}: {} KV cache groups of {} layers ({} padded layer slots, {:.1f}% of {}), pages of {} "
+        "tokens x {} layers = {}, {} pages\n",
+        r.strategy, r.kv_groups, r.layers_per_group, r.padded_layers,
+        100.0 * r.padded_layers / model.num_layers, model.num_layers, r.block_size,
+        r.layers_per_group,
+        sim::format_bytes(static_cast<double>(sim::hybrid_layout(model, r.block_size).page_bytes)),
+        r.num_blocks);
+  }
   fmt::print("{}\n", sim::format_trace_summary(trace));
   if (o.limit > 0 && trace.requests.size() == static_cast<size_t>(o.limit)) {
     fmt::print("replaying the first {} requests (--limit)\n", o.limit);
@@ -378,8 +395,8 @@ void add_replay_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--strategies", opts->strategies,
                   "comma-separated subset of contiguous-max, contiguous-exact, paged-<bs>, "
-                  "prefix-<bs> (default: contiguous-max, contiguous-exact, paged-1/8/16/32/128, "
-                  "prefix-16)")
+                  "prefix-<bs>, hybrid-<bs> (default: contiguous-max, contiguous-exact, "
+                  "paged-1/8/16/32/128, prefix-16, and hybrid-16 for a model with local layers)")
       ->delimiter(',');
   CLI::Option* step = sub->add_option("--step-ms", opts->step_ms,
                                       "constant step-time model: every scheduler step lasts MS")

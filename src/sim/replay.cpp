@@ -7,6 +7,8 @@
 #include <memory>
 
 #include "core/check.hpp"
+#include "pagedkv/storage/kv_cache_config.hpp"
+#include "sim/hybrid_layout.hpp"
 #include "sim/replay_pools.hpp"
 
 namespace pagedkv::sim {
@@ -136,8 +138,17 @@ class Accumulator {
                 static_cast<double>(waiting), static_cast<double>(reserved) / budget_tokens_);
   }
 
-  void finish(ReplayResult& r, int64_t bytes_per_token, double step_ms) const {
+  /// Samples the need ratio (needed / reserved bytes) of `count` time units with reservations.
+  void sample_need(double ratio, double count) {
+    need_sum_ += ratio * count;
+    need_steps_ += count;
+  }
+
+  /// `bytes_per_token`: bytes of one unit of the sampled positions (Pool::unit_bytes); `need`:
+  /// whether need ratios were sampled (need_util_mean stays -1 otherwise).
+  void finish(ReplayResult& r, int64_t bytes_per_token, double step_ms, bool need) const {
     const double steps = steps_ > 0 ? steps_ : 1.0;
+    if (need) r.need_util_mean = need_steps_ > 0 ? need_sum_ / need_steps_ : 0.0;
     r.util_mean = util_steps_ > 0 ? util_sum_ / util_steps_ : 0.0;
     r.frag_mean = util_steps_ > 0 ? 1.0 - r.util_mean : 0.0;
     r.util_p5 = 0.0;
@@ -171,6 +182,8 @@ class Accumulator {
   double running_sum_ = 0;
   int64_t peak_ = 0;
   double steps_ = 0;
+  double need_sum_ = 0;
+  double need_steps_ = 0;
   SeriesBuilder series_;
 };
 
@@ -187,7 +200,10 @@ class Scheduler {
         config_(config),
         res_(res),
         pool_(replay_detail::make_pool(trace, config, strategy, res)),
-        acc_(res.capacity_tokens, config.series_points),
+        acc_(pool_->capacity_units(res), config.series_points),
+        // Needed bytes per request are defined where no block is shared (see ReplayResult).
+        need_(config.model.has_value() && strategy.kind != StrategyKind::kPagedPrefix &&
+              config.group_width == 1),
         report_every_(std::max<int64_t>(1, static_cast<int64_t>(reqs_.size()) / 200)) {}
 
   /// Steps until every request has finished or been rejected.
@@ -227,7 +243,7 @@ class Scheduler {
     pool_->finish(res_);
     res_.steps = step_;
     res_.swap_seconds = swap_ms_total_ / 1000.0;
-    acc_.finish(res_, config_.kv_bytes_per_token, config_.step_ms);
+    acc_.finish(res_, pool_->unit_bytes(config_), config_.step_ms, need_);
     const double steps = static_cast<double>(std::max<int64_t>(step_, 1));
     res_.tokens_per_step = static_cast<double>(res_.processed_tokens) / steps;
     res_.generated_per_step = static_cast<double>(res_.generated_tokens) / steps;
@@ -448,6 +464,18 @@ class Scheduler {
     }
   }
 
+  /// Needed bytes of the running requests (each real layer what its attention sees) / the
+  /// bytes the pool reserves (ReplayResult::need_util_mean).
+  double need_ratio() const {
+    const ModelPreset& m = *config_.model;
+    int64_t needed = 0;
+    for (const Active& r : running_) needed += needed_layer_positions(m, r.cached);
+    const int64_t layer_bytes = kv_bytes_for_tokens(1, m.num_kv_heads, m.head_dim, m.dtype, 1);
+    return static_cast<double>(needed) * static_cast<double>(layer_bytes) /
+           (static_cast<double>(pool_->reserved()) *
+            static_cast<double>(pool_->unit_bytes(config_)));
+  }
+
   /// Whether r's blocks from the tiers are still loading at the start of this step.
   bool loading(const Active& r) const { return r.ready_ms > now_ms_; }
 
@@ -462,6 +490,7 @@ class Scheduler {
     const double length = constant_model() ? 1.0 + unit(step_swap_ms_) : unit(step_ms_);
     acc_.sample(now_unit(), length, static_cast<int64_t>(running_.size()),
                 static_cast<int64_t>(waiting_.size()), pool_->live(), pool_->reserved());
+    if (need_ && pool_->reserved() > 0) acc_.sample_need(need_ratio(), length);
     for (Active& r : running_) {
       const bool delivered = r.output > 0 ? r.generated >= 1 : r.computed >= r.target;
       if (r.first_token_ms < 0 && delivered) r.first_token_ms = now_ms_ + step_ms_;
@@ -481,6 +510,7 @@ class Scheduler {
   ReplayResult& res_;
   std::unique_ptr<Pool> pool_;
   Accumulator acc_;
+  const bool need_;  ///< need_util_mean is sampled
   const int64_t report_every_;
   std::deque<Active> waiting_;
   std::vector<Active> running_;
@@ -539,11 +569,34 @@ void validate(const ReplayConfig& c) {
                   t.load_bytes_per_s);
   }
   if (c.roofline) validate(*c.roofline);
+  if (c.model) {
+    validate(*c.model);
+    PAGEDKV_CHECK(kv_bytes_per_token(*c.model) == c.kv_bytes_per_token,
+                  "replay: KV bytes per token {} disagree with model '{}' ({} bytes per token)",
+                  c.kv_bytes_per_token, c.model->name, kv_bytes_per_token(*c.model));
+  }
+}
+
+void validate(const ReplayConfig& c, const Strategy& strategy) {
+  if (strategy.kind != StrategyKind::kHybrid) return;
+  const std::string name = strategy.name();
+  PAGEDKV_CHECK(c.model.has_value(),
+                "replay: strategy {} needs the model's layers (ReplayConfig::model is unset)",
+                name);
+  PAGEDKV_CHECK(c.preemption == Preemption::kRecompute,
+                "replay: strategy {} supports recompute preemption only (HybridKVCacheManager "
+                "cannot swap yet, issue 17)",
+                name);
+  PAGEDKV_CHECK(c.group_width == 1,
+                "replay: strategy {} does not run sharing groups (width {}): forked hybrid "
+                "sequences are not replayed yet",
+                name, c.group_width);
 }
 
 ReplayResult replay(const Trace& trace, const ReplayConfig& config, const Strategy& strategy,
                     const ProgressFn& progress) {
   validate(config);
+  validate(config, strategy);
   const auto t0 = std::chrono::steady_clock::now();
   ReplayResult res;
   res.strategy = strategy.name();

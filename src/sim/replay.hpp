@@ -42,7 +42,17 @@
 ///    (preempt) all through the manager's API;
 ///  - prefix-<bs>: the same with prefix caching on: prompts carry synthesized token ids (see
 ///    synthesize_tokens), decode appends record theirs (append_tokens), and cached blocks are
-///    evicted LRU by the manager when the pool runs short.
+///    evicted LRU by the manager when the pool runs short;
+///  - hybrid-<bs>: HybridKVCacheManager over the KV cache groups of ReplayConfig::model
+///    (hybrid_layout.hpp: pages of G layers, budget / page bytes pages, the null block not
+///    charged), so local layers release what left their window or chunk. The manager has no
+///    admission query or watermark, so the pool adds them as paged-<bs> has them (kOk when the
+///    free pages after the prompt stay >= floor(watermark x pages); kNever when the request's
+///    peak alone exceeds pages - that). The prompt is appended at admission in pieces of
+///    max_batch_tokens (the remainder first), so a local group holds what the largest prefill
+///    chunk reads (window or chunk + one chunk), as vLLM's per-chunk allocation does, not the
+///    whole prompt. Recompute preemption only (free_sequence; swap and prefix caching are not
+///    in the manager yet, issue 17); no sharing groups.
 /// Contiguous strategies are modelled as an ideal allocator (no external fragmentation), which
 /// favours them. No attention is computed and batch_metadata() is not built (the replay only
 /// needs the block accounting).
@@ -57,6 +67,7 @@
 #include <vector>
 
 #include "pagedkv/types.hpp"
+#include "sim/model_preset.hpp"
 #include "sim/sharing.hpp"
 #include "sim/step_time.hpp"
 #include "sim/strategy.hpp"
@@ -70,6 +81,10 @@ enum class Preemption { kRecompute, kSwap };
 
 /// Scheduler and memory parameters shared by every strategy of a run.
 struct ReplayConfig {
+  /// The model's layers: the KV cache groups of hybrid-<bs> and the need-utilization metric
+  /// (ReplayResult::need_util_mean). Unset: hybrid strategies throw, need util is -1. When set,
+  /// kv_bytes_per_token must equal kv_bytes_per_token(*model).
+  std::optional<ModelPreset> model;
   int64_t kv_memory_bytes = 0;      ///< KV budget, bytes (>= one token)
   int64_t kv_bytes_per_token = 0;   ///< 2 x L x H_kv x D x sizeof(dtype), bytes (>= 1)
   int64_t max_context = 0;          ///< positions per request; longer requests are rejected
@@ -110,6 +125,12 @@ struct ReplayConfig {
 /// Checks every field. Errors: throws pagedkv::Error naming the field and value.
 void validate(const ReplayConfig& config);
 
+/// Checks that `strategy` can run under `config` (validate(config) first): hybrid-<bs> needs
+/// config.model, recompute preemption and group_width 1. replay() calls it; a caller running
+/// several strategies can call it for each before running any.
+/// Errors: throws pagedkv::Error naming the strategy and what it does not support.
+void validate(const ReplayConfig& config, const Strategy& strategy);
+
 /// One bucket of the time series: means over the steps it covers.
 struct SeriesPoint {
   double time_s = 0;             ///< bucket centre, simulated seconds
@@ -123,15 +144,32 @@ struct SeriesPoint {
 /// rejected_too_large == requests; 0 <= util_p5 <= util_mean <= 1 (up to histogram resolution).
 struct ReplayResult {
   std::string strategy;
-  int32_t block_size = 0;       ///< 0 for contiguous strategies
-  int64_t capacity_tokens = 0;  ///< positions the budget holds (whole blocks for paged)
-  int32_t num_blocks = 0;       ///< paged: pool size; 0 otherwise
-  int64_t requests = 0;         ///< in the trace
+  int32_t block_size = 0;  ///< 0 for contiguous strategies
+  /// Positions the budget holds (whole blocks for paged); hybrid: the positions of every layer
+  /// its pages' bytes would hold, pages x block_size x G / L (rounded down).
+  int64_t capacity_tokens = 0;
+  int32_t num_blocks = 0;  ///< paged and hybrid: pool size (hybrid: without the null block)
+  /// hybrid-<bs> (hybrid_layout.hpp): layers per group and page G, KV cache groups, and padded
+  /// layer slots (their pages cost memory and hold nothing); 0 for other strategies.
+  int32_t layers_per_group = 0;
+  int32_t kv_groups = 0;
+  int32_t padded_layers = 0;
+  int64_t requests = 0;  ///< in the trace
   int64_t completed = 0;
   int64_t rejected_too_long = 0;   ///< P + O > max_context
   int64_t rejected_too_large = 0;  ///< can never fit in the budget under this strategy
   double util_mean = 0;            ///< time-weighted mean of live / reserved bytes (steps with any)
   double util_p5 = 0;              ///< 5th percentile of the same per-step ratio (resolution 1e-4)
+  /// KV need utilization: time-weighted mean, over steps with reservations, of needed bytes /
+  /// reserved bytes, where needed = for each request, each real layer the positions its
+  /// attention sees (needed_layer_positions(model, T) x 2 x H_kv x D x sizeof(dtype); full
+  /// layers T, window layers min(T, W), chunked ((T - 1) mod C) + 1) and reserved = the bytes
+  /// the strategy holds (hybrid: its pages, padded layers included). For hybrid-<bs> it equals
+  /// util_mean (its live bytes are the needed ones); for an all-full strategy on a hybrid model
+  /// it shows the local layers' bytes no attention reads. -1 without ReplayConfig::model and
+  /// where blocks are shared (prefix-<bs>, group_width > 1: needed per request would count
+  /// shared K/V twice).
+  double need_util_mean = -1;
   double frag_mean = 0;  ///< time-weighted mean of (reserved - live) / reserved = 1 - util_mean
   double waste_mean_bytes = 0;     ///< time-weighted mean of reserved - live bytes (all steps)
   double reserved_mean_bytes = 0;  ///< time-weighted mean of reserved bytes (all steps)

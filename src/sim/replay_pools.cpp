@@ -363,6 +363,8 @@ std::unique_ptr<Pool> replay_detail::make_pool(const Trace& trace, const ReplayC
       return std::make_unique<ContiguousPool>(budget_tokens,
                                               strategy.kind == StrategyKind::kContiguousMax,
                                               config.max_context, config.group_width);
+    case StrategyKind::kHybrid:
+      return replay_detail::make_hybrid_pool(config, strategy, res);
     case StrategyKind::kPaged:
     case StrategyKind::kPagedPrefix:
       break;

@@ -40,7 +40,9 @@ struct Active {
 };
 
 /// A memory strategy: admission, decode growth and release of requests' KV positions. Tracks
-/// live positions (assigned to a token) and reserved positions (held for some request).
+/// live positions (assigned to a token) and reserved positions (held for some request), in
+/// units of unit_bytes() bytes: one position of every layer, except for the hybrid pool (one
+/// position of one layer).
 class Pool {
  public:
   virtual ~Pool() = default;
@@ -60,6 +62,14 @@ class Pool {
   virtual void commit(const Active& /*r*/) {}
   [[nodiscard]] virtual int64_t live() const = 0;
   [[nodiscard]] virtual int64_t reserved() const = 0;
+  /// Bytes of one unit of live() and reserved().
+  [[nodiscard]] virtual int64_t unit_bytes(const ReplayConfig& config) const {
+    return config.kv_bytes_per_token;
+  }
+  /// Units the budget holds (the denominator of the reserved fraction of the time series).
+  [[nodiscard]] virtual int64_t capacity_units(const ReplayResult& res) const {
+    return res.capacity_tokens;
+  }
   virtual void finish(ReplayResult& /*res*/) const {}
 };
 
@@ -68,6 +78,12 @@ class Pool {
 /// Errors: throws pagedkv::Error if the budget holds no block of a paged strategy.
 [[nodiscard]] std::unique_ptr<Pool> make_pool(const Trace& trace, const ReplayConfig& config,
                                               const Strategy& strategy, ReplayResult& res);
+
+/// The hybrid-<bs> pool (replay_hybrid.cpp); fills res as make_pool does, and res's
+/// layers_per_group, kv_groups and padded_layers.
+/// Errors: throws pagedkv::Error if config.model is unset or the budget holds no page.
+[[nodiscard]] std::unique_ptr<Pool> make_hybrid_pool(const ReplayConfig& config,
+                                                     const Strategy& strategy, ReplayResult& res);
 
 /// synthesize_tokens (replay.hpp) into `out` (resized to end - begin; its capacity is kept).
 void synthesize_into(const Trace& trace, size_t index, int64_t begin, int64_t end,

@@ -37,18 +37,21 @@ std::string format_trace_summary(const Trace& t) {
 
 std::string format_replay_table(std::span<const ReplayResult> results) {
   std::string out =
-      "| strategy | util mean | util p5 | frag | peak conc | mean conc | preempt | tok/step | "
+      "| strategy | util mean | util p5 | need util | frag | peak conc | mean conc | preempt | "
+      "tok/step | "
       "gen/step | queue mean | queue p99 | prefix hit | done | rejected | steps | wall s | "
       "TTFT p50 ms | TPOT p50 ms | norm lat s/tok | req/s |\n"
       "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-      "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+      "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
   for (const ReplayResult& r : results) {
     out += fmt::format(
-        "| {} | {:.3f} | {:.3f} | {:.3f} | {} | {:.1f} | {} | {:.1f} | {:.2f} | {:.1f} | {:.0f} | "
+        "| {} | {:.3f} | {:.3f} | {} | {:.3f} | {} | {:.1f} | {} | {:.1f} | {:.2f} | {:.1f} | "
+        "{:.0f} | "
         "{:.3f} | {} | {} | {} | {:.2f} | {:.0f} | {:.1f} | {:.3f} | {:.2f} |\n",
-        r.strategy, r.util_mean, r.util_p5, r.frag_mean, r.peak_concurrency, r.mean_concurrency,
-        r.preemptions, r.tokens_per_step, r.generated_per_step, r.queue_mean_steps,
-        r.queue_p99_steps, r.prefix_hit_rate, r.completed,
+        r.strategy, r.util_mean, r.util_p5,
+        r.need_util_mean < 0 ? std::string("n/a") : fmt::format("{:.3f}", r.need_util_mean),
+        r.frag_mean, r.peak_concurrency, r.mean_concurrency, r.preemptions, r.tokens_per_step,
+        r.generated_per_step, r.queue_mean_steps, r.queue_p99_steps, r.prefix_hit_rate, r.completed,
         r.rejected_too_long + r.rejected_too_large, r.steps, r.wall_seconds, r.ttft_p50_ms,
         r.tpot_p50_ms, r.normalized_latency_s, r.throughput_rps);
   }
@@ -121,6 +124,9 @@ nlohmann::json replay_to_json(const Trace& trace, const ModelPreset& model,
                 {"kv_heads", model.num_kv_heads},
                 {"head_dim", model.head_dim},
                 {"dtype", std::string(dtype_name(model.dtype))},
+                {"local_layers", model.num_local_layers},
+                {"sliding_window", model.sliding_window},
+                {"attention_chunk", model.attention_chunk},
                 {"max_context", config.max_context},
                 {"kv_bytes_per_token", config.kv_bytes_per_token}};
   j["config"] = {
@@ -161,46 +167,51 @@ nlohmann::json replay_to_json(const Trace& trace, const ModelPreset& model,
                 {"warnings", trace.warnings}};
   json strategies = json::array();
   for (const ReplayResult& r : results) {
-    json s = {{"strategy", r.strategy},
-              {"block_size", r.block_size},
-              {"capacity_tokens", r.capacity_tokens},
-              {"num_blocks", r.num_blocks},
-              {"requests", r.requests},
-              {"completed", r.completed},
-              {"rejected_too_long", r.rejected_too_long},
-              {"rejected_too_large", r.rejected_too_large},
-              {"utilization_mean", r.util_mean},
-              {"utilization_p5", r.util_p5},
-              {"fragmentation_mean", r.frag_mean},
-              {"waste_mean_bytes", r.waste_mean_bytes},
-              {"reserved_mean_bytes", r.reserved_mean_bytes},
-              {"peak_concurrency", r.peak_concurrency},
-              {"mean_concurrency", r.mean_concurrency},
-              {"preemptions", r.preemptions},
-              {"recomputed_tokens", r.recomputed_tokens},
-              {"swapped_tokens", r.swapped_tokens},
-              {"swap_seconds", r.swap_seconds},
-              {"steps", r.steps},
-              {"mean_step_ms", r.mean_step_ms},
-              {"processed_tokens", r.processed_tokens},
-              {"generated_tokens", r.generated_tokens},
-              {"tokens_per_step", r.tokens_per_step},
-              {"generated_per_step", r.generated_per_step},
-              {"queue_mean_steps", r.queue_mean_steps},
-              {"queue_p99_steps", r.queue_p99_steps},
-              {"prompt_tokens", r.prompt_tokens},
-              {"prefix_query_tokens", r.prefix_query_tokens},
-              {"prefix_hit_tokens", r.prefix_hit_tokens},
-              {"prefix_evictions", r.prefix_evictions},
-              {"prefix_hit_rate", r.prefix_hit_rate},
-              {"ttft_p50_ms", r.ttft_p50_ms},
-              {"ttft_p99_ms", r.ttft_p99_ms},
-              {"tpot_p50_ms", r.tpot_p50_ms},
-              {"tpot_p99_ms", r.tpot_p99_ms},
-              {"normalized_latency_s", r.normalized_latency_s},
-              {"throughput_rps", r.throughput_rps},
-              {"output_tokens_per_s", r.output_tokens_per_s},
-              {"wall_seconds", r.wall_seconds}};
+    json s = {
+        {"strategy", r.strategy},
+        {"block_size", r.block_size},
+        {"capacity_tokens", r.capacity_tokens},
+        {"num_blocks", r.num_blocks},
+        {"requests", r.requests},
+        {"completed", r.completed},
+        {"rejected_too_long", r.rejected_too_long},
+        {"rejected_too_large", r.rejected_too_large},
+        {"utilization_mean", r.util_mean},
+        {"utilization_p5", r.util_p5},
+        {"need_utilization_mean", r.need_util_mean < 0 ? json(nullptr) : json(r.need_util_mean)},
+        {"layers_per_group", r.layers_per_group},
+        {"kv_groups", r.kv_groups},
+        {"padded_layers", r.padded_layers},
+        {"fragmentation_mean", r.frag_mean},
+        {"waste_mean_bytes", r.waste_mean_bytes},
+        {"reserved_mean_bytes", r.reserved_mean_bytes},
+        {"peak_concurrency", r.peak_concurrency},
+        {"mean_concurrency", r.mean_concurrency},
+        {"preemptions", r.preemptions},
+        {"recomputed_tokens", r.recomputed_tokens},
+        {"swapped_tokens", r.swapped_tokens},
+        {"swap_seconds", r.swap_seconds},
+        {"steps", r.steps},
+        {"mean_step_ms", r.mean_step_ms},
+        {"processed_tokens", r.processed_tokens},
+        {"generated_tokens", r.generated_tokens},
+        {"tokens_per_step", r.tokens_per_step},
+        {"generated_per_step", r.generated_per_step},
+        {"queue_mean_steps", r.queue_mean_steps},
+        {"queue_p99_steps", r.queue_p99_steps},
+        {"prompt_tokens", r.prompt_tokens},
+        {"prefix_query_tokens", r.prefix_query_tokens},
+        {"prefix_hit_tokens", r.prefix_hit_tokens},
+        {"prefix_evictions", r.prefix_evictions},
+        {"prefix_hit_rate", r.prefix_hit_rate},
+        {"ttft_p50_ms", r.ttft_p50_ms},
+        {"ttft_p99_ms", r.ttft_p99_ms},
+        {"tpot_p50_ms", r.tpot_p50_ms},
+        {"tpot_p99_ms", r.tpot_p99_ms},
+        {"normalized_latency_s", r.normalized_latency_s},
+        {"throughput_rps", r.throughput_rps},
+        {"output_tokens_per_s", r.output_tokens_per_s},
+        {"wall_seconds", r.wall_seconds}};
     if (!r.tiers.empty()) s["tiers"] = tiers_json(r.tiers);
     if (with_series) {
       json series = json::array();

@@ -18,7 +18,8 @@ namespace pagedkv::sim {
 /// One paragraph: source, format, rows read / accepted / skipped (by reason), span, token means.
 [[nodiscard]] std::string format_trace_summary(const Trace& trace);
 
-/// Markdown table, one row per strategy: utilization mean and p5, fragmentation, peak and mean
+/// Markdown table, one row per strategy: utilization mean and p5, need utilization (n/a where
+/// undefined, ReplayResult::need_util_mean), fragmentation, peak and mean
 /// concurrency, preemptions, tokens and generated tokens per step, queueing delay mean and
 /// p99 (steps), prefix hit rate, completed and rejected requests, simulated steps, wall time.
 [[nodiscard]] std::string format_replay_table(std::span<const ReplayResult> results);

@@ -23,13 +23,16 @@ constexpr detail::EnumName<StrategyKind> kStrategyKindNames[] = {
     {StrategyKind::kContiguousExact, "contiguous-exact"},
     {StrategyKind::kPaged, "paged"},
     {StrategyKind::kPagedPrefix, "prefix"},
+    {StrategyKind::kHybrid, "hybrid"},
 };
 
 bool has_block_size(StrategyKind kind) {
-  return kind == StrategyKind::kPaged || kind == StrategyKind::kPagedPrefix;
+  return kind == StrategyKind::kPaged || kind == StrategyKind::kPagedPrefix ||
+         kind == StrategyKind::kHybrid;
 }
 
-/// "contiguous-max, contiguous-exact, paged-<block size>, prefix-<block size>".
+/// "contiguous-max, contiguous-exact, paged-<block size>, prefix-<block size>, hybrid-<block
+/// size>".
 std::string accepted_forms() {
   std::string out;
   for (const auto& e : kStrategyKindNames) {
@@ -73,6 +76,11 @@ Strategy parse_strategy(std::string_view text) {
       return {*kind, bs};
     }
   }
+  PAGEDKV_CHECK(!text.starts_with("hybrid-prefix"),
+                "strategy '{}': prefix caching with hybrid allocation is not available yet "
+                "(HybridKVCacheManager has no prefix caching across KV cache groups, issue 17); "
+                "use hybrid-<block size> or prefix-<block size>",
+                text);
   detail::fail("unknown strategy '{}' (expected {}; block size 1..{})", text, accepted_forms(),
                kMaxBlockSize);
 }
