@@ -178,3 +178,26 @@ pagedkv_add_shared_data_test(NAME cli.generate.default_model_matches_reference
           "-DSOURCE_REGEX=/models/stories260K.bin$"
           -P ${CMAKE_CURRENT_SOURCE_DIR}/model/expect_reference_text.cmake)
 set_tests_properties(cli.generate.default_model_matches_reference PROPERTIES LABELS cli)
+
+# A layer pattern (issue 17 item 5): stories260K's 5 layers as 4 window-16 layers and 1 full
+# layer; the hybrid paged cache agrees with the contiguous and none modes under the same
+# per-layer masks, and each window group holds the 5 blocks (block size 4) that positions
+# 105..120 of the 121-token run touch.
+add_test(NAME cli.generate.layer_pattern
+         COMMAND pagedkv_cli generate --layer-pattern SSSSF --window 16 --steps 128 --block-size 4)
+set_tests_properties(cli.generate.layer_pattern PROPERTIES LABELS "model;cli"
+  PASS_REGULAR_EXPRESSION "agreement: contiguous vs paged: same tokens[^\n]*\nagreement: none vs paged: same tokens.*KV cache groups of the paged run [(]layer pattern SSSSF, one pool, 5 groups[)]:\n  group 0: window 16 +1 layers +5 blocks.*  group 4: full +1 layers +31 blocks.*x less")
+foreach(_case
+    "window_without_pattern|generate|--window|8|apply to the layers of a --layer-pattern"
+    "bad_letter|generate|--layer-pattern|SFX|--window|8|letter 'X' at index 2"
+    "no_window|generate|--layer-pattern|SF|S layers need a window >= 1, got 0"
+    "prefix_caching|generate|--layer-pattern|SF|--window|8|--prefix-caching|no prefix caching")
+  string(REPLACE "|" ";" _parts "${_case}")
+  list(POP_FRONT _parts _name)
+  list(POP_BACK _parts _regex)
+  string(REPLACE ";" "|" _args "${_parts}")
+  add_test(NAME cli.generate.layer_pattern_${_name}
+    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2 "-DARGS=${_args}"
+            "-DSTDERR_REGEX=${_regex}" -P ${_expect})
+  set_tests_properties(cli.generate.layer_pattern_${_name} PROPERTIES LABELS "model;cli")
+endforeach()

@@ -36,8 +36,10 @@ struct HybridLayout {
   int32_t padded_layers = 0;         ///< layer slots holding no real layer
   int64_t layer_position_bytes = 0;  ///< one position of one layer: 2 x H_kv x D x sizeof(dtype)
   int64_t page_bytes = 0;            ///< one block: block_size x G x layer_position_bytes, bytes
-  /// [full_groups + local_groups] the manager's groups, full ones first, each of G layers; the
-  /// local ones carry the preset's window or chunk (no sink tokens: no preset has any).
+  /// [full_groups + local_groups] the manager's groups (group_layers of the metadata layer, which
+  /// implements the rule), full ones first, each with its real layers (a kind's last group may
+  /// hold fewer than G); the local ones carry the preset's window or chunk (no sink tokens: no
+  /// preset has any).
   std::vector<KVCacheGroupSpec> groups;
 };
 

@@ -11,6 +11,7 @@
 #include <set>
 #include <vector>
 
+#include "common/hybrid_groups.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/metadata/hybrid_kv_cache_manager.hpp"
 
@@ -21,16 +22,14 @@ using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
-constexpr BlockId N = HybridKVCacheManager::kNullBlock;
+using testing::N;
 
 #define EXPECT_ERROR(stmt, needle) \
   EXPECT_THAT([&] { stmt; }, ::testing::ThrowsMessage<Error>(HasSubstr(needle)))
 
-KVCacheGroupSpec full() { return {}; }
-KVCacheGroupSpec window(int32_t w, int32_t sinks = 0) {
-  return {GroupAttention::kSlidingWindow, w, sinks, 0, 1};
-}
-KVCacheGroupSpec chunked(int32_t c) { return {GroupAttention::kChunkedLocal, 0, 0, c, 1}; }
+using testing::chunked;
+using testing::full;
+using testing::window;
 
 int64_t live(std::span<const BlockId> table) {
   return std::count_if(table.begin(), table.end(), [](BlockId b) { return b != N; });

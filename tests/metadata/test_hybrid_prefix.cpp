@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/hybrid_groups.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/metadata/hybrid_kv_cache_manager.hpp"
 
@@ -23,16 +24,14 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-constexpr BlockId N = HybridKVCacheManager::kNullBlock;
+using testing::N;
 
 #define EXPECT_ERROR(stmt, needle) \
   EXPECT_THAT([&] { stmt; }, ::testing::ThrowsMessage<Error>(HasSubstr(needle)))
 
-KVCacheGroupSpec full() { return {}; }
-KVCacheGroupSpec window(int32_t w, int32_t sinks = 0) {
-  return {GroupAttention::kSlidingWindow, w, sinks, 0, 1};
-}
-KVCacheGroupSpec chunked(int32_t c) { return {GroupAttention::kChunkedLocal, 0, 0, c, 1}; }
+using testing::chunked;
+using testing::full;
+using testing::window;
 
 /// Token ids first, first + 1, ..., n of them.
 std::vector<TokenId> ids(int32_t first, int32_t n) {

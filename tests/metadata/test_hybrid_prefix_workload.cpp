@@ -14,20 +14,19 @@
 #include <set>
 #include <vector>
 
+#include "common/hybrid_groups.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/metadata/hybrid_kv_cache_manager.hpp"
 
 namespace pagedkv {
 namespace {
 
-constexpr BlockId N = HybridKVCacheManager::kNullBlock;
+using testing::N;
 constexpr int32_t kBs = 4;
 
-KVCacheGroupSpec full() { return {}; }
-KVCacheGroupSpec window(int32_t w, int32_t sinks = 0) {
-  return {GroupAttention::kSlidingWindow, w, sinks, 0, 1};
-}
-KVCacheGroupSpec chunked(int32_t c) { return {GroupAttention::kChunkedLocal, 0, 0, c, 1}; }
+using testing::chunked;
+using testing::full;
+using testing::window;
 
 /// K/V a position holds: a fingerprint of the salt and every token up to it (K/V depend on
 /// the whole prefix), so equal fingerprints mean shareable content.

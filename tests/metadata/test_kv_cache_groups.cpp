@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "common/hybrid_groups.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/metadata/kv_cache_groups.hpp"
 
@@ -14,12 +15,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-KVCacheGroupSpec window(int32_t w) {
-  KVCacheGroupSpec s;
-  s.kind = GroupAttention::kSlidingWindow;
-  s.window = w;
-  return s;
-}
+using testing::window;
 
 TEST(KVCacheGroups, Gemma3PadsTheWindowKindToGroupsOfTen) {
   // 62 layers, layer i full when (i + 1) % 6 == 0: 10 full, 52 window-1024 layers. G = 10;
