@@ -227,6 +227,22 @@ void run_sweep(const Options& o, const sim::ModelPreset& model, const sim::Repla
   if (!o.svg_path.empty()) fmt::print("\nplot: {}\n", o.svg_path);
 }
 
+/// One line per hybrid strategy: its KV cache groups, padding and pages.
+void print_hybrid_layouts(const std::vector<sim::ReplayResult>& results,
+                          const sim::ModelPreset& model) {
+  for (const sim::ReplayResult& r : results) {
+    if (r.layers_per_group == 0) continue;
+    fmt::print(
+        "{}: {} KV cache groups of {} layers ({} padded layer slots, {:.1f}% of {}), pages of {} "
+        "tokens x {} layers = {}, {} pages\n",
+        r.strategy, r.kv_groups, r.layers_per_group, r.padded_layers,
+        100.0 * r.padded_layers / model.num_layers, model.num_layers, r.block_size,
+        r.layers_per_group,
+        sim::format_bytes(static_cast<double>(sim::hybrid_layout(model, r.block_size).page_bytes)),
+        r.num_blocks);
+  }
+}
+
 void run_replay(const Options& o) {
   const sim::ModelPreset model = resolve_model(o.model);
 
@@ -324,17 +340,7 @@ void run_replay(const Options& o) {
       config.rate_scale == 1.0
           ? std::string()
           : fmt::format("; request rate x{} (--rate-scale)", config.rate_scale));
-  for (const sim::ReplayResult& r : results) {
-    if (r.layers_per_group == 0) continue;
-    fmt::print(
-        "{}: {} KV cache groups of {} layers ({} padded layer slots, {:.1f}% of {}), pages of {} "
-        "tokens x {} layers = {}, {} pages\n",
-        r.strategy, r.kv_groups, r.layers_per_group, r.padded_layers,
-        100.0 * r.padded_layers / model.num_layers, model.num_layers, r.block_size,
-        r.layers_per_group,
-        sim::format_bytes(static_cast<double>(sim::hybrid_layout(model, r.block_size).page_bytes)),
-        r.num_blocks);
-  }
+  print_hybrid_layouts(results, model);
   fmt::print("{}\n", sim::format_trace_summary(trace));
   if (o.limit > 0 && trace.requests.size() == static_cast<size_t>(o.limit)) {
     fmt::print("replaying the first {} requests (--limit)\n", o.limit);

@@ -577,22 +577,6 @@ void validate(const ReplayConfig& c) {
   }
 }
 
-void validate(const ReplayConfig& c, const Strategy& strategy) {
-  if (strategy.kind != StrategyKind::kHybrid) return;
-  const std::string name = strategy.name();
-  PAGEDKV_CHECK(c.model.has_value(),
-                "replay: strategy {} needs the model's layers (ReplayConfig::model is unset)",
-                name);
-  PAGEDKV_CHECK(c.preemption == Preemption::kRecompute,
-                "replay: strategy {} supports recompute preemption only (HybridKVCacheManager "
-                "cannot swap yet, issue 17)",
-                name);
-  PAGEDKV_CHECK(c.group_width == 1,
-                "replay: strategy {} does not run sharing groups (width {}): forked hybrid "
-                "sequences are not replayed yet",
-                name, c.group_width);
-}
-
 ReplayResult replay(const Trace& trace, const ReplayConfig& config, const Strategy& strategy,
                     const ProgressFn& progress) {
   validate(config);

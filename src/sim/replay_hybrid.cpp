@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "core/check.hpp"
@@ -175,6 +176,22 @@ std::unique_ptr<Pool> replay_detail::make_hybrid_pool(const ReplayConfig& config
   res.padded_layers = layout.padded_layers;
   return std::make_unique<HybridPool>(config, std::move(layout), res.num_blocks,
                                       strategy.block_size);
+}
+
+void validate(const ReplayConfig& c, const Strategy& strategy) {
+  if (strategy.kind != StrategyKind::kHybrid) return;
+  const std::string name = strategy.name();
+  PAGEDKV_CHECK(c.model.has_value(),
+                "replay: strategy {} needs the model's layers (ReplayConfig::model is unset)",
+                name);
+  PAGEDKV_CHECK(c.preemption == Preemption::kRecompute,
+                "replay: strategy {} supports recompute preemption only (the replay's hybrid "
+                "pool does not drive the manager's swap yet, issue 17)",
+                name);
+  PAGEDKV_CHECK(c.group_width == 1,
+                "replay: strategy {} does not run sharing groups (width {}): forked hybrid "
+                "sequences are not replayed yet",
+                name, c.group_width);
 }
 
 }  // namespace pagedkv::sim

@@ -1,7 +1,6 @@
-// CUDA decode attention: the split-K heuristic, workspace sizing and index math (host-only,
-// run everywhere); rejection of unsupported configurations before any CUDA call (no GPU
-// needed); and, on a GPU, the paged and contiguous kernels against the CPU
-// pagedkv::paged_decode_attention on the same cache, across the supported configurations.
+// CUDA decode attention: the split-K heuristic, workspace sizing and index math (host-only, run
+// everywhere); rejection of unsupported configurations before any CUDA call (no GPU needed); on
+// a GPU, the kernels against the CPU paged_decode_attention on the same cache, every config.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -390,12 +389,10 @@ std::vector<GpuCase> supported_grid() {
   for (DType dtype : kDecodeDTypes) {
     for (int32_t d : kDecodeHeadDims) {
       for (int32_t bs : kDecodeBlockSizes) {
-        GpuCase c;
-        c.dtype = dtype;
-        c.head_dim = d;
-        c.block_size = bs;
-        c.contexts = {1, bs, bs + 1, 4097, 32768};
-        cases.push_back(c);
+        cases.push_back({.dtype = dtype,
+                         .head_dim = d,
+                         .block_size = bs,
+                         .contexts = {1, bs, bs + 1, 4097, 32768}});
       }
     }
   }
@@ -406,15 +403,13 @@ std::vector<GpuCase> shape_cases() {
   std::vector<GpuCase> cases;
   auto add = [&](DType dtype, int32_t d, int32_t bs, int32_t kv, int32_t group, KVLayout layout,
                  std::vector<int32_t> contexts) {
-    GpuCase c;
-    c.dtype = dtype;
-    c.head_dim = d;
-    c.block_size = bs;
-    c.num_kv_heads = kv;
-    c.group = group;
-    c.layout = layout;
-    c.contexts = std::move(contexts);
-    cases.push_back(c);
+    cases.push_back({.dtype = dtype,
+                     .head_dim = d,
+                     .block_size = bs,
+                     .num_kv_heads = kv,
+                     .group = group,
+                     .layout = layout,
+                     .contexts = std::move(contexts)});
   };
   add(DType::kF16, 128, 16, 4, 1, KVLayout::kHND, {0, 5, 300, 2000});  // MHA + padding row
   add(DType::kBF16, 128, 16, 2, 8, KVLayout::kHND, {17, 1031, 4097});  // GQA 8
@@ -430,35 +425,28 @@ std::vector<GpuCase> shape_cases() {
   add(DType::kFP8E5M2, 64, 8, 4, 8, KVLayout::kHND, {17, 1031, 4097});
   add(DType::kInt8, 256, 32, 1, 6, KVLayout::kNHD, {3, 1031, 2049});
   add(DType::kInt8, 128, 16, 3, 3, KVLayout::kHND, {0, 100, 65});
-  std::vector<int32_t> many;  // a wide batch of mixed lengths: one-pass territory
-  for (int32_t i = 0; i < 64; ++i) many.push_back(1 + (i * 97) % 700);
+  std::vector<int32_t> many(64);  // a wide batch of mixed lengths: one-pass territory
+  for (int32_t i = 0; i < 64; ++i) many[static_cast<size_t>(i)] = 1 + (i * 97) % 700;
   add(DType::kF16, 128, 16, 2, 4, KVLayout::kHND, many);
   return cases;
 }
 
 std::vector<GpuCase> mask_cases() {
+  // (window, sinks, chunk): windows and sinks; chunks around the block size, odd, with sinks,
+  // with a window. Hidden blocks point at NaN (scenario_from_case), as released entries do.
+  const std::array<int32_t, 3> masks[] = {
+      {0, 0, 0},  {0, 3, 0},  {1, 0, 0},     {100, 0, 0},   {64, 4, 0},   {2000, 0, 0},
+      {-1, 0, 3}, {-1, 0, 8}, {-1, 0, 1000}, {-1, 0, 8192}, {-1, 4, 512}, {100, 0, 1024}};
   std::vector<GpuCase> cases;
-  const std::pair<int32_t, int32_t> masks[] = {{0, 0},   {0, 3},  {1, 0},
-                                               {100, 0}, {64, 4}, {2000, 0}};
-  // Chunked local attention (chunk, window, sinks): chunks shorter than, equal to and longer
-  // than a block, one not a power of two, with sinks and with a window inside the chunk. The
-  // blocks each mask hides point at NaN (scenario_from_case), as a hybrid table's released
-  // entries point at the null block.
-  const std::array<int32_t, 3> chunks[] = {{3, -1, 0},    {8, -1, 0},   {1000, -1, 0},
-                                           {8192, -1, 0}, {512, -1, 4}, {1024, 100, 0}};
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kFP8E4M3}) {
-    const auto add = [&](int32_t window, int32_t sinks, int32_t chunk) {
-      GpuCase c;
-      c.dtype = dtype;
-      c.block_size = 8;
-      c.window_left = window;
-      c.sink_tokens = sinks;
-      c.chunk_size = chunk;
-      c.contexts = {1, 17, 1031, 4097};
-      cases.push_back(c);
-    };
-    for (auto [window, sinks] : masks) add(window, sinks, 0);
-    for (auto [chunk, window, sinks] : chunks) add(window, sinks, chunk);
+    for (auto [window, sinks, chunk] : masks) {
+      cases.push_back({.dtype = dtype,
+                       .block_size = 8,
+                       .window_left = window,
+                       .sink_tokens = sinks,
+                       .chunk_size = chunk,
+                       .contexts = {1, 17, 1031, 4097}});
+    }
   }
   return cases;
 }
