@@ -195,7 +195,7 @@ def block_hash(parent: int, tokens: Sequence[int], extra_key: int = 0) -> int:
 @overload
 def paged_decode_attention(q: Any, k_cache: Any, v_cache: Optional[Any], meta: BatchMetadata,
                            *, layout: str = "NHD", scale: float = 0.0, window_left: int = -1,
-                           sink_tokens: int = 0, out: Optional[Any] = None,
+                           sink_tokens: int = 0, chunk_size: int = 0, out: Optional[Any] = None,
                            kv_dtype: Optional[str] = None, k_scale: Optional[Any] = None,
                            v_scale: Optional[Any] = None) -> Any:
     """Decode: q [num_seqs, heads, dim], one query per sequence over its whole context;
@@ -205,14 +205,14 @@ def paged_decode_attention(q: Any, k_cache: Any, v_cache: Optional[Any], meta: B
 @overload
 def paged_decode_attention(q: Any, k_cache: Any, v_cache: Optional[Any], block_tables: Any,
                            seq_lens: Any, *, layout: str = "NHD", scale: float = 0.0,
-                           window_left: int = -1, sink_tokens: int = 0,
+                           window_left: int = -1, sink_tokens: int = 0, chunk_size: int = 0,
                            out: Optional[Any] = None, kv_dtype: Optional[str] = None,
                            k_scale: Optional[Any] = None, v_scale: Optional[Any] = None) -> Any:
     """Decode over block_tables [num_seqs, max_blocks] int32 and seq_lens [num_seqs] int32,
     built for the pool's block size."""
 def paged_prefill_attention(q: Any, k_cache: Any, v_cache: Optional[Any], meta: BatchMetadata,
                             *, layout: str = "NHD", scale: float = 0.0, window_left: int = -1,
-                            sink_tokens: int = 0, out: Optional[Any] = None,
+                            sink_tokens: int = 0, chunk_size: int = 0, out: Optional[Any] = None,
                             kv_dtype: Optional[str] = None, k_scale: Optional[Any] = None,
                             v_scale: Optional[Any] = None) -> Any:
     """Chunked causal prefill: q [meta.query_start_loc[-1], heads, dim], sequence i's rows at

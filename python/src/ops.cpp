@@ -24,18 +24,6 @@ using namespace nb::literals;
 
 namespace {
 
-AttentionParams params_for(const Any& q, const KVLayerView& cache, float scale, int32_t window,
-                           int32_t sinks) {
-  AttentionParams p;
-  p.num_heads = static_cast<int32_t>(q.shape(1));
-  p.num_kv_heads = cache.num_kv_heads;
-  p.head_dim = static_cast<int32_t>(q.shape(2));
-  p.scale = scale;
-  p.window_left = window;
-  p.sink_tokens = sinks;
-  return p;
-}
-
 // q (or out): [rows, heads, dim] float32, float16 or bfloat16, C-contiguous, on the CPU.
 DType check_activations(const char* name, const Any& a, const char* shape) {
   check_cpu(name, a);
@@ -99,18 +87,21 @@ struct AttentionArgs {
   float scale = 0.0f;
   int32_t window_left = -1;
   int32_t sink_tokens = 0;
+  int32_t chunk_size = 0;
   std::optional<Any> out;
   QuantArgs quant;
 };
 
 // The keyword arguments every attention op takes, in their binding order.
 AttentionArgs attention_args(std::string layout, float scale, int32_t window, int32_t sinks,
-                             std::optional<Any> out, std::optional<std::string> kv_dtype,
-                             std::optional<Any> k_scale, std::optional<Any> v_scale) {
+                             int32_t chunk, std::optional<Any> out,
+                             std::optional<std::string> kv_dtype, std::optional<Any> k_scale,
+                             std::optional<Any> v_scale) {
   return {std::move(layout),
           scale,
           window,
           sinks,
+          chunk,
           std::move(out),
           {std::move(kv_dtype), std::move(k_scale), std::move(v_scale)}};
 }
@@ -134,6 +125,7 @@ nb::object attend(const Any& q, const Any& k, const std::optional<Any>& v,
   params.scale = args.scale;
   params.window_left = args.window_left;
   params.sink_tokens = args.sink_tokens;
+  params.chunk_size = args.chunk_size;
   MutableActivationView o;
   nb::object result = output_for(q, q_dtype, args.out, o);
   const ActivationView qs{q.data(), q.size(), q_dtype};
@@ -244,23 +236,23 @@ void bind_ops(nb::module_& m) {
       "slots of the pools (converted to the pools' dtype; 8-bit: divided by k_scale / v_scale, "
       "rounded and saturated); negative slots are skipped.");
   // The attention ops: (q, k_cache, v_cache, tables..., *, layout, scale, window_left,
-  // sink_tokens, out, kv_dtype, k_scale, v_scale).
+  // sink_tokens, chunk_size, out, kv_dtype, k_scale, v_scale).
   const auto attention_kwargs = [](auto&&... positional) {
     return std::make_tuple(positional..., nb::kw_only(), "layout"_a = "NHD", "scale"_a = 0.0f,
-                           "window_left"_a = -1, "sink_tokens"_a = 0, "out"_a = nb::none(),
-                           "kv_dtype"_a = nb::none(), "k_scale"_a = nb::none(),
-                           "v_scale"_a = nb::none());
+                           "window_left"_a = -1, "sink_tokens"_a = 0, "chunk_size"_a = 0,
+                           "out"_a = nb::none(), "kv_dtype"_a = nb::none(),
+                           "k_scale"_a = nb::none(), "v_scale"_a = nb::none());
   };
   std::apply(
       [&](auto&&... a) {
         m.def(
             "paged_decode_attention",
             [](const Any& q, const Any& k, std::optional<Any> v, const BatchMetadata& meta,
-               std::string layout, float scale, int32_t window, int32_t sinks,
+               std::string layout, float scale, int32_t window, int32_t sinks, int32_t chunk,
                std::optional<Any> out, std::optional<std::string> kv_dtype,
                std::optional<Any> k_scale, std::optional<Any> v_scale) {
               AttentionArgs args =
-                  attention_args(std::move(layout), scale, window, sinks, std::move(out),
+                  attention_args(std::move(layout), scale, window, sinks, chunk, std::move(out),
                                  std::move(kv_dtype), std::move(k_scale), std::move(v_scale));
               return attend(q, k, v, meta.padded.view(), std::nullopt, args);
             },
@@ -273,10 +265,10 @@ void bind_ops(nb::module_& m) {
             "paged_decode_attention",
             [](const Any& q, const Any& k, std::optional<Any> v, const Any& block_tables,
                const Any& seq_lens, std::string layout, float scale, int32_t window, int32_t sinks,
-               std::optional<Any> out, std::optional<std::string> kv_dtype,
+               int32_t chunk, std::optional<Any> out, std::optional<std::string> kv_dtype,
                std::optional<Any> k_scale, std::optional<Any> v_scale) {
               AttentionArgs args =
-                  attention_args(std::move(layout), scale, window, sinks, std::move(out),
+                  attention_args(std::move(layout), scale, window, sinks, chunk, std::move(out),
                                  std::move(kv_dtype), std::move(k_scale), std::move(v_scale));
               const KVLayerView geometry =
                   pool_view(k, v, parse_layout(args.layout), args.quant, false).base;
@@ -291,11 +283,11 @@ void bind_ops(nb::module_& m) {
         m.def(
             "paged_prefill_attention",
             [](const Any& q, const Any& k, std::optional<Any> v, const BatchMetadata& meta,
-               std::string layout, float scale, int32_t window, int32_t sinks,
+               std::string layout, float scale, int32_t window, int32_t sinks, int32_t chunk,
                std::optional<Any> out, std::optional<std::string> kv_dtype,
                std::optional<Any> k_scale, std::optional<Any> v_scale) {
               AttentionArgs args =
-                  attention_args(std::move(layout), scale, window, sinks, std::move(out),
+                  attention_args(std::move(layout), scale, window, sinks, chunk, std::move(out),
                                  std::move(kv_dtype), std::move(k_scale), std::move(v_scale));
               return attend(q, k, v, meta.padded.view(), std::span<const int32_t>(meta.query_start),
                             args);

@@ -56,6 +56,33 @@ def reference(q_rows, keys, values, positions, scale=None):
     return out
 
 
+def masked_reference(q_rows, keys, values, positions, window=-1, sinks=0, chunk=0):
+    """`reference` under a mask, written from its definition: key k is visible from the query
+    at p when k <= p and, under a local mask, k < sinks or (k > p - window when windowed, and
+    k // chunk == p // chunk when chunked)."""
+    out = np.zeros((len(q_rows), H, D), np.float32)
+    local = window >= 0 or chunk > 0
+    for r, (q, pos) in enumerate(zip(q_rows, positions)):
+        ks = np.arange(pos + 1)
+        seen = np.ones(pos + 1, bool)
+        if local:
+            inside = np.ones(pos + 1, bool)
+            if window >= 0:
+                inside &= ks > pos - window
+            if chunk > 0:
+                inside &= ks // chunk == pos // chunk
+            seen = inside | (ks < sinks)
+        if not seen.any():
+            continue  # no visible key: zeros, the kernels' convention
+        for h in range(H):
+            kk = keys[: pos + 1, h // (H // KH)][seen]
+            vv = values[: pos + 1, h // (H // KH)][seen]
+            s = (kk.astype(np.float64) @ q[h]) / np.sqrt(D)
+            w = np.exp(s - s.max())
+            out[r, h] = (w / w.sum()) @ vv
+    return out
+
+
 def decode_reference(q, keys, values, scale=None):
     return np.concatenate([reference(q[i:i + 1], keys[i], values[i], [len(keys[i]) - 1], scale)
                            for i in range(len(keys))])
@@ -105,6 +132,33 @@ def test_prefill_chunk_after_a_cached_prefix():
         rows.append(reference(q[start:start + n], keys[i], values[i], range(L - n, L), 0.3))
         start += n
     np.testing.assert_allclose(out, np.concatenate(rows), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("window, sinks, chunk", [(5, 0, 0), (5, 2, 0), (-1, 0, 8), (-1, 3, 8),
+                                                  (6, 0, 16), (-1, 0, 1), (0, 2, 0)])
+def test_window_sink_and_chunk_masks(window, sinks, chunk):
+    # A hybrid engine passes each layer's mask; prefill rows cross chunk and block boundaries.
+    new = [19, 1, 7]
+    m, meta, k, v, keys, values = build(3, 4, [54, 9, 40], new=new)
+    q = np.random.default_rng(4).standard_normal((sum(new), H, D), dtype=np.float32)
+    mask = dict(window_left=window, sink_tokens=sinks, chunk_size=chunk)
+    out = pk.paged_prefill_attention(q, k, v, meta, **mask)
+    rows, start = [], 0
+    for i, n in enumerate(new):
+        L = len(keys[i])
+        rows.append(masked_reference(q[start:start + n], keys[i], values[i], range(L - n, L),
+                                     window, sinks, chunk))
+        start += n
+    np.testing.assert_allclose(out, np.concatenate(rows), rtol=2e-5, atol=2e-6)
+    dq = q[[start - 1 for start in np.cumsum(new)]]
+    np.testing.assert_allclose(pk.paged_decode_attention(dq, k, v, meta.block_tables,
+                                                         meta.seq_lens, **mask),
+                               np.concatenate([masked_reference(dq[i:i + 1], keys[i], values[i],
+                                                                [len(keys[i]) - 1], window,
+                                                                sinks, chunk)
+                                               for i in range(3)]), rtol=2e-5, atol=2e-6)
+    with pytest.raises(pk.ContractError, match="chunk_size must be >= 0"):
+        pk.paged_decode_attention(dq, k, v, meta.block_tables, meta.seq_lens, chunk_size=-1)
 
 
 def test_zero_copy_pools_and_out():
