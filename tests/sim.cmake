@@ -109,6 +109,12 @@ add_test(NAME cli.replay.hybrid_refuses_sharing
           -P ${_expect})
 set_tests_properties(cli.replay.hybrid_refuses_swap cli.replay.hybrid_prefix_not_available
   cli.replay.hybrid_refuses_sharing PROPERTIES LABELS "cli;sim")
+# The default strategies leave hybrid-16 out, with a notice, when the options exclude it.
+add_test(NAME cli.replay.default_strategies_swap_leave_hybrid_out
+  COMMAND pagedkv_cli replay --trace ${_fx}/hybrid.csv --preset gemma-3-27b --kv-memory 4GiB
+          --preemption swap --no-progress)
+set_tests_properties(cli.replay.default_strategies_swap_leave_hybrid_out PROPERTIES
+  LABELS "cli;sim" PASS_REGULAR_EXPRESSION "\\| prefix-16 \\|" FAIL_REGULAR_EXPRESSION "hybrid-16 \\|")
 add_test(NAME cli.replay.json
   COMMAND pagedkv_cli replay --trace ${_fx}/good.csv --preset stories260k --kv-memory 1MiB
           --strategies paged-16 --json)

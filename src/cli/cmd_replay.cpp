@@ -265,8 +265,17 @@ void run_replay(const Options& o) {
   std::vector<sim::Strategy> strategies;
   if (o.strategies.empty()) {
     strategies = sim::default_strategies();
-    // The hybrid allocation is only a different strategy when some layers are local.
-    if (model.num_local_layers > 0) strategies.push_back({sim::StrategyKind::kHybrid, 16});
+    // The hybrid allocation is only a different strategy when some layers are local, and it
+    // runs recompute preemption without sharing groups only (sim::validate(config, strategy)).
+    if (model.num_local_layers > 0) {
+      if (config.preemption == sim::Preemption::kRecompute && config.group_width == 1) {
+        strategies.push_back({sim::StrategyKind::kHybrid, 16});
+      } else {
+        fmt::print(stderr,
+                   "pagedkv replay: notice: hybrid-16 left out of the default strategies: it "
+                   "runs recompute preemption without --sharing only\n");
+      }
+    }
   } else {
     for (const std::string& s : o.strategies) strategies.push_back(sim::parse_strategy(s));
   }

@@ -51,6 +51,12 @@ std::vector<KVCacheGroupSpec> layer_attention(const LayerFlags& flags, int32_t n
     }
     return {};
   }
+  if (flags.pattern.size() > static_cast<size_t>(num_layers)) {
+    fmt::print(stderr,
+               "pagedkv generate: notice: --layer-pattern has {} letters, the model {} layers: "
+               "only the first {} are used\n",
+               flags.pattern.size(), num_layers, num_layers);
+  }
   return model::layer_attention_from_pattern(flags.pattern, num_layers, flags.window, flags.sinks,
                                              flags.chunk);
 }
@@ -64,9 +70,14 @@ void print_layer_groups(const LayerFlags& flags, const model::RunStats& stats) {
     fmt::print("  group {}: {:<20} {:>3} layers {:>7} blocks {:>12} B\n", g, group_desc(u.spec),
                u.spec.num_layers, u.blocks, u.bytes);
   }
-  fmt::print("  KV in use {} B vs {} B all-full (same tokens, every layer full): {:.2f}x less\n",
+  // Padded layer slots can make the hybrid pool the larger one (e.g. SF with a window longer
+  // than the run): say "more" then, not "0.83x less".
+  const bool less = stats.kv_bytes_in_use <= stats.kv_bytes_all_full;
+  fmt::print("  KV in use {} B vs {} B all-full (same tokens, every layer full): {:.2f}x {}\n",
              stats.kv_bytes_in_use, stats.kv_bytes_all_full,
-             ratio(stats.kv_bytes_all_full, stats.kv_bytes_in_use));
+             less ? ratio(stats.kv_bytes_all_full, stats.kv_bytes_in_use)
+                  : ratio(stats.kv_bytes_in_use, stats.kv_bytes_all_full),
+             less ? "less" : "more (padded layer slots)");
 }
 
 nlohmann::ordered_json layer_groups_json(const LayerFlags& flags, const model::RunStats& stats) {

@@ -78,7 +78,8 @@ Strategy parse_strategy(std::string_view text) {
   }
   PAGEDKV_CHECK(!text.starts_with("hybrid-prefix"),
                 "strategy '{}': prefix caching with hybrid allocation is not available yet "
-                "(HybridKVCacheManager has no prefix caching across KV cache groups, issue 17); "
+                "(the replay's hybrid pool does not drive HybridKVCacheManager's prefix cache "
+                "yet, issue 17); "
                 "use hybrid-<block size> or prefix-<block size>",
                 text);
   detail::fail("unknown strategy '{}' (expected {}; block size 1..{})", text, accepted_forms(),
