@@ -243,6 +243,30 @@ void print_hybrid_layouts(const std::vector<sim::ReplayResult>& results,
   }
 }
 
+/// --strategies, or the defaults: hybrid-16 joins them for a model with local layers when the
+/// options allow it (sim::validate(config, strategy)), else a notice says it was left out.
+std::vector<sim::Strategy> strategies_for(const Options& o, const sim::ModelPreset& model,
+                                          const sim::ReplayConfig& config) {
+  std::vector<sim::Strategy> strategies;
+  if (o.strategies.empty()) {
+    strategies = sim::default_strategies();
+    // The hybrid allocation is only a different strategy when some layers are local, and it
+    // runs recompute preemption without sharing groups only (sim::validate(config, strategy)).
+    if (model.num_local_layers > 0) {
+      if (config.preemption == sim::Preemption::kRecompute && config.group_width == 1) {
+        strategies.push_back({sim::StrategyKind::kHybrid, 16});
+      } else {
+        fmt::print(stderr,
+                   "pagedkv replay: notice: hybrid-16 left out of the default strategies: it "
+                   "runs recompute preemption without --sharing only\n");
+      }
+    }
+  } else {
+    for (const std::string& s : o.strategies) strategies.push_back(sim::parse_strategy(s));
+  }
+  return strategies;
+}
+
 void run_replay(const Options& o) {
   const sim::ModelPreset model = resolve_model(o.model);
 
@@ -262,23 +286,7 @@ void run_replay(const Options& o) {
   config.beam_seed = o.beam_seed;
   sim::validate(config);
 
-  std::vector<sim::Strategy> strategies;
-  if (o.strategies.empty()) {
-    strategies = sim::default_strategies();
-    // The hybrid allocation is only a different strategy when some layers are local, and it
-    // runs recompute preemption without sharing groups only (sim::validate(config, strategy)).
-    if (model.num_local_layers > 0) {
-      if (config.preemption == sim::Preemption::kRecompute && config.group_width == 1) {
-        strategies.push_back({sim::StrategyKind::kHybrid, 16});
-      } else {
-        fmt::print(stderr,
-                   "pagedkv replay: notice: hybrid-16 left out of the default strategies: it "
-                   "runs recompute preemption without --sharing only\n");
-      }
-    }
-  } else {
-    for (const std::string& s : o.strategies) strategies.push_back(sim::parse_strategy(s));
-  }
+  const std::vector<sim::Strategy> strategies = strategies_for(o, model, config);
   // Before any run: a strategy the options do not support fails now, not after the others ran.
   for (const sim::Strategy& s : strategies) sim::validate(config, s);
 
