@@ -49,6 +49,8 @@ TEST(EvictionPolicy, AttentionSinksRule) {
   EXPECT_TRUE(p.is_needed(1, 100));
   EXPECT_FALSE(p.is_needed(2, 100));
   EXPECT_THAT([] { AttentionSinksPolicy(0, 3); }, ThrowsMessage<Error>(HasSubstr("sinks")));
+  EXPECT_THAT([] { AttentionSinksPolicy(2, 0); },
+              ThrowsMessage<Error>(HasSubstr("window must be >= 1 token, got 0")));
 }
 
 TEST(EvictionPolicy, HeavyHitterVictimsHandWorked) {

@@ -73,6 +73,17 @@ TEST(ManagerNever, MinBlocksHeldFollowsThePolicy) {
               ThrowsMessage<Error>(HasSubstr("num_tokens must be >= 0, got -1")));
 }
 
+TEST(ManagerContracts, NegativeCountsAndWatermarksNameTheValue) {
+  // The bounds themselves (mutants moving them by one survived the sampled mutation run).
+  EXPECT_THAT([] { KVCacheManager m({.num_blocks = 8, .block_size = 4, .watermark = -0.5}); },
+              ThrowsMessage<Error>(HasSubstr("watermark must be in [0, 1), got -0.5")));
+  KVCacheManager m({.num_blocks = 8, .block_size = 4});
+  m.add_sequence(1);
+  EXPECT_THAT([&] { (void)m.append_slots(1, -1); },
+              ThrowsMessage<Error>(HasSubstr("token count must be >= 0, got -1")));
+  EXPECT_EQ(m.num_tokens(1), 0);
+}
+
 TEST(ManagerNever, AdmissionCountsMaxNewTokens) {
   KVCacheManager m({.num_blocks = 8, .block_size = 4, .watermark = 0.25});  // watermark 2
   const std::vector<TokenId> p8 = iota_tokens(8);
