@@ -62,10 +62,7 @@ class HybridPagedBackend : public KVBackend {
   int64_t num_tokens(SeqId seq) const override { return manager_.num_tokens(seq); }
 
   void begin_step(std::span<const SeqId> seqs, std::span<const int64_t> n_new) override {
-    if (seqs.size() != n_new.size()) {
-      throw Error(fmt::format("kv backend: {} sequences but {} new-token counts", seqs.size(),
-                              n_new.size()));
-    }
+    check_step(seqs, n_new);
     for (std::vector<Slot>& s : group_slots_) s.clear();
     query_start_.assign(1, 0);
     for (size_t i = 0; i < seqs.size(); ++i) {

@@ -22,13 +22,6 @@ constexpr ::pagedkv::detail::EnumName<CacheMode> kCacheModeNames[] = {
 constexpr ::pagedkv::detail::EnumName<Device> kDeviceNames[] = {{Device::kCpu, "cpu"},
                                                                 {Device::kCuda, "cuda"}};
 
-void check_step(std::span<const SeqId> seqs, std::span<const int64_t> n_new) {
-  if (seqs.size() != n_new.size()) {
-    throw Error(
-        fmt::format("kv backend: {} sequences but {} new-token counts", seqs.size(), n_new.size()));
-  }
-}
-
 /// No cache: every step is a full prefill of each sequence's history into a scratch pool that
 /// end_step() empties again, so nothing survives from one step to the next.
 class NoCacheBackend final : public CpuPagedBackend {
@@ -57,7 +50,7 @@ class ContiguousBackend final : public KVBackend {
   int64_t num_tokens(SeqId seq) const override { return cache_.num_tokens(seq, 0); }
 
   void begin_step(std::span<const SeqId> seqs, std::span<const int64_t> n_new) override {
-    check_step(seqs, n_new);
+    detail::check_step(seqs, n_new);
     for (const SeqId s : seqs) {
       if (!cache_.has_sequence(s)) throw Error(fmt::format("kv backend: unknown sequence {}", s));
     }
@@ -94,6 +87,13 @@ class ContiguousBackend final : public KVBackend {
 }  // namespace
 
 namespace detail {
+
+void check_step(std::span<const SeqId> seqs, std::span<const int64_t> n_new) {
+  if (seqs.size() != n_new.size()) {
+    throw Error(
+        fmt::format("kv backend: {} sequences but {} new-token counts", seqs.size(), n_new.size()));
+  }
+}
 
 void append_step(KVCacheManager& manager, std::span<const SeqId> seqs,
                  std::span<const int64_t> n_new,

@@ -71,6 +71,9 @@ inline KVCacheManagerConfig manager_config(const KVBackendConfig& c) {
   return m;
 }
 
+/// Errors: throws pagedkv::Error naming both sizes unless seqs and n_new have one entry each.
+void check_step(std::span<const SeqId> seqs, std::span<const int64_t> n_new);
+
 /// The paged backends' begin_step bookkeeping: manager.append_slots for every sequence, handing
 /// each non-empty copy-on-write list to `copy_blocks` before the next sequence appends.
 /// Errors: throws pagedkv::Error on a size mismatch or an exhausted pool (naming the counts).

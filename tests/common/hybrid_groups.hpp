@@ -2,9 +2,15 @@
 // Test helper: KV cache group specs of one layer each, for the HybridKVCacheManager and
 // group_layers tests (full(), window(W, sinks), chunked(C)), and N, the null block.
 
+#include <gmock/gmock.h>
+
 #include <cstdint>
 
 #include "pagedkv/metadata/hybrid_kv_cache_manager.hpp"
+
+/// Expects `stmt` to throw a pagedkv::Error whose message contains `needle`.
+#define EXPECT_ERROR(stmt, needle) \
+  EXPECT_THAT([&] { stmt; }, ::testing::ThrowsMessage<Error>(::testing::HasSubstr(needle)))
 
 namespace pagedkv::testing {
 

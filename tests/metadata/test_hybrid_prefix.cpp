@@ -26,9 +26,6 @@ using ::testing::HasSubstr;
 
 using testing::N;
 
-#define EXPECT_ERROR(stmt, needle) \
-  EXPECT_THAT([&] { stmt; }, ::testing::ThrowsMessage<Error>(HasSubstr(needle)))
-
 using testing::chunked;
 using testing::full;
 using testing::window;
