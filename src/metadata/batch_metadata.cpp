@@ -95,4 +95,25 @@ Slot slot_for_position(std::span<const BlockId> table, int64_t pos, int32_t bloc
   return static_cast<Slot>(table[pos / block_size]) * block_size + pos % block_size;
 }
 
+void append_position_slots(std::span<const BlockId> table, int64_t first, int64_t n,
+                           int32_t block_size, std::vector<Slot>& out) {
+  PAGEDKV_CHECK(block_size >= 1, "append_position_slots: block_size must be >= 1, got {}",
+                block_size);
+  PAGEDKV_CHECK(first >= 0 && n >= 0,
+                "append_position_slots: first {} and n {} must be >= 0 (tokens)", first, n);
+  PAGEDKV_CHECK(n == 0 || (first + n - 1) / block_size < static_cast<int64_t>(table.size()),
+                "append_position_slots: position {} outside a table of {} blocks of {} tokens",
+                first + n - 1, table.size(), block_size);
+  const size_t base = out.size();
+  out.resize(base + static_cast<size_t>(n));
+  Slot* o = out.data() + base;
+  for (int64_t pos = first, end = first + n; pos < end;) {
+    const int64_t entry = pos / block_size;
+    const int64_t stop = std::min(end, (entry + 1) * block_size);
+    Slot slot = static_cast<Slot>(table[static_cast<size_t>(entry)]) * block_size +
+                (pos - entry * block_size);
+    for (; pos < stop; ++pos) *o++ = slot++;
+  }
+}
+
 }  // namespace pagedkv

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "core/check.hpp"
+#include "pagedkv/metadata/batch_metadata.hpp"
 
 namespace pagedkv {
 
@@ -118,6 +119,7 @@ const HybridKVCacheManager::Sequence& HybridKVCacheManager::get_running(SeqId se
 HybridKVCacheManager::Sequence HybridKVCacheManager::new_sequence() const {
   Sequence s;
   s.tables.resize(config_.groups.size());
+  s.released_to.resize(config_.groups.size());
   s.serials.resize(config_.groups.size());
   return s;
 }
@@ -128,6 +130,11 @@ int64_t HybridKVCacheManager::sink_blocks(const KVCacheGroupSpec& g) const {
 
 int64_t HybridKVCacheManager::first_live_entry(const KVCacheGroupSpec& g, int64_t pos) const {
   return g.first_visible(pos) / config_.block_size;
+}
+
+int64_t HybridKVCacheManager::release_end(const Sequence& s, size_t g) const {
+  return std::min(first_live_entry(config_.groups[g], s.num_tokens),
+                  static_cast<int64_t>(s.tables[g].size()));
 }
 
 void HybridKVCacheManager::add_sequence(SeqId seq) {
@@ -144,8 +151,8 @@ HybridKVCacheManager::Plan HybridKVCacheManager::plan(const Sequence& s, int64_t
     const KVCacheGroupSpec& spec = config_.groups[g];
     const std::vector<BlockId>& table = s.tables[g];
     const auto size = static_cast<int64_t>(table.size());
-    const int64_t end = std::min(first_live_entry(spec, p), size);
-    for (int64_t e = sink_blocks(spec); e < end; ++e) {
+    const int64_t end = release_end(s, g);
+    for (int64_t e = std::max(sink_blocks(spec), s.released_to[g]); e < end; ++e) {
       const BlockId b = table[static_cast<size_t>(e)];
       if (b == kNullBlock) continue;
       out.release[g].push_back(e);
@@ -207,6 +214,8 @@ std::optional<HybridAppendResult> HybridKVCacheManager::do_append(SeqId seq, int
       (void)pool_.release(entry);
       entry = kNullBlock;
     }
+    // Every entry of [sink blocks, release_end) is released now: the next scan starts there.
+    s.released_to[g] = std::max(s.released_to[g], release_end(s, g));
   }
   // Enough blocks are available now (checked above, the releases came first).
   std::vector<BlockId> fresh = allocate_evicting(static_cast<int32_t>(fresh_count));
@@ -225,10 +234,7 @@ std::optional<HybridAppendResult> HybridKVCacheManager::do_append(SeqId seq, int
     while (static_cast<int64_t>(table.size()) < blocks_for_tokens(p + n, bs)) {
       table.push_back(fresh[next++]);
     }
-    r.slots[g].reserve(static_cast<size_t>(n));
-    for (int64_t pos = p; pos < p + n; ++pos) {
-      r.slots[g].push_back(Slot{table[static_cast<size_t>(pos / bs)]} * bs + pos % bs);
-    }
+    append_position_slots(table, p, n, bs, r.slots[g]);
   }
   s.num_tokens = p + n;
   if (n > 0 && !record_ids && s.ids_known) {
@@ -278,6 +284,7 @@ void HybridKVCacheManager::truncate(SeqId seq, int64_t num_tokens) {
     }
   }
   for (std::vector<BlockId>& table : s.tables) table.resize(static_cast<size_t>(keep));
+  for (int64_t& r : s.released_to) r = std::min(r, keep);
   s.num_tokens = num_tokens;
   if (s.ids_known) s.token_ids.resize(static_cast<size_t>(num_tokens));
   s.committed = std::min(s.committed, num_tokens);

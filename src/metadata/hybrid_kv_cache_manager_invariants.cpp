@@ -34,6 +34,16 @@ void HybridKVCacheManager::check_sequence(SeqId id, const Sequence& s,
                   "hybrid manager: sequence {} group {} has {} serials for {} keys", id, g,
                   s.serials[g].size(), s.hashes.size());
     const int64_t live_from = first_live_entry(spec, s.num_tokens);
+    const int64_t released_to = s.released_to[g];
+    PAGEDKV_CHECK(released_to >= 0 && released_to <= static_cast<int64_t>(table.size()),
+                  "hybrid manager: sequence {} group {} released up to entry {} of {}", id, g,
+                  released_to, table.size());
+    for (int64_t e = sink_blocks(spec); e < released_to; ++e) {
+      PAGEDKV_CHECK(table[static_cast<size_t>(e)] == kNullBlock,
+                    "hybrid manager: sequence {} group {} entry {} is below the release mark {} "
+                    "but holds block {}",
+                    id, g, e, released_to, table[static_cast<size_t>(e)]);
+    }
     for (size_t e = 0; e < table.size(); ++e) {
       const BlockId b = table[e];
       PAGEDKV_CHECK(b >= 0 && b < pool_size,

@@ -6,6 +6,7 @@
 
 #include "core/check.hpp"
 #include "metadata/manager_internal.hpp"
+#include "pagedkv/metadata/batch_metadata.hpp"
 
 namespace pagedkv {
 
@@ -173,9 +174,7 @@ inline void KVCacheManager::place_positional(Sequence& s, const AppendPlan& plan
     s.blocks.push_back(*next_fresh);
     s.placeholders.push_back(-1);
   }
-  for (int64_t pos = t; pos < t + n; ++pos) {
-    result.slots.push_back(static_cast<Slot>(s.blocks[pos / bs]) * bs + pos % bs);
-  }
+  append_position_slots(s.blocks, t, n, bs, result.slots);
   s.kept.add_positional(t, n, config_.block_size);
 }
 

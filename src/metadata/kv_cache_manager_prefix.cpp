@@ -9,6 +9,7 @@
 
 #include "core/check.hpp"
 #include "metadata/manager_internal.hpp"
+#include "pagedkv/metadata/batch_metadata.hpp"
 
 namespace pagedkv {
 
@@ -174,10 +175,8 @@ std::optional<AddResult> KVCacheManager::add_sequence(SeqId seq, std::span<const
   AddResult result;
   result.num_computed_tokens = static_cast<int64_t>(s.hashes.size()) * bs;
   s.committed = result.num_computed_tokens;  // hit blocks hold written K/V
-  result.append.slots.reserve(static_cast<size_t>(plan.tokens - result.num_computed_tokens));
-  for (int64_t p = result.num_computed_tokens; p < plan.tokens; ++p) {
-    result.append.slots.push_back(static_cast<Slot>(s.blocks[p / bs]) * bs + p % bs);
-  }
+  append_position_slots(s.blocks, result.num_computed_tokens,
+                        plan.tokens - result.num_computed_tokens, bs, result.append.slots);
   if (config_.enable_prefix_caching) {
     const auto hits = static_cast<int64_t>(s.hashes.size());
     counters_.prefix_query_tokens += len;

@@ -117,6 +117,33 @@ TEST(BatchMetadata, SlotForPositionIsBlockTimesSizePlusOffset) {
   EXPECT_EQ(slot_for_position(big, 127, 128), int64_t{(1 << 30) - 1} * 128 + 127);
 }
 
+// The block-by-block form against slot_for_position at every start and length over a table
+// of 3 blocks of 4, plus the header's worked example; existing contents of out are kept.
+TEST(BatchMetadata, PositionSlotsEqualSlotForPositionOfEach) {
+  std::vector<BlockId> example{7, 3};
+  std::vector<Slot> got{-5};
+  append_position_slots(example, 2, 4, 4, got);
+  EXPECT_THAT(got, ElementsAre(-5, 30, 31, 12, 13));
+  std::vector<BlockId> table{7, 0, 3};
+  for (int64_t first = 0; first <= 12; ++first) {
+    for (int64_t n = 0; first + n <= 12; ++n) {
+      std::vector<Slot> want;
+      for (int64_t p = first; p < first + n; ++p) want.push_back(slot_for_position(table, p, 4));
+      std::vector<Slot> out;
+      append_position_slots(table, first, n, 4, out);
+      EXPECT_EQ(out, want) << first << " + " << n;
+    }
+  }
+  std::vector<Slot> untouched{1, 2};
+  EXPECT_THAT([&] { append_position_slots(table, 10, 3, 4, untouched); },
+              ThrowsMessage<Error>(HasSubstr("position 12 outside a table of 3 blocks of 4")));
+  EXPECT_THAT([&] { append_position_slots(table, -1, 1, 4, untouched); },
+              ThrowsMessage<Error>(HasSubstr("first -1 and n 1 must be >= 0")));
+  EXPECT_THAT([&] { append_position_slots(table, 0, 1, 0, untouched); },
+              ThrowsMessage<Error>(HasSubstr("block_size must be >= 1, got 0")));
+  EXPECT_THAT(untouched, ElementsAre(1, 2));
+}
+
 TEST(BatchMetadata, ErrorsNameTheValue) {
   Example ex;
   std::vector<int32_t> short_lens{6, 0, 9};

@@ -184,6 +184,29 @@ TEST(HybridKVCacheManager, TruncateCannotBringReleasedBlocksBack) {
   EXPECT_ERROR(m.truncate(1, -1), "cannot keep -1");
 }
 
+// A truncate back to a chunk boundary keeps the released entries below it and drops the
+// entries above, so the scan that releases a finished chunk must start below the old mark.
+TEST(HybridKVCacheManager, TruncateToAChunkBoundaryThenReleaseTheNextChunk) {
+  HybridKVCacheManager m({.num_blocks = 16, .block_size = 4, .groups = {chunked(8)}});
+  m.add_sequence(1);
+  for (int p = 0; p < 20; ++p) ASSERT_TRUE(m.append_slots(1, 1));
+  // Chunks 0 and 1 released (at p = 8, 16): entries 0..3 null, entry 4 (positions 16..19) live.
+  EXPECT_EQ(live(m.block_table(1, 0)), 1);
+  // Keeping 8 tokens needs nothing of chunk 1 (the query at 8 starts it): allowed, 2 entries.
+  m.truncate(1, 8);
+  EXPECT_THAT(m.block_table(1, 0), ElementsAre(N, N));
+  m.check_invariants();
+  ASSERT_TRUE(m.append_slots(1, 8));  // chunk 1 again: entries 2, 3
+  EXPECT_EQ(live(m.block_table(1, 0)), 2);
+  const int32_t free_before = m.num_free_blocks();
+  const auto r = m.append_slots(1, 1);  // position 16 starts chunk 2: entries 2, 3 go
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->released[0].size(), 2u);
+  EXPECT_EQ(live(m.block_table(1, 0)), 1);
+  EXPECT_EQ(m.num_free_blocks(), free_before + 2 - 1);
+  m.check_invariants();
+}
+
 TEST(HybridKVCacheManager, BatchMetadataPerGroup) {
   HybridKVCacheManager m({.num_blocks = 32, .block_size = 4, .groups = {full(), window(8)}});
   m.add_sequence(7);

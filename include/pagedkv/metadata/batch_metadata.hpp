@@ -146,4 +146,14 @@ void build_csr_block_tables(std::span<const std::span<const BlockId>> tables,
 [[nodiscard]] Slot slot_for_position(std::span<const BlockId> table, int64_t pos,
                                      int32_t block_size);
 
+/// Appends the slots of positions [first, first + n) (tokens) to `out`, in position order:
+/// slot_for_position of each, computed block by block (one division per block, not per
+/// token). The managers' append results are built with it.
+/// Shapes: table [>= ceil((first + n) / block_size)] block ids; out grows by n.
+/// Errors: throws pagedkv::Error if block_size < 1, first or n is negative, or (n > 0) position
+/// first + n - 1 is past the table; checked before `out` is touched.
+/// Worked example: table {7, 3}, block_size 4, first 2, n 4 appends {30, 31, 12, 13}.
+void append_position_slots(std::span<const BlockId> table, int64_t first, int64_t n,
+                           int32_t block_size, std::vector<Slot>& out);
+
 }  // namespace pagedkv

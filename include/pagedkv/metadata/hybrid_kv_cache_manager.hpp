@@ -323,6 +323,9 @@ class HybridKVCacheManager {
   struct Sequence {
     int64_t num_tokens = 0;
     std::vector<std::vector<BlockId>> tables;  // [num_groups]; host ids while swapped
+    // [num_groups]: entries [sink blocks, released_to[g]) of group g are all released (null),
+    // so plan's release scan starts there and a decode step costs O(1), not O(table size).
+    std::vector<int64_t> released_to;
     bool swapped = false;
     // Prefix caching: token ids while all are known; the keys of the first committed full
     // blocks (shared by every group) and per group the serial of the entry holding each
@@ -346,6 +349,9 @@ class HybridKVCacheManager {
   [[nodiscard]] const Sequence& get_running(SeqId seq, const char* op) const;
   [[nodiscard]] Sequence new_sequence() const;
   [[nodiscard]] Plan plan(const Sequence& s, int64_t n) const;
+  /// End of group g's release scan before an append: entries [sink blocks, end) fell out of
+  /// view of the next query (at s.num_tokens).
+  [[nodiscard]] int64_t release_end(const Sequence& s, size_t g) const;
   [[nodiscard]] int64_t sink_blocks(const KVCacheGroupSpec& g) const;
   [[nodiscard]] int64_t first_live_entry(const KVCacheGroupSpec& g, int64_t pos) const;
   std::optional<HybridAppendResult> do_append(SeqId seq, int64_t n, std::span<const TokenId> ids,
