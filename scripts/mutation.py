@@ -64,9 +64,10 @@ TARGETS: dict[str, list[str]] = {
     "src/cpu/attention_work.cpp": CPU_TESTS + ["test_attention_fast"],
     "src/cpu/attention_slots.cpp": ["test_token_eviction"],
     "src/storage/host_kv_cache.cpp": ["test_host_kv_cache", "test_kv_placement", "test_swap_data",
-                                      "test_quantized_kv_cache"],
+                                      "test_quantized_kv_cache", "test_kv_write"],
     "src/storage/kv_write.cpp": ["test_host_kv_cache", "test_quantized_kv_cache",
-                                 "test_large_offsets", "test_quantized_paths", "test_kv_layer_view"],
+                                 "test_large_offsets", "test_quantized_paths", "test_kv_layer_view",
+                                 "test_kv_write"],
     # copy_blocks between views and the view checks.
     "src/storage/kv_layer_view.cpp": ["test_kv_layer_view", "test_host_kv_cache",
                                       "test_kv_placement", "test_attention",

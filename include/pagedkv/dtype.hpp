@@ -1,7 +1,8 @@
 #pragma once
 /// @file dtype.hpp
-/// Storage element types of the KV cache and their host-side conversions.
-/// Compute is always fp32; fp16/bf16 and the 8-bit formats are storage formats only.
+/// Storage element types of the KV cache, their host-side conversions, and the views of an
+/// engine's fp32 / fp16 / bf16 activations (ActivationView). Compute is always fp32; fp16/bf16
+/// are storage and activation formats, the 8-bit formats storage formats only.
 ///
 /// 8-bit (quantized) formats carry a scale per layer for K and for V (per tensor, or per kv
 /// head): stored = Q(x / scale) and x = dequantized(stored) * scale, the convention of vLLM's
@@ -16,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -61,6 +63,24 @@ std::string_view dtype_name(DType dtype);
 /// "fp8_e4m3"/"fp8"/"e4m3"/"float8_e4m3fn", "fp8_e5m2"/"e5m2"/"float8_e5m2", "int8"/"i8".
 /// Errors: throws pagedkv::Error naming the string and the accepted names.
 DType parse_dtype(std::string_view name);
+
+/// Read-only activations of an engine in their own dtype: `size` elements of `dtype` at
+/// `data`, row-major as the fp32 spans they stand for (q of the CPU attention overloads,
+/// cpu/attention.hpp; the new K / V of reshape_and_cache, storage/kv_write.hpp). Entry points
+/// widen fp16 / bf16 exactly to fp32 (f16_to_f32, bf16_to_f32) and compute from there.
+/// dtype: DType::kF32, kF16 or kBF16 (the 8-bit formats are storage formats, not activations).
+struct ActivationView {
+  const void* data = nullptr;  ///< first element; may be null only when size is 0
+  size_t size = 0;             ///< elements (not bytes)
+  DType dtype = DType::kF32;   ///< element type: fp32, fp16 or bf16
+};
+
+/// Writable activations (out of the CPU attention overloads): as ActivationView.
+struct MutableActivationView {
+  void* data = nullptr;       ///< first element; may be null only when size is 0
+  size_t size = 0;            ///< elements (not bytes)
+  DType dtype = DType::kF32;  ///< element type: fp32, fp16 or bf16
+};
 
 /// fp16 bits -> float (exact; handles subnormals, inf, NaN).
 inline float f16_to_f32(uint16_t h) {

@@ -222,11 +222,12 @@ def paged_prefill_attention(q: Any, k_cache: Any, v_cache: Optional[Any], meta: 
 def write_kv(key: Any, value: Any, k_cache: Any, v_cache: Optional[Any], slot_mapping: Any, *,
              layout: str = "NHD", kv_dtype: Optional[str] = None, k_scale: Optional[Any] = None,
              v_scale: Optional[Any] = None) -> None:
-    """reshape_and_cache: key, value [num_tokens, kv_heads, head_dim] float32 go to their
-    slot_mapping [num_tokens] int64 slots of the pools (either form above), converted to the
-    pools' dtype (round to nearest even; 8-bit: x / scale, saturated); negative slots are
-    padding. Every slot and scale is checked before anything is written (ContractError naming
-    the slot, ValueError naming the scale)."""
+    """reshape_and_cache: key, value [num_tokens, kv_heads, head_dim] float32, float16 or
+    bfloat16 (both the same dtype, else ValueError naming both) go to their slot_mapping
+    [num_tokens] int64 slots of the pools (either form above); fp16 / bf16 are widened exactly to
+    float32, then converted to the pools' dtype as float32 values are (round to nearest even;
+    8-bit: x / scale, saturated); negative slots are padding. Every slot and scale is checked
+    before anything is written (ContractError naming the slot, ValueError naming the scale)."""
 
 def copy_blocks(pools: List[Any], block_copies: Any, *, layout: str = "NHD") -> None:
     """Copy-on-write in every layer at once: pools [num_layers] of (k_cache, v_cache) tuples or

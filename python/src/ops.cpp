@@ -2,8 +2,9 @@
 // tensors) is read in place through a KVLayerView built from its own shape and strides, and
 // the CPU kernels (src/cpu) run on it with the GIL released. vLLM's separate K and V pools and
 // FlashInfer's combined [num_pages, 2, ...] pool, HND and NHD; K/V fp32, fp16, bf16 or 8-bit
-// (fp8_e4m3 / fp8_e5m2 as uint8, int8, with k_scale / v_scale); queries and outputs fp32, fp16
-// or bf16. Every wrong shape, dtype, device or stride is a ValueError naming it (pools.cpp).
+// (fp8_e4m3 / fp8_e5m2 as uint8, int8, with k_scale / v_scale); queries, outputs and the new
+// K/V of write_kv fp32, fp16 or bf16. Every wrong shape, dtype, device or stride is a ValueError
+// naming it (pools.cpp).
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
@@ -24,7 +25,8 @@ using namespace nb::literals;
 
 namespace {
 
-// q (or out): [rows, heads, dim] float32, float16 or bfloat16, C-contiguous, on the CPU.
+// q, out, or the key / value of write_kv: [rows, heads, dim] float32, float16 or bfloat16,
+// C-contiguous, on the CPU.
 DType check_activations(const char* name, const Any& a, const char* shape) {
   check_cpu(name, a);
   if (a.ndim() != 3) bad(std::string(name) + ": expected " + shape + ", got shape " + shape_of(a));
@@ -146,9 +148,12 @@ void write(const Any& key, const Any& value, const Any& k, std::optional<Any> v,
   const KVLayerView cache = pool.view();
   check_dense("slot_mapping", slot_mapping, 1, nb::dlpack::dtype_code::Int, 64,
               "int64 [num_tokens]");
-  const char* shape = "float32 [num_tokens, kv_heads, head_dim]";
-  check_dense("key", key, 3, nb::dlpack::dtype_code::Float, 32, shape);
-  check_dense("value", value, 3, nb::dlpack::dtype_code::Float, 32, shape);
+  const char* shape = "[num_tokens, kv_heads, head_dim]";
+  const DType dtype = check_activations("key", key, shape);
+  if (check_activations("value", value, shape) != dtype) {
+    bad("value: dtype " + dtype_of(value) + " differs from key's " + dtype_of(key) +
+        " (key and value must have the same dtype)");
+  }
   for (const auto* a : {&key, &value}) {
     if (a->shape(0) != slot_mapping.shape(0) ||
         a->shape(1) != static_cast<size_t>(cache.num_kv_heads) ||
@@ -161,8 +166,8 @@ void write(const Any& key, const Any& value, const Any& k, std::optional<Any> v,
   }
   const std::span<const Slot> slots(static_cast<const Slot*>(slot_mapping.data()),
                                     slot_mapping.size());
-  const std::span<const float> ks(static_cast<const float*>(key.data()), key.size());
-  const std::span<const float> vs(static_cast<const float*>(value.data()), value.size());
+  const ActivationView ks{key.data(), key.size(), dtype};
+  const ActivationView vs{value.data(), value.size(), dtype};
   nb::gil_scoped_release no_gil;
   reshape_and_cache(cache, slots, ks, vs);
 }
@@ -232,9 +237,10 @@ void bind_ops(nb::module_& m) {
       "key"_a, "value"_a, "k_cache"_a, "v_cache"_a.none(), "slot_mapping"_a, nb::kw_only(),
       "layout"_a = "NHD", "kv_dtype"_a = nb::none(), "k_scale"_a = nb::none(),
       "v_scale"_a = nb::none(),
-      "reshape_and_cache: writes key/value [num_tokens, kv_heads, head_dim] float32 to their "
-      "slots of the pools (converted to the pools' dtype; 8-bit: divided by k_scale / v_scale, "
-      "rounded and saturated); negative slots are skipped.");
+      "reshape_and_cache: writes key/value [num_tokens, kv_heads, head_dim] float32, float16 or "
+      "bfloat16 (both the same dtype; fp16 / bf16 widened exactly to float32) to their slots of "
+      "the pools (converted to the pools' dtype; 8-bit: divided by k_scale / v_scale, rounded "
+      "and saturated); negative slots are skipped.");
   // The attention ops: (q, k_cache, v_cache, tables..., *, layout, scale, window_left,
   // sink_tokens, chunk_size, out, kv_dtype, k_scale, v_scale).
   const auto attention_kwargs = [](auto&&... positional) {

@@ -62,8 +62,9 @@ std::tuple<nb::object, Bytes, Bytes> host_kv_cache_attention(
       k_scale.size() > 1 ? KVScaleGranularity::kPerHead : KVScaleGranularity::kPerTensor;
   HostKVCache cache(config);
   cache.set_scales(0, k_scale, v_scale);
-  cache.write(0, {slot_mapping.data(), slot_mapping.size()}, {key.data(), key.size()},
-              {value.data(), value.size()});
+  cache.write(0, {slot_mapping.data(), slot_mapping.size()},
+              std::span<const float>(key.data(), key.size()),
+              std::span<const float>(value.data(), value.size()));
   AttentionParams params;
   params.num_heads = static_cast<int32_t>(q.shape(1));
   params.num_kv_heads = config.num_kv_heads;

@@ -302,7 +302,12 @@ def test_write_kv_places_exactly_and_checks_every_slot_first():
         (lambda: pk.write_kv(key, key, k, v, np.array([0, 1, 2], np.int32)), "slot_mapping"),
         (lambda: pk.write_kv(key[:, :1].copy(), key, k, v, np.array([0, 1, 2])), "key shape"),
         (lambda: pk.write_kv(key, key[:2], k, v, np.array([0, 1, 2])), "value shape"),
-        (lambda: pk.write_kv(key.astype(np.float16), key, k, v, np.array([0, 1, 2])), "key"),
+        (lambda: pk.write_kv(key.astype(np.float16), key, k, v, np.array([0, 1, 2])),
+         "value: dtype float32 differs from key's float16"),
+        (lambda: pk.write_kv(key.astype(np.int32), key, k, v, np.array([0, 1, 2])),
+         "key: dtype int32 is not float32, float16 or bfloat16"),
+        (lambda: pk.write_kv(key, key.astype(np.int8), k, v, np.array([0, 1, 2])),
+         "value: dtype int8 is not float32, float16 or bfloat16"),
         (lambda: pk.write_kv(key, key, k, v[:1], np.array([0, 1, 2])), "v_cache"),
     ]:
         with pytest.raises(ValueError, match=named):
@@ -321,3 +326,31 @@ def test_write_kv_into_torch_pools_in_place():
     pk.write_kv(key, 2 * key, k, v, torch.tensor([9, 30]))
     assert torch.equal(k[1, 1], key[0].bfloat16()) and torch.equal(v[3, 6], (2 * key[1]).bfloat16())
     assert int((k != 0).sum()) <= 2 * KH * D
+
+
+@pytest.mark.parametrize("pool_dtype", ["float32", "float16", "bfloat16"])
+def test_write_kv_from_float16_and_bfloat16_equals_the_float32_write(pool_dtype):
+    # An engine's bf16 (torch) or fp16 (numpy) activations: the pools hold exactly what the
+    # float32 write of the same (exactly widened) values puts there. The values include fp16's
+    # largest finite, subnormals and ties of the pool's rounding.
+    torch = pytest.importorskip("torch", reason="torch is not installed: the torch tests skip")
+    tdtype = getattr(torch, pool_dtype)
+    rng = np.random.default_rng(7)
+    raw = rng.standard_normal((3, KH, D)).astype(np.float32)
+    raw[0, 0, :4] = [65504.0, -2.0**-24, 1.0 + 2.0**-11, 1.0 + 2.0**-8]
+    slots = torch.tensor([6, -1, 1])
+    for key, value in [(torch.from_numpy(raw).bfloat16(), torch.from_numpy(-raw).bfloat16()),
+                       (raw.astype(np.float16), (-raw).astype(np.float16))]:
+        k = torch.full((2, 4, KH, D), 7.0, dtype=tdtype)
+        v = torch.full_like(k, 7.0)
+        pk.write_kv(key, value, k, v, slots)
+        k32, v32 = torch.full_like(k, 7.0), torch.full_like(k, 7.0)
+        as32 = lambda x: (x.float() if isinstance(x, torch.Tensor) else
+                          torch.from_numpy(x.astype(np.float32)))
+        pk.write_kv(as32(key), as32(value), k32, v32, slots)
+        # Bit for bit: the pools' elements as integers of their size.
+        bits = lambda t: t.view(torch.int32 if t.element_size() == 4 else torch.int16)
+        assert torch.equal(bits(k), bits(k32)), (pool_dtype, key.dtype)
+        assert torch.equal(bits(v), bits(v32)), (pool_dtype, key.dtype)
+        assert k[1, 2, 0, 0] == as32(key)[0, 0, 0].to(tdtype)  # slot 6 = block 1, token 2
+        assert int((k != 7).sum()) <= 2 * KH * D  # the padding token went nowhere

@@ -200,3 +200,29 @@ def test_bad_kv_dtype_and_scales_are_value_errors_naming_them():
                 call()
             assert msg in str(e.value), (msg, str(e.value))
         np.testing.assert_array_equal(kp, before)  # a failed write wrote nothing
+
+
+@pytest.mark.parametrize("kv_dtype", list(FORMATS))
+def test_write_kv_from_float16_and_bfloat16_equals_the_float32_write(kv_dtype):
+    # numpy float16 and torch bfloat16 K/V: the 8-bit bytes are those of the float32 write of
+    # the exactly widened values (x / scale, rounded, saturated after the widening).
+    key, value, slots, _, ks, vs = inputs(kv_dtype, True, seed=5)
+    key[0, 0, :3] = [65504.0, -65504.0, 1e-6]  # saturates at every scale; a subnormal in fp16
+    quant = dict(kv_dtype=kv_dtype, k_scale=ks, v_scale=vs)
+    forms = [(key.astype(np.float16), value.astype(np.float16), lambda x: x.astype(np.float32))]
+    try:
+        import torch
+        forms.append((torch.from_numpy(key).bfloat16(), torch.from_numpy(value).bfloat16(),
+                      lambda x: x.float().numpy()))
+    except ImportError:
+        pass
+    for k16, v16, widen in forms:
+        k, v, _, _ = pools(kv_dtype, "NHD", False, fill=0x55)
+        pk.write_kv(k16, v16, k, v, slots, **quant)
+        k32, v32, _, _ = pools(kv_dtype, "NHD", False, fill=0x55)
+        pk.write_kv(widen(k16), widen(v16), k32, v32, slots, **quant)
+        np.testing.assert_array_equal(k.view(np.uint8), k32.view(np.uint8))
+        np.testing.assert_array_equal(v.view(np.uint8), v32.view(np.uint8))
+        assert np.count_nonzero(k.view(np.uint8) != 0x55) > 0
+    with pytest.raises(ValueError, match="value: dtype float32 differs from key's float16"):
+        pk.write_kv(key.astype(np.float16), value, k, v, slots, **quant)

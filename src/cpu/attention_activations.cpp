@@ -7,31 +7,12 @@
 #include <span>
 #include <vector>
 
-#include "core/check.hpp"
+#include "core/activations.hpp"
 #include "pagedkv/cpu/attention.hpp"
 
 namespace pagedkv {
 
 namespace {
-
-bool is_activation_dtype(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
-}
-
-void check_activation(const char* fn, const char* what, DType dtype, const void* data,
-                      size_t size) {
-  PAGEDKV_CHECK(is_activation_dtype(dtype), "{}: {} dtype {} is not fp32, fp16 or bf16", fn, what,
-                dtype_name(dtype));
-  PAGEDKV_CHECK(data != nullptr || size == 0, "{}: {} is null with {} elements", fn, what, size);
-}
-
-/// q as fp32: the caller's memory for fp32, else widened into `buffer`.
-std::span<const float> widened(ActivationView q, std::vector<float>& buffer) {
-  if (q.dtype == DType::kF32) return {static_cast<const float*>(q.data), q.size};
-  buffer.resize(q.size);
-  for (size_t i = 0; i < q.size; ++i) buffer[i] = load_as_f32(q.data, q.dtype, int64_t(i));
-  return buffer;
-}
 
 /// Where the fp32 kernel writes: out itself for fp32, else `buffer` (rounded by store_rounded).
 std::span<float> fp32_target(MutableActivationView out, std::vector<float>& buffer) {
@@ -50,11 +31,11 @@ void store_rounded(std::span<const float> result, MutableActivationView out) {
 /// fp32 kernel writes it directly, which also happens only after every check passed.
 template <class Kernel>
 void with_fp32(const char* fn, ActivationView q, MutableActivationView out, Kernel&& kernel) {
-  check_activation(fn, "q", q.dtype, q.data, q.size);
-  check_activation(fn, "out", out.dtype, out.data, out.size);
+  detail::check_activation(fn, "q", q.dtype, q.data, q.size);
+  detail::check_activation(fn, "out", out.dtype, out.data, out.size);
   std::vector<float> q_buffer;
   std::vector<float> out_buffer;
-  const std::span<const float> qf = widened(q, q_buffer);
+  const std::span<const float> qf = detail::widened(q, q_buffer);
   const std::span<float> of = fp32_target(out, out_buffer);
   kernel(qf, of);
   store_rounded(of, out);

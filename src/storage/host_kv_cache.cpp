@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "core/activations.hpp"
 #include "core/check.hpp"
 #include "pagedkv/storage/kv_write.hpp"
 #include "storage/host_kv_cache_ops.hpp"
@@ -121,6 +122,15 @@ void HostKVCache::write(int32_t layer, std::span<const Slot> slot_mapping, std::
     }
   }
   reshape_and_cache(this->layer(layer), slot_mapping, k, v);
+}
+
+void HostKVCache::write(int32_t layer, std::span<const Slot> slot_mapping, ActivationView k,
+                        ActivationView v) {
+  detail::check_activation("HostKVCache::write", "k", k.dtype, k.data, k.size);
+  detail::check_activation("HostKVCache::write", "v", v.dtype, v.data, v.size);
+  std::vector<float> k_buffer;
+  std::vector<float> v_buffer;
+  write(layer, slot_mapping, detail::widened(k, k_buffer), detail::widened(v, v_buffer));
 }
 
 void HostKVCache::copy_blocks(std::span<const BlockCopy> pairs) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "core/activations.hpp"
 #include "core/check.hpp"
 #include "core/dtype_dispatch.hpp"
 #include "storage/host_kv_cache_ops.hpp"
@@ -58,6 +59,19 @@ void reshape_and_cache(const KVLayerView& cache, std::span<const Slot> slot_mapp
   if (num_tokens == 0) return;
   if (dtype_is_quantized(cache.dtype)) detail::check_view_scales(kFn, cache);
   detail::write_slots(cache, slot_mapping, k, v);
+}
+
+void reshape_and_cache(const KVLayerView& cache, std::span<const Slot> slot_mapping,
+                       ActivationView k, ActivationView v) {
+  constexpr const char* kFn = "reshape_and_cache";
+  detail::check_activation(kFn, "k", k.dtype, k.data, k.size);
+  detail::check_activation(kFn, "v", v.dtype, v.data, v.size);
+  // Widened in full before the fp32 overload runs its checks: a failed write still stores
+  // nothing, and the stores see exactly the fp32 values an fp32 caller would pass.
+  std::vector<float> k_buffer;
+  std::vector<float> v_buffer;
+  reshape_and_cache(cache, slot_mapping, detail::widened(k, k_buffer),
+                    detail::widened(v, v_buffer));
 }
 
 void detail::write_slots(const KVLayerView& cache, std::span<const Slot> slot_mapping,

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -299,7 +300,7 @@ TEST(HostKVCache, EmptyWriteIsANoOp) {
   KVCacheConfig c;
   c.num_blocks = 1;
   HostKVCache cache(c);
-  cache.write(0, {}, {}, {});
+  cache.write(0, {}, std::span<const float>{}, std::span<const float>{});
   cache.copy_blocks({});
   EXPECT_EQ(cache.read(0, 0, 0, false), std::vector<float>(64, 0.0f));
 }

@@ -5,7 +5,6 @@
 /// buffers; K/V are read in place in the pool's dtype and converted to fp32; accumulation in fp32
 /// with online softmax.
 
-#include <cstddef>
 #include <cstdint>
 #include <span>
 
@@ -44,22 +43,6 @@ void paged_decode_attention(const AttentionParams& params, const KVLayerView& ca
 void paged_prefill_attention(const AttentionParams& params, const KVLayerView& cache,
                              const BlockTableView& tables, std::span<const int32_t> query_start,
                              std::span<const float> q, std::span<float> out);
-
-/// Read-only query activations of a paged attention call in an engine's dtype: `size` elements
-/// of `dtype` at `data`, row-major [rows, num_heads, head_dim] as the fp32 spans.
-/// dtype: DType::kF32, kF16 or kBF16 (the 8-bit formats are storage formats, not activations).
-struct ActivationView {
-  const void* data = nullptr;  ///< first element; may be null only when size is 0
-  size_t size = 0;             ///< elements (not bytes)
-  DType dtype = DType::kF32;   ///< element type: fp32, fp16 or bf16
-};
-
-/// Writable output activations: as ActivationView.
-struct MutableActivationView {
-  void* data = nullptr;       ///< first element; may be null only when size is 0
-  size_t size = 0;            ///< elements (not bytes)
-  DType dtype = DType::kF32;  ///< element type: fp32, fp16 or bf16
-};
 
 /// paged_decode_attention with q and out in fp32, fp16 or bf16 (any combination): computed in
 /// fp32 (each q element widened exactly, each output rounded to nearest even into out.dtype as

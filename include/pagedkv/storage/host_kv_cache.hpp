@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "pagedkv/dtype.hpp"
 #include "pagedkv/storage/host_buffer.hpp"
 #include "pagedkv/storage/kv_cache_config.hpp"
 #include "pagedkv/storage/kv_layer_view.hpp"
@@ -46,6 +47,13 @@ class HostKVCache {
   /// before anything is written (scales included).
   void write(int32_t layer, std::span<const Slot> slot_mapping, std::span<const float> k,
              std::span<const float> v);
+  /// write with K and V in an engine's activation dtype (fp32, fp16 or bf16): widened exactly to
+  /// fp32 (f16_to_f32 / bf16_to_f32), then written (and, first write of a quantized layer,
+  /// calibrated) as the fp32 write does with the widened values, bit for bit.
+  /// Shapes: as the fp32 write; k.size, v.size in elements.
+  /// Errors: as the fp32 write, plus throws pagedkv::Error naming the dtype if k.dtype or
+  /// v.dtype is not fp32, fp16 or bf16, or naming the argument if its data is null with size > 0.
+  void write(int32_t layer, std::span<const Slot> slot_mapping, ActivationView k, ActivationView v);
 
   /// Sets the scales of a quantized layer (x = stored * scale): one value each for K and V
   /// (per tensor; repeated per head), or num_kv_heads values each (config.scale_granularity

@@ -16,7 +16,8 @@ namespace pagedkv {
 
 /// reshape_and_cache (vLLM's name) on host memory: writes the K and V of new tokens to their
 /// slots of `cache`, converting fp32 to cache.dtype with round to nearest even; for a quantized
-/// dtype stored = Q(x / scale[kv_head]) with saturation (dtype.hpp).
+/// dtype stored = Q(x / scale[kv_head]) with saturation (dtype.hpp). fp16 / bf16 K/V: the
+/// ActivationView overload below.
 /// Shapes: slot_mapping [num_tokens] int64 (negative = padding, skipped);
 ///         k, v [num_tokens, num_kv_heads, head_dim] fp32, rows contiguous.
 /// Errors: throws pagedkv::Error if the view has a null pool or a size < 1 (even with no
@@ -29,6 +30,26 @@ namespace pagedkv {
 /// view.k (block 1, token 1).
 void reshape_and_cache(const KVLayerView& cache, std::span<const Slot> slot_mapping,
                        std::span<const float> k, std::span<const float> v);
+
+/// reshape_and_cache with K and V in an engine's activation dtype (fp32, fp16 or bf16, the same
+/// or not): each element is widened exactly to fp32 (f16_to_f32 / bf16_to_f32) and stored as the
+/// fp32 overload stores it (round to nearest even to cache.dtype; 8-bit: x * (1 / scale), then
+/// saturated), so the pool holds, bit for bit, what the fp32 write of the widened values puts
+/// there. An fp32 view is read in place; fp16 / bf16 K and V are widened into a buffer first
+/// (num_tokens * num_kv_heads * head_dim floats each).
+/// Shapes: slot_mapping [num_tokens] int64 (negative = padding, skipped);
+///         k, v [num_tokens, num_kv_heads, head_dim] of k.dtype / v.dtype, rows contiguous;
+///         k.size, v.size in elements.
+/// Errors: throws pagedkv::Error naming the dtype if k.dtype or v.dtype is not fp32, fp16 or bf16
+/// (an 8-bit format is a storage format, not an activation), naming the argument if its data is
+/// null with size > 0, and otherwise as the fp32 overload; all checked before anything is
+/// written, so a failed write changes nothing.
+/// Worked example: with `k16` [1, 1, 2] bf16 {0x3FC0, 0x4000} (1.5, 2.0), an fp32 NHD view of 1
+/// head of 2 dims: reshape_and_cache(view, {5}, {k16, 2, DType::kBF16}, {v16, 2, DType::kBF16})
+/// puts K {1.5f, 2.0f} at element offset 10 of view.k. With both overloads, `{}` for k and v
+/// is ambiguous: an empty write passes typed empty spans or views.
+void reshape_and_cache(const KVLayerView& cache, std::span<const Slot> slot_mapping,
+                       ActivationView k, ActivationView v);
 
 /// Scales of one layer (K and V), [num_kv_heads] each.
 struct KVScales {
