@@ -186,7 +186,7 @@ set_tests_properties(cli.generate.default_model_matches_reference PROPERTIES LAB
 add_test(NAME cli.generate.layer_pattern
          COMMAND pagedkv_cli generate --layer-pattern SSSSF --window 16 --steps 128 --block-size 4)
 set_tests_properties(cli.generate.layer_pattern PROPERTIES LABELS "model;cli"
-  PASS_REGULAR_EXPRESSION "agreement: contiguous vs paged: same tokens[^\n]*\nagreement: none vs paged: same tokens.*KV cache groups of the paged run [(]layer pattern SSSSF, one pool, 5 groups[)]:\n  group 0: window 16 +1 layers +5 blocks.*  group 4: full +1 layers +31 blocks.*x less")
+  PASS_REGULAR_EXPRESSION "agreement: contiguous vs paged: same tokens[^\n]*\nagreement: none vs paged: same tokens.*KV cache groups of the paged run [(]layer pattern SSSSF, one pool, 5 groups[)]:\n  group 0: window 16 +1 layer +5 blocks.*  group 4: full +1 layer +31 blocks.*x less")
 foreach(_case
     "window_without_pattern|generate|--window|8|apply to the layers of a --layer-pattern"
     "bad_letter|generate|--layer-pattern|SFX|--window|8|letter 'X' at index 2"

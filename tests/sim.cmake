@@ -232,7 +232,7 @@ pagedkv_add_shared_data_test(NAME cli.replay.sweep_max_rate_at_slo
   COMMAND pagedkv_cli replay --trace ${_shared}/traces/AzureLLMInferenceTrace_conv.csv
           --preset llama-3-8b --kv-memory 8GiB --strategies contiguous-max,paged-16
           --rates 0.5,1,2 --slo-norm-latency 0.1 --no-progress
-  PASS_REGEX "SLO: normalized latency <= 0.1 s/token.*\\| x1 \\| paged-16 \\| 5.51 \\|.*\\| met \\|.*max rate meeting the SLO: contiguous-max: none of the swept rates\nmax rate meeting the SLO: paged-16: x1 ")
+  PASS_REGEX "SLO: normalized latency <= 0.1 s/token.*\\| x1 \\| paged-16 \\| 19365 \\| 1 \\| 5.51 \\|.*\\| met \\|.*max rate meeting the SLO: contiguous-max: none of the swept rates\nmax rate meeting the SLO: paged-16: x1 ")
 set_tests_properties(cli.memory.stories260K_whole_context cli.replay.azure_conv_paged16
   cli.replay.warns_when_preset_rejects_over_1pct cli.replay.sweep_max_rate_at_slo
   PROPERTIES LABELS "cli;sim")

@@ -67,17 +67,22 @@ void print_layer_groups(const LayerFlags& flags, const model::RunStats& stats) {
              flags.pattern, stats.kv_groups.size());
   for (size_t g = 0; g < stats.kv_groups.size(); ++g) {
     const model::GroupKVUsage& u = stats.kv_groups[g];
-    fmt::print("  group {}: {:<20} {:>3} layers {:>7} blocks {:>12} B\n", g, group_desc(u.spec),
-               u.spec.num_layers, u.blocks, u.bytes);
+    fmt::print("  group {}: {:<20} {:>3} {:<6} {:>7} {:<6} {:>12} B\n", g, group_desc(u.spec),
+               u.spec.num_layers, u.spec.num_layers == 1 ? "layer" : "layers", u.blocks,
+               u.blocks == 1 ? "block" : "blocks", u.bytes);
   }
   // Padded layer slots can make the hybrid pool the larger one (e.g. SF with a window longer
   // than the run): say "more" then, not "0.83x less".
   const bool less = stats.kv_bytes_in_use <= stats.kv_bytes_all_full;
-  fmt::print("  KV in use {} B vs {} B all-full (same tokens, every layer full): {:.2f}x {}\n",
-             stats.kv_bytes_in_use, stats.kv_bytes_all_full,
-             less ? ratio(stats.kv_bytes_all_full, stats.kv_bytes_in_use)
-                  : ratio(stats.kv_bytes_in_use, stats.kv_bytes_all_full),
-             less ? "less" : "more (padded layer slots)");
+  const std::string verdict =
+      stats.kv_bytes_in_use == stats.kv_bytes_all_full
+          ? std::string("the same")
+          : fmt::format("{:.2f}x {}",
+                        less ? ratio(stats.kv_bytes_all_full, stats.kv_bytes_in_use)
+                             : ratio(stats.kv_bytes_in_use, stats.kv_bytes_all_full),
+                        less ? "less" : "more (padded layer slots)");
+  fmt::print("  KV in use {} B vs {} B all-full (same tokens, every layer full): {}\n",
+             stats.kv_bytes_in_use, stats.kv_bytes_all_full, verdict);
 }
 
 nlohmann::ordered_json layer_groups_json(const LayerFlags& flags, const model::RunStats& stats) {

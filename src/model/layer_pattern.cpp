@@ -30,10 +30,14 @@ std::vector<KVCacheGroupSpec> layer_attention_from_pattern(std::string_view patt
     } else if (ch == 'C') {
       has_chunk = true;
     } else if (ch != 'F') {
+      // A byte outside printable ASCII (a UTF-8 letter's first byte) is shown by its value.
+      const auto byte = static_cast<unsigned char>(ch);
+      const std::string shown = byte >= 0x20 && byte < 0x7F ? fmt::format("'{}'", ch)
+                                                            : fmt::format("byte 0x{:02X}", byte);
       fail(
-          fmt::format("letter '{}' at index {} is not F (full), S (sliding window) or C "
+          fmt::format("letter {} at index {} is not F (full), S (sliding window) or C "
                       "(chunked local)",
-                      ch, i));
+                      shown, i));
     }
   }
   if (has_window && window < 1) fail(fmt::format("S layers need a window >= 1, got {}", window));

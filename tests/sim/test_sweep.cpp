@@ -4,6 +4,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "pagedkv/error.hpp"
 #include "sim/replay.hpp"
 #include "sim/sweep.hpp"
@@ -72,7 +74,32 @@ TEST(Sweep, SloAndMaxRate) {
   EXPECT_EQ(Slo{}.describe(), "none");
   const Slo both{0.1, 2000.0, std::nullopt};
   EXPECT_EQ(both.describe(), "normalized latency <= 0.1 s/token, TTFT p99 <= 2000 ms");
-  EXPECT_THAT(format_sweep_table(points, slo), HasSubstr("| x0.5 | contiguous-exact |"));
+  EXPECT_THAT(format_sweep_table(points, slo), HasSubstr("| x0.5 | contiguous-exact | 4 | 0 |"));
+}
+
+// The table's done and rejected columns: a fifth request longer than max_context (P + O = 12 >
+// 10) is rejected at every rate, the four others done.
+TEST(Sweep, TableCountsDoneAndRejected) {
+  Trace t = four_requests();
+  TraceRequest long_one;
+  long_one.arrival_ms = 1.0;
+  long_one.prompt_tokens = 6;
+  long_one.output_tokens = 6;
+  long_one.line = 5;
+  t.requests.push_back(long_one);
+  t.rows_read = 5;
+  ReplayConfig c = one_byte_per_token(8);
+  c.max_context = 10;
+  const std::vector<Strategy> strategies = {{StrategyKind::kContiguousExact, 0}};
+  const std::vector<double> rates = {1, 2};
+  const auto points = sweep(t, c, strategies, rates, 1);
+  ASSERT_EQ(points.size(), 2u);
+  EXPECT_EQ(points[0].result.completed, 4);
+  EXPECT_EQ(points[0].result.rejected_too_long, 1);
+  const std::string table = format_sweep_table(points, Slo{});
+  EXPECT_THAT(table, HasSubstr("| done | rejected |"));
+  EXPECT_THAT(table, HasSubstr("| x1 | contiguous-exact | 4 | 1 |"));
+  EXPECT_THAT(table, HasSubstr("| x2 | contiguous-exact | 4 | 1 |"));
 }
 
 // The plots: latency and throughput lines per strategy; with an SLO, the bound as a dashed line,
