@@ -43,8 +43,10 @@ inline constexpr int kDecodeMinCtasPerSm = PAGEDKV_DECODE_MIN_CTAS_PER_SM;
 
 /// Everything of a decode launch except the K/V addressing. All pointers are device pointers.
 struct DecodeProblem {
-  const float* q = nullptr;               // [num_seqs, num_heads, head_dim]
-  float* out = nullptr;                   // [num_seqs, num_heads, head_dim]
+  const void* q = nullptr;                // [num_seqs, num_heads, head_dim] of q_dtype
+  void* out = nullptr;                    // [num_seqs, num_heads, head_dim] of out_dtype
+  DType q_dtype = DType::kF32;            // kF32, kF16 or kBF16 (widened to fp32 on load)
+  DType out_dtype = DType::kF32;          // kF32, kF16 or kBF16 (rounded to nearest even)
   float* partial_o = nullptr;             // [num_seqs, num_heads, num_splits, head_dim] (split-K)
   float* partial_lse = nullptr;           // [num_seqs, num_heads, num_splits], log2 domain
   const int32_t* context_lens = nullptr;  // [num_seqs], tokens

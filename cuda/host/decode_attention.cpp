@@ -6,6 +6,8 @@
 
 #if PAGEDKV_WITH_CUDA
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 
@@ -42,15 +44,28 @@ void check_device_view(const char* fn, const KVLayerView& cache) {
   check_stride(fn, "token_stride", cache.token_stride, cache.dtype);
 }
 
+/// q or out of a launch: fp32, fp16 or bf16 with num_seqs x num_heads x head_dim elements.
+void check_activations(const char* fn, const char* what, const void* data, size_t size, DType dtype,
+                       int32_t num_seqs, const AttentionParams& params) {
+  PAGEDKV_CHECK(dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16,
+                "{}: {} dtype {} is not an activation dtype (fp32, fp16 or bf16)", fn, what,
+                dtype_name(dtype));
+  const int64_t want = int64_t{num_seqs} * params.num_heads * params.head_dim;
+  PAGEDKV_CHECK(static_cast<int64_t>(size) == want,
+                "{}: {} has {} elements, expected {} ({} sequences x {} heads x {} dims)", fn, what,
+                size, want, num_seqs, params.num_heads, params.head_dim);
+  check_device_ptr(fn, what, data);
+}
+
 /// The part of the launch common to both layouts. `num_seqs` > 0.
 detail::DecodeProblem make_problem(const char* fn, const AttentionParams& params, int32_t num_seqs,
-                                   const int32_t* context_lens, const float* q, float* out,
-                                   const DecodeLaunch& launch) {
+                                   const int32_t* context_lens, ActivationView q,
+                                   MutableActivationView out, const DecodeLaunch& launch) {
   PAGEDKV_CHECK(num_seqs <= kMaxGridY, "{}: num_seqs {} exceeds the grid limit {}", fn, num_seqs,
                 kMaxGridY);
   PAGEDKV_CHECK(context_lens != nullptr, "{}: context_lens is null for {} sequences", fn, num_seqs);
-  check_device_ptr(fn, "q", q);
-  check_device_ptr(fn, "out", out);
+  check_activations(fn, "q", q.data, q.size, q.dtype, num_seqs, params);
+  check_activations(fn, "out", out.data, out.size, out.dtype, num_seqs, params);
   const DecodePlan& plan = launch.plan;
   PAGEDKV_CHECK(plan.num_splits >= 1 && plan.num_splits <= kMaxSplits,
                 "{}: plan.num_splits {} outside [1, {}]", fn, plan.num_splits, kMaxSplits);
@@ -67,8 +82,10 @@ detail::DecodeProblem make_problem(const char* fn, const AttentionParams& params
   }
 
   detail::DecodeProblem p;
-  p.q = q;
-  p.out = out;
+  p.q = q.data;
+  p.out = out.data;
+  p.q_dtype = q.dtype;
+  p.out_dtype = out.dtype;
   p.context_lens = context_lens;
   p.num_seqs = num_seqs;
   p.num_heads = params.num_heads;
@@ -127,6 +144,16 @@ DecodePlan make_decode_plan(const AttentionParams& params, DType dtype, int32_t 
 void paged_decode_attention(const AttentionParams& params, const KVLayerView& cache,
                             const BlockTableView& tables, const float* q, float* out,
                             const DecodeLaunch& launch) {
+  const auto n = static_cast<size_t>(std::max(tables.num_seqs, 0)) *
+                 static_cast<size_t>(std::max(params.num_heads, 0)) *
+                 static_cast<size_t>(std::max(params.head_dim, 0));
+  paged_decode_attention(params, cache, tables, ActivationView{q, n, DType::kF32},
+                         MutableActivationView{out, n, DType::kF32}, launch);
+}
+
+void paged_decode_attention(const AttentionParams& params, const KVLayerView& cache,
+                            const BlockTableView& tables, ActivationView q,
+                            MutableActivationView out, const DecodeLaunch& launch) {
   constexpr const char* kFn = "cuda::paged_decode_attention";
   check_decode_config(cache.dtype, cache.head_dim, cache.block_size);
   detail::check_device_attention_params(kFn, params, cache);
@@ -162,8 +189,12 @@ void contiguous_decode_attention(const AttentionParams& params, const KVLayerVie
   detail::check_device_attention_params(kFn, params, cache);
   check_device_view(kFn, cache);
   // Sequence i is block i (contiguous_paged_view).
+  const auto n = static_cast<size_t>(std::max(cache.num_blocks, 0)) *
+                 static_cast<size_t>(std::max(params.num_heads, 0)) *
+                 static_cast<size_t>(std::max(params.head_dim, 0));
   detail::DecodeProblem p =
-      make_problem(kFn, params, cache.num_blocks, context_lens, q, out, launch);
+      make_problem(kFn, params, cache.num_blocks, context_lens, ActivationView{q, n, DType::kF32},
+                   MutableActivationView{out, n, DType::kF32}, launch);
   p.k_scale = cache.k_scale;
   p.v_scale = cache.v_scale;
   detail::launch_contiguous_decode(cache.dtype, cache.head_dim, p, detail::contiguous_kv(cache),

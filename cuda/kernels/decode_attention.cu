@@ -169,7 +169,7 @@ __device__ __forceinline__ void load_q(
     float (&q)[DecodeTraits<T, D>::kHeads][DecodeTraits<T, D>::kElemsPerLane]) {
   using Tr = DecodeTraits<T, D>;
   constexpr int kVec = Tr::kVec;
-  const float* q_base = p.q + (static_cast<int64_t>(c.seq) * p.num_heads + c.head0) * D;
+  const int64_t q_base = (static_cast<int64_t>(c.seq) * p.num_heads + c.head0) * D;
 #pragma unroll
   for (int h = 0; h < Tr::kHeads; ++h) {
 #pragma unroll
@@ -178,7 +178,7 @@ __device__ __forceinline__ void load_q(
 #pragma unroll
       for (int e = 0; e < kVec; e += 4) {
         float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (h < c.n_heads) x = *reinterpret_cast<const float4*>(q_base + h * D + d0 + e);
+        if (h < c.n_heads) x = load_activation4(p.q, p.q_dtype, q_base + h * D + d0 + e);
         q[h][ch * kVec + e + 0] = x.x * qscale;
         q[h][ch * kVec + e + 1] = x.y * qscale;
         q[h][ch * kVec + e + 2] = x.z * qscale;
@@ -383,7 +383,7 @@ __device__ __forceinline__ void reduce_and_store(
     const float o = l > 0.f ? sum / l * vscale : 0.f;
     const int64_t row = static_cast<int64_t>(c.seq) * p.num_heads + c.head0 + h;
     if (p.num_splits == 1) {
-      p.out[row * D + d] = o;
+      store_activation(p.out, p.out_dtype, row * D + d, o);
     } else {
       p.partial_o[(row * p.num_splits + c.split) * D + d] = o;
       if (d == 0)
@@ -491,8 +491,8 @@ void allow_decode_smem() {
 __global__ void merge_kernel(
     const float* __restrict__ partial_o,    // [num_seqs, num_heads, num_splits, head_dim]
     const float* __restrict__ partial_lse,  // [num_seqs, num_heads, num_splits]
-    float* __restrict__ out,                // [num_seqs, num_heads, head_dim]
-    int32_t num_splits, int32_t head_dim) {
+    void* __restrict__ out,                 // [num_seqs, num_heads, head_dim] of out_dtype
+    DType out_dtype, int32_t num_splits, int32_t head_dim) {
   const int64_t row = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
   const float* lse = partial_lse + row * num_splits;
   float m = -INFINITY;
@@ -507,7 +507,7 @@ __global__ void merge_kernel(
         num += w * partial_o[(row * num_splits + s) * head_dim + d];
       }
     }
-    out[row * head_dim + d] = den > 0.f ? num / den : 0.f;
+    store_activation(out, out_dtype, row * head_dim + d, den > 0.f ? num / den : 0.f);
   }
 }
 
@@ -534,7 +534,8 @@ void launch_decode(DType dtype, int32_t head_dim, const DecodeProblem& p, const 
   check_launch("decode_kernel launch");
   if (p.num_splits > 1) {
     const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.num_seqs));
-    merge_kernel<<<grid, 128, 0, s>>>(p.partial_o, p.partial_lse, p.out, p.num_splits, head_dim);
+    merge_kernel<<<grid, 128, 0, s>>>(p.partial_o, p.partial_lse, p.out, p.out_dtype, p.num_splits,
+                                      head_dim);
     check_launch("merge_kernel launch");
   }
 }

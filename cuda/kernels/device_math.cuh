@@ -143,6 +143,36 @@ __device__ __forceinline__ void widen4(uint32_t w, float* dst) {
   dst[3] = f1.y;
 }
 
+/// Four activations (q) at element i of `base`, of `dtype` (kF32, kF16 or kBF16), widened to
+/// fp32. i is a multiple of 4: 16-byte loads for fp32, two 4-byte pairs for the 16-bit types.
+__device__ __forceinline__ float4 load_activation4(const void* base, DType dtype, int64_t i) {
+  if (dtype == DType::kF16) {
+    const __half2* h = reinterpret_cast<const __half2*>(static_cast<const __half*>(base) + i);
+    const float2 a = __half22float2(h[0]);
+    const float2 b = __half22float2(h[1]);
+    return make_float4(a.x, a.y, b.x, b.y);
+  }
+  if (dtype == DType::kBF16) {
+    const __nv_bfloat162* h =
+        reinterpret_cast<const __nv_bfloat162*>(static_cast<const __nv_bfloat16*>(base) + i);
+    const float2 a = __bfloat1622float2(h[0]);
+    const float2 b = __bfloat1622float2(h[1]);
+    return make_float4(a.x, a.y, b.x, b.y);
+  }
+  return *reinterpret_cast<const float4*>(static_cast<const float*>(base) + i);
+}
+
+/// Stores x at element i of `base` as `dtype` (kF32, kF16 or kBF16), rounded to nearest even.
+__device__ __forceinline__ void store_activation(void* base, DType dtype, int64_t i, float x) {
+  if (dtype == DType::kF16) {
+    static_cast<__half*>(base)[i] = __float2half_rn(x);
+  } else if (dtype == DType::kBF16) {
+    static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(x);
+  } else {
+    static_cast<float*>(base)[i] = x;
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ float to_f32(T x);
 template <>

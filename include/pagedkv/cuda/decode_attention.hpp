@@ -148,6 +148,21 @@ void paged_decode_attention(const AttentionParams& params, const KVLayerView& ca
                             const BlockTableView& tables, const float* q, float* out,
                             const DecodeLaunch& launch = {});
 
+/// paged_decode_attention with q and out of an engine's activation dtype: each fp32, fp16 or
+/// bf16 (independently), DEVICE pointers. q is widened to fp32 as it is loaded, the kernel
+/// computes in fp32 (scores, softmax, P . V) and out is rounded to nearest even once, as the
+/// CPU overloads of pagedkv/cpu/attention.hpp do; the same result as the fp32 call on the
+/// widened q, up to that final rounding. Asynchronous on launch.stream.
+/// Shapes: q, out [tables.num_seqs, params.num_heads, params.head_dim] (q.size and out.size
+/// in elements); the rest as the fp32 overload.
+/// Errors: as the fp32 overload, plus (before any CUDA call) a q or out dtype that is not fp32,
+/// fp16 or bf16, or a size other than num_seqs x num_heads x head_dim (naming both).
+/// Call it qualified (cuda::paged_decode_attention): the CPU overload of pagedkv/cpu/attention.hpp
+/// takes the same argument types, so an unqualified call inside namespace pagedkv is ambiguous.
+void paged_decode_attention(const AttentionParams& params, const KVLayerView& cache,
+                            const BlockTableView& tables, ActivationView q,
+                            MutableActivationView out, const DecodeLaunch& launch = {});
+
 /// The same kernel body over a contiguous cache, described as storage describes one: `cache` is
 /// contiguous_paged_view(shape, k, v) of device buffers (storage/contiguous_paged_view.hpp), so
 /// sequence i owns block i (num_seqs = cache.num_blocks) and block_size = max_len. The result
