@@ -107,6 +107,10 @@ void append_position_slots(std::span<const BlockId> table, int64_t first, int64_
   const size_t base = out.size();
   out.resize(base + static_cast<size_t>(n));
   Slot* o = out.data() + base;
+  if (block_size == 1) {  // one token per block: the slots are the block ids themselves
+    for (int64_t i = 0; i < n; ++i) o[i] = table[static_cast<size_t>(first + i)];
+    return;
+  }
   for (int64_t pos = first, end = first + n; pos < end;) {
     const int64_t entry = pos / block_size;
     const int64_t stop = std::min(end, (entry + 1) * block_size);

@@ -118,20 +118,22 @@ TEST(BatchMetadata, SlotForPositionIsBlockTimesSizePlusOffset) {
 }
 
 // The block-by-block form against slot_for_position at every start and length over a table
-// of 3 blocks of 4, plus the header's worked example; existing contents of out are kept.
+// of 3 blocks of 1, 3 and 4 tokens, plus the header's worked example; out's contents are kept.
 TEST(BatchMetadata, PositionSlotsEqualSlotForPositionOfEach) {
   std::vector<BlockId> example{7, 3};
   std::vector<Slot> got{-5};
   append_position_slots(example, 2, 4, 4, got);
   EXPECT_THAT(got, ElementsAre(-5, 30, 31, 12, 13));
   std::vector<BlockId> table{7, 0, 3};
-  for (int64_t first = 0; first <= 12; ++first) {
-    for (int64_t n = 0; first + n <= 12; ++n) {
-      std::vector<Slot> want;
-      for (int64_t p = first; p < first + n; ++p) want.push_back(slot_for_position(table, p, 4));
-      std::vector<Slot> out;
-      append_position_slots(table, first, n, 4, out);
-      EXPECT_EQ(out, want) << first << " + " << n;
+  for (int32_t bs : {1, 3, 4}) {  // 1: the one-token-per-block path
+    for (int64_t first = 0; first <= 3 * bs; ++first) {
+      for (int64_t n = 0; first + n <= 3 * bs; ++n) {
+        std::vector<Slot> want;
+        for (int64_t p = first; p < first + n; ++p) want.push_back(slot_for_position(table, p, bs));
+        std::vector<Slot> out;
+        append_position_slots(table, first, n, bs, out);
+        EXPECT_EQ(out, want) << "bs " << bs << ": " << first << " + " << n;
+      }
     }
   }
   std::vector<Slot> untouched{1, 2};
