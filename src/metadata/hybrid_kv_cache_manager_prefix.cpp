@@ -254,8 +254,24 @@ uint64_t HybridKVCacheManager::publish_block(Sequence& s, size_t g, int64_t j, B
                                         .tokens = {tokens.begin(), tokens.end()}});
   pool_.set_cached(b, true);
   ++published;
+  // Events are off by default: copy the tokens for one only when it is kept.
+  if (config_.enable_events) {
+    emit({.kind = KVCacheEvent::Kind::kStored,
+          .block = b,
+          .hash = h,
+          .parent_hash = parent,
+          .extra_key = s.extra_key,
+          .tokens = {tokens.begin(), tokens.end()},
+          .group = static_cast<int32_t>(g)});
+  }
   return serial;
 }
+
+void HybridKVCacheManager::emit(KVCacheEvent event) {
+  if (config_.enable_events) events_.push_back(std::move(event));
+}
+
+std::vector<KVCacheEvent> HybridKVCacheManager::take_events() { return std::exchange(events_, {}); }
 
 std::vector<BlockId> HybridKVCacheManager::allocate_evicting(int32_t n) {
   evicted_.clear();
@@ -278,12 +294,20 @@ void HybridKVCacheManager::drop_evicted(BlockId b) {
       const BlockId c = todo.back();
       todo.pop_back();
       pc.children(c, todo);
-      (void)pc.erase(c);
+      const std::optional<PrefixCache::Entry> e = pc.erase(c);
       // In use: stays with its sequences, unshareable; ref 0: free; evicted by this very
       // allocation: no longer marked, its own drop finds no entry.
       if (pool_.is_cached(c)) pool_.set_cached(c, false);
+      emit({.kind = KVCacheEvent::Kind::kRemoved,
+            .block = c,
+            .hash = e->hash,
+            .group = static_cast<int32_t>(g)});
     }
-    (void)pc.erase(b);
+    const std::optional<PrefixCache::Entry> e = pc.erase(b);
+    emit({.kind = KVCacheEvent::Kind::kEvicted,
+          .block = b,
+          .hash = e->hash,
+          .group = static_cast<int32_t>(g)});
     return;
   }
 }

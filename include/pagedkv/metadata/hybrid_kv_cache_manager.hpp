@@ -81,6 +81,10 @@ struct HybridKVCacheManagerConfig {
   /// pool has one block more, its block 0, reserved like the device pool's null block, so a
   /// swapped table's host ids never read as kNullBlock.
   int32_t num_host_blocks = 0;
+  /// Record KVCacheEvents for take_events(), each with its group: kStored when commit publishes
+  /// a group's block, kEvicted when the pool reuses a cached block, kRemoved for the entries of
+  /// a full group chained below an evicted one (no lookup from the root reaches them).
+  bool enable_events = false;
 };
 
 /// What an append produced. Shapes: slots [num_groups][n] int64, slot of new token j in group
@@ -308,6 +312,10 @@ class HybridKVCacheManager {
   [[nodiscard]] const PrefixCache& prefix_cache(int32_t group) const;
   /// The configuration.
   [[nodiscard]] const HybridKVCacheManagerConfig& config() const { return config_; }
+  /// The events recorded since the last call, oldest first (empty unless
+  /// config.enable_events), and clears them: for routers that mirror which prefixes, per
+  /// group, this worker holds (vLLM's BlockStored / BlockRemoved).
+  [[nodiscard]] std::vector<KVCacheEvent> take_events();
 
   /// Checks: each block's ref count equals the table entries holding it (the null block held
   /// once by the manager, never by a table); each table has ceil(tokens / block_size) entries;
@@ -361,6 +369,7 @@ class HybridKVCacheManager {
   [[nodiscard]] Hit find_hit(std::span<const TokenId> prompt, uint64_t extra_key) const;
   std::vector<BlockId> allocate_evicting(int32_t n);
   void drop_evicted(BlockId b);
+  void emit(KVCacheEvent event);
   [[nodiscard]] uint64_t publish_block(Sequence& s, size_t g, int64_t j, BlockHash h,
                                        int32_t& published);
   // hybrid_kv_cache_manager_invariants.cpp
@@ -373,7 +382,8 @@ class HybridKVCacheManager {
   std::optional<BlockAllocator> host_;  // the swap pool; empty when num_host_blocks == 0
   std::vector<PrefixCache> prefix_;     // [num_groups]: keys (hash, group)
   std::unordered_map<SeqId, Sequence> seqs_;
-  std::vector<BlockId> evicted_;  // scratch of allocate_evicting, empty between calls
+  std::vector<BlockId> evicted_;      // scratch of allocate_evicting, empty between calls
+  std::vector<KVCacheEvent> events_;  // since the last take_events (enable_events only)
 };
 
 }  // namespace pagedkv

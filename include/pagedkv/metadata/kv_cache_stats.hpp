@@ -71,6 +71,9 @@ struct KVCacheEvent {
   BlockHash parent_hash = 0;    ///< kStored only
   uint64_t extra_key = 0;       ///< kStored only
   std::vector<TokenId> tokens;  ///< kStored only: [block_size]
+  /// KV cache group of the registration: HybridKVCacheManager keys its prefix cache by (hash,
+  /// group), so the same hash is stored once per group; always 0 from KVCacheManager.
+  int32_t group = 0;
 };
 
 /// "stored", "removed", "evicted".
