@@ -196,6 +196,12 @@ std::optional<HybridAddResult> HybridKVCacheManager::add_sequence(SeqId seq,
       do_append(seq, len - h, prompt.subspan(static_cast<size_t>(h)), true, "add_sequence");
   // The pool was checked above against the hits' retains and every fresh block.
   PAGEDKV_CHECK(append.has_value(), "add_sequence: internal: {} blocks not available", need);
+  if (config_.enable_prefix_caching) {
+    counters_.prefix_query_tokens += len;
+    counters_.prefix_hit_tokens += h;
+    counters_.prefix_hits += hit.blocks;
+    counters_.prefix_misses += static_cast<int64_t>(hit.hashes.size()) - hit.blocks;
+  }
   return HybridAddResult{.num_computed_tokens = h, .append = std::move(*append)};
 }
 
@@ -271,6 +277,22 @@ void HybridKVCacheManager::emit(KVCacheEvent event) {
   if (config_.enable_events) events_.push_back(std::move(event));
 }
 
+KVCacheStats HybridKVCacheManager::stats() const {
+  KVCacheStats st = counters_;
+  st.total_blocks = pool_.num_blocks();
+  st.free_blocks = pool_.num_free();
+  st.used_blocks = pool_.num_used();
+  st.cached_blocks = pool_.num_cached();
+  st.usage = static_cast<double>(st.used_blocks) / st.total_blocks;
+  st.num_sequences = static_cast<int32_t>(seqs_.size());
+  st.num_swapped_sequences = static_cast<int32_t>(
+      std::count_if(seqs_.begin(), seqs_.end(), [](const auto& kv) { return kv.second.swapped; }));
+  for (const PrefixCache& pc : prefix_) st.prefix_cached_entries += pc.size();
+  st.host_total_blocks = config_.num_host_blocks;
+  st.host_used_blocks = host_ ? host_->num_used() - 1 : 0;  // its block 0 is reserved
+  return st;
+}
+
 std::vector<KVCacheEvent> HybridKVCacheManager::take_events() { return std::exchange(events_, {}); }
 
 std::vector<BlockId> HybridKVCacheManager::allocate_evicting(int32_t n) {
@@ -285,6 +307,7 @@ std::vector<BlockId> HybridKVCacheManager::allocate_evicting(int32_t n) {
 void HybridKVCacheManager::drop_evicted(BlockId b) {
   // The block now holds other content: its key goes (a reused block's hash is reset), and in a
   // full group every entry chained below it, which no walk from the root could reach.
+  ++counters_.prefix_evictions;
   for (size_t g = 0; g < prefix_.size(); ++g) {
     PrefixCache& pc = prefix_[g];
     if (pc.entry(b) == nullptr) continue;

@@ -53,6 +53,8 @@ std::optional<HybridSwapResult> HybridKVCacheManager::swap_out(SeqId seq) {
   HybridSwapResult r = remap(s.tables, *host_ids);
   release_tables(device, pool_);  // published blocks stay cached
   s.swapped = true;
+  ++counters_.preemptions;
+  counters_.swapped_out_blocks += n;
   return r;
 }
 
@@ -72,6 +74,7 @@ std::optional<HybridSwapResult> HybridKVCacheManager::swap_in(SeqId seq) {
   HybridSwapResult r = remap(s.tables, ids);
   release_tables(host, *host_);
   s.swapped = false;
+  counters_.swapped_in_blocks += static_cast<int64_t>(ids.size());
   return r;
 }
 
@@ -85,6 +88,7 @@ PreemptedSequence HybridKVCacheManager::preempt(SeqId seq) {
   out.extra_key = s.extra_key;
   if (s.ids_known) out.tokens = s.token_ids;
   free_sequence(seq);
+  ++counters_.preemptions;
   return out;
 }
 

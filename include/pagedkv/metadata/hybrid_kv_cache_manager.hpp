@@ -312,6 +312,15 @@ class HybridKVCacheManager {
   [[nodiscard]] const PrefixCache& prefix_cache(int32_t group) const;
   /// The configuration.
   [[nodiscard]] const HybridKVCacheManagerConfig& config() const { return config_; }
+  /// Snapshot of the pool and the cumulative counters, in KVCacheManager's units and with its
+  /// invariants (kv_cache_stats.hpp; the null block counts as used). Per hybrid meaning: a
+  /// prefix hit of k blocks counts k in prefix_hits and k x block_size in prefix_hit_tokens
+  /// (positions every group shares; each group holds what its rule needs of them);
+  /// prefix_misses counts eligible prompt blocks past the hit; prefix_cached_entries sums the
+  /// groups' key indexes; released_blocks and evicted_tokens stay 0 (window and chunk
+  /// releases are the groups' rule, not token eviction). preemptions counts swap_out and
+  /// preempt calls that succeeded; swapped_out / swapped_in_blocks the live entries moved.
+  [[nodiscard]] KVCacheStats stats() const;
   /// The events recorded since the last call, oldest first (empty unless
   /// config.enable_events), and clears them: for routers that mirror which prefixes, per
   /// group, this worker holds (vLLM's BlockStored / BlockRemoved).
@@ -384,6 +393,7 @@ class HybridKVCacheManager {
   std::unordered_map<SeqId, Sequence> seqs_;
   std::vector<BlockId> evicted_;      // scratch of allocate_evicting, empty between calls
   std::vector<KVCacheEvent> events_;  // since the last take_events (enable_events only)
+  KVCacheStats counters_;             // the cumulative fields of stats()
 };
 
 }  // namespace pagedkv
