@@ -29,6 +29,14 @@
 # device, and generate's device run agreed with the CPU caches; 1 otherwise; 2 for usage (also
 # for a DIR that does not exist or holds no test).
 #
+# Not run here: the Python module's CUDA half (python/tests/test_cuda_ops.py, torch CUDA tensors
+# through pagedkv._pagedkv). The H200 image has torch, but its Python may not be the 3.11 a
+# module built here targets, and it has no network and no fmt / nanobind to build one there, so
+# this script cannot bring a module that is sure to load. Where a matching interpreter with
+# nanobind exists: configure with -DPAGEDKV_BUILD_PYTHON=ON -DPython_EXECUTABLE=<it>, build
+# pagedkv_python, then `PYTHONPATH=$BUILD/python <it> -m pytest -rs python/tests/test_cuda_ops.py`
+# (it skips with "no CUDA device: ..." when torch, a device or the CUDA build is missing).
+#
 # Env: ARCH (default 90) for the build; JOBS (default 2) build parallelism; BUILD (default
 # build-gpu) the build folder; BENCH_FILTER to
 # run a subset of the benchmark (Google Benchmark regex).

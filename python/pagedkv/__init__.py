@@ -10,6 +10,10 @@ outside int32, bad configuration); :class:`ContractError` (a :class:`Error`) for
 manager's state forbids (unknown or swapped sequence, commit past the end, ...). Running out of
 blocks is not an error: the call returns ``None`` and changes nothing.
 
+The ops on the engine's pools (``write_kv``, the attention ops, ``copy_blocks``,
+``swap_blocks``) take CPU arrays and, in a build with CUDA (:data:`WITH_CUDA`), CUDA arrays;
+for torch CUDA tensors they run on torch's current stream unless ``stream`` is given.
+
 See docs/python.md for the install, a quick start and the mapping to vLLM / FlashInfer names.
 """
 
@@ -36,7 +40,10 @@ from ._pagedkv import (
     PreemptedSequence,
     PrefixLookup,
     SwapResult,
+    WITH_CUDA,
     block_hash,
+)
+from ._ops import (
     copy_blocks,
     paged_decode_attention,
     paged_prefill_attention,
@@ -70,6 +77,7 @@ __all__ = [
     "PreemptedSequence",
     "PrefixLookup",
     "SwapResult",
+    "WITH_CUDA",
     "batch_metadata_to_torch",
     "block_hash",
     "copy_blocks",

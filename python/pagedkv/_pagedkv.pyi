@@ -18,6 +18,8 @@ NO_BLOCK: int
 """block_table entry of a block released by token eviction (-1)."""
 MAX_TOKENS_PER_CALL: int
 """Most tokens one append takes (2**24)."""
+WITH_CUDA: bool
+"""True when this pagedkv was built with CUDA: the ops below then take CUDA arrays too."""
 
 class Error(Exception):
     """Base of pagedkv's errors."""
@@ -191,13 +193,26 @@ def block_hash(parent: int, tokens: Sequence[int], extra_key: int = 0) -> int:
 # ValueError names a wrong shape, dtype, device, stride, kv_dtype or scale; ContractError comes
 # from the kernel (head_dim or block_size mismatch, a block id out of range). GIL released while
 # the kernel runs.
+#
+# CUDA arrays (WITH_CUDA builds; DLPack device CUDA, e.g. torch CUDA tensors): every array of a
+# call on one device (ValueError naming the array and both devices, a CPU array among CUDA ones
+# included; without CUDA: "this pagedkv was built without CUDA"), run with that device current
+# on `stream` (a cudaStream_t int; None: torch's current stream for torch tensors, pagedkv's
+# Python layer passes it, else the legacy default stream), asynchronously. CUDA attention takes
+# float32 q and out only (ValueError naming the dtype), needs out (the Python layer passes
+# torch.empty_like(q) for torch q), and head_dim 64 / 128 / 256, block_size 8 / 16 / 32
+# (ContractError otherwise). Decode from block_tables / seq_lens reads them on the device,
+# unchecked (ids and lengths must be in range); from meta and for prefill the host tables are
+# checked and copied per call. Split-K workspace and metadata copies: cudaMallocAsync /
+# cudaFreeAsync on the stream. 8-bit pools' CUDA scales are read back (one stream sync).
+# block_copies is always a CPU array (the manager's). `stream` is ignored for CPU arrays.
 
 @overload
 def paged_decode_attention(q: Any, k_cache: Any, v_cache: Optional[Any], meta: BatchMetadata,
                            *, layout: str = "NHD", scale: float = 0.0, window_left: int = -1,
                            sink_tokens: int = 0, chunk_size: int = 0, out: Optional[Any] = None,
                            kv_dtype: Optional[str] = None, k_scale: Optional[Any] = None,
-                           v_scale: Optional[Any] = None) -> Any:
+                           v_scale: Optional[Any] = None, stream: Optional[int] = None) -> Any:
     """Decode: q [num_seqs, heads, dim], one query per sequence over its whole context;
     returns out [num_seqs, heads, dim] of q's dtype (unless out is given, a new numpy array;
     a torch tensor for bfloat16). The tables' block_size (meta.block_size) must equal the
@@ -207,21 +222,22 @@ def paged_decode_attention(q: Any, k_cache: Any, v_cache: Optional[Any], block_t
                            seq_lens: Any, *, layout: str = "NHD", scale: float = 0.0,
                            window_left: int = -1, sink_tokens: int = 0, chunk_size: int = 0,
                            out: Optional[Any] = None, kv_dtype: Optional[str] = None,
-                           k_scale: Optional[Any] = None, v_scale: Optional[Any] = None) -> Any:
+                           k_scale: Optional[Any] = None, v_scale: Optional[Any] = None,
+                           stream: Optional[int] = None) -> Any:
     """Decode over block_tables [num_seqs, max_blocks] int32 and seq_lens [num_seqs] int32,
     built for the pool's block size."""
 def paged_prefill_attention(q: Any, k_cache: Any, v_cache: Optional[Any], meta: BatchMetadata,
                             *, layout: str = "NHD", scale: float = 0.0, window_left: int = -1,
                             sink_tokens: int = 0, chunk_size: int = 0, out: Optional[Any] = None,
                             kv_dtype: Optional[str] = None, k_scale: Optional[Any] = None,
-                            v_scale: Optional[Any] = None) -> Any:
+                            v_scale: Optional[Any] = None, stream: Optional[int] = None) -> Any:
     """Chunked causal prefill: q [meta.query_start_loc[-1], heads, dim], sequence i's rows at
     its last query_start_loc[i + 1] - query_start_loc[i] positions (their K/V written), after
     its cached prefix."""
 
 def write_kv(key: Any, value: Any, k_cache: Any, v_cache: Optional[Any], slot_mapping: Any, *,
              layout: str = "NHD", kv_dtype: Optional[str] = None, k_scale: Optional[Any] = None,
-             v_scale: Optional[Any] = None) -> None:
+             v_scale: Optional[Any] = None, stream: Optional[int] = None) -> None:
     """reshape_and_cache: key, value [num_tokens, kv_heads, head_dim] float32, float16 or
     bfloat16 (both the same dtype, else ValueError naming both) go to their slot_mapping
     [num_tokens] int64 slots of the pools (either form above); fp16 / bf16 are widened exactly to
@@ -229,16 +245,22 @@ def write_kv(key: Any, value: Any, k_cache: Any, v_cache: Optional[Any], slot_ma
     8-bit: x / scale, saturated); negative slots are padding. Every slot and scale is checked
     before anything is written (ContractError naming the slot, ValueError naming the scale)."""
 
-def copy_blocks(pools: List[Any], block_copies: Any, *, layout: str = "NHD") -> None:
+def copy_blocks(pools: List[Any], block_copies: Any, *, layout: str = "NHD",
+                stream: Optional[int] = None) -> None:
     """Copy-on-write in every layer at once: pools [num_layers] of (k_cache, v_cache) tuples or
     combined pools; block_copies [n, 2] int32 (src, dst), applied in order (an AppendResult's
     copies). Ids checked against each pool first (ContractError). 8-bit pools need neither
-    kv_dtype nor scales: bytes are copied as they are."""
+    kv_dtype nor scales: bytes are copied as they are. CUDA pools: one cuda::copy_blocks launch
+    when the pairs are independent and the pools unpadded, else one cudaMemcpyAsync per block
+    in order."""
 
 def swap_blocks(src_pools: List[Any], dst_pools: List[Any], block_copies: Any, *,
-                src_layout: str = "NHD", dst_layout: str = "NHD") -> None:
+                src_layout: str = "NHD", dst_layout: str = "NHD",
+                stream: Optional[int] = None) -> None:
     """Block copies from src_pools to dst_pools, every layer (a SwapResult's copies): the pools
-    may differ in layout and strides, not in dtype or geometry (ContractError naming both)."""
+    may differ in layout and strides, not in dtype or geometry (ContractError naming both).
+    With a CUDA side: cudaMemcpyAsync per block (device <-> device on one device, device <->
+    host), queued on the stream; synchronize it before reading a host pool."""
 
 class KVCacheManager:
     """Block manager of one paged KV cache (all layers share its block ids). Calls are

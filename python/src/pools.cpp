@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "pagedkv/config.hpp"
 #include "pagedkv/error.hpp"
 
 namespace pagedkv::py {
@@ -68,21 +69,25 @@ std::string number(float x) {
 /// k_scale / v_scale of an 8-bit pool: float32 [1] or [num_kv_heads], finite and > 0, as
 /// [num_kv_heads] (a per-tensor scale repeated per head).
 std::vector<float> scales_for(const char* name, const std::optional<Any>& a, DType dtype,
-                              int32_t num_kv_heads) {
+                              int32_t num_kv_heads, const DeviceFloats& device_floats) {
   const std::string heads = std::to_string(num_kv_heads);
   if (!a) {
     bad(std::string(name) + " is required for an 8-bit pool (" + std::string(dtype_name(dtype)) +
         "): float32 [1] (per tensor) or [" + heads + "] (per kv head)");
   }
-  check_cpu(name, *a);
   if (a->ndim() != 1 || !is(*a, nb::dlpack::dtype_code::Float, 32) ||
       (a->shape(0) != 1 && a->shape(0) != static_cast<size_t>(num_kv_heads))) {
     bad(std::string(name) + ": expected float32 [1] or [" + heads + "] (num_kv_heads), got " +
         dtype_of(*a) + " of shape " + shape_of(*a));
   }
   std::vector<float> out(static_cast<size_t>(num_kv_heads));
-  const auto* data = static_cast<const float*>(a->data());
-  const int64_t stride = a->stride(0);
+  std::vector<float> copied;  // the values of a device array, read to the host
+  if (a->device_type() != nb::device::cpu::value) {
+    if (!device_floats) check_cpu(name, *a, "its values are read on the host");
+    copied = device_floats(*a);
+  }
+  const auto* data = copied.empty() ? static_cast<const float*>(a->data()) : copied.data();
+  const int64_t stride = copied.empty() ? a->stride(0) : 1;
   for (size_t h = 0; h < out.size(); ++h) {
     const size_t i = a->shape(0) == 1 ? 0 : h;
     const float s = data[static_cast<int64_t>(i) * stride];
@@ -96,7 +101,6 @@ std::vector<float> scales_for(const char* name, const std::optional<Any>& a, DTy
 }
 
 void check_same_pools(const Any& k, const Any& v) {
-  check_cpu("v_cache", v);
   bool same = v.ndim() == k.ndim() && v.dtype() == k.dtype();
   for (size_t i = 0; same && i < k.ndim(); ++i)
     same = v.shape(i) == k.shape(i) && v.stride(i) == k.stride(i);
@@ -116,11 +120,42 @@ std::string shape_of(const Any& a) {
 
 void bad(const std::string& msg) { throw nb::value_error(msg.c_str()); }
 
-void check_cpu(const char* name, const Any& a) {
-  if (a.device_type() != nb::device::cpu::value) {
-    bad(std::string(name) + " is on device type " + std::to_string(a.device_type()) +
-        ": these are the CPU kernels (CUDA tensors are not supported yet)");
+std::string device_of(const Any& a) {
+  if (a.device_type() == nb::device::cpu::value) return "the CPU";
+  if (a.device_type() == nb::device::cuda::value) return "cuda:" + std::to_string(a.device_id());
+  return "DLPack device type " + std::to_string(a.device_type());
+}
+
+void check_cpu(const char* name, const Any& a, const char* why) {
+  if (a.device_type() != nb::device::cpu::value)
+    bad(std::string(name) + " is on " + device_of(a) + ": it must be a CPU array (" + why + ")");
+}
+
+Place place_of(const std::vector<Named>& arrays) {
+  const Named* first = nullptr;
+  for (const Named& n : arrays) {
+    if (!n.array) continue;
+    const Any& a = *n.array;
+    const bool cuda = a.device_type() == nb::device::cuda::value;
+    if (!cuda && a.device_type() != nb::device::cpu::value) {
+      bad(n.name + " is on " + device_of(a) + ": pagedkv takes CPU and CUDA arrays");
+    }
+    if (cuda && !PAGEDKV_WITH_CUDA) {
+      bad(n.name + " is a CUDA array (" + device_of(a) +
+          "): this pagedkv was built without CUDA (PAGEDKV_WITH_CUDA=0); build it with a CUDA "
+          "compiler, or pass CPU arrays");
+    }
+    if (!first) {
+      first = &n;
+    } else if (a.device_type() != first->array->device_type() ||
+               (cuda && a.device_id() != first->array->device_id())) {
+      bad(n.name + " is on " + device_of(a) + " but " + first->name + " is on " +
+          device_of(*first->array) +
+          " (all arrays of one call must be on one device: no CPU and CUDA mix)");
+    }
   }
+  if (!first || first->array->device_type() != nb::device::cuda::value) return {};
+  return {true, static_cast<int32_t>(first->array->device_id())};
 }
 
 bool is(const Any& a, nb::dlpack::dtype_code code, int bits) {
@@ -140,7 +175,6 @@ std::string dtype_of(const Any& a) {
 
 void check_dense(const char* name, const Any& a, size_t ndim, nb::dlpack::dtype_code code, int bits,
                  const char* what) {
-  check_cpu(name, a);
   if (a.ndim() != ndim || !is(a, code, bits)) {
     bad(std::string(name) + ": expected " + what + ", got " + dtype_of(a) + " of shape " +
         shape_of(a));
@@ -169,8 +203,7 @@ nb::dlpack::dtype dlpack_dtype(DType dtype) {
 }
 
 Pool pool_view(const Any& k, const std::optional<Any>& v, KVLayout layout, const QuantArgs& quant,
-               bool scaled) {
-  check_cpu("k_cache", k);
+               bool scaled, const DeviceFloats& device_floats) {
   const size_t first = v ? 1 : 2;  // dim of block_size or heads after [blocks(, 2)]
   if (k.ndim() != first + 3) {
     bad(std::string("k_cache: expected ") +
@@ -202,8 +235,10 @@ Pool pool_view(const Any& k, const std::optional<Any>& v, KVLayout layout, const
   view.head_stride = k.stride(head);
   view.token_stride = k.stride(tok);
   if (scaled && dtype_is_quantized(view.dtype)) {
-    pool.k_scale = scales_for("k_scale", quant.k_scale, view.dtype, view.num_kv_heads);
-    pool.v_scale = scales_for("v_scale", quant.v_scale, view.dtype, view.num_kv_heads);
+    pool.k_scale =
+        scales_for("k_scale", quant.k_scale, view.dtype, view.num_kv_heads, device_floats);
+    pool.v_scale =
+        scales_for("v_scale", quant.v_scale, view.dtype, view.num_kv_heads, device_floats);
   } else if (scaled && (quant.k_scale || quant.v_scale)) {
     bad(std::string(quant.k_scale ? "k_scale" : "v_scale") +
         " is for the 8-bit pools (fp8_e4m3, fp8_e5m2, int8), k_cache is " + dtype_of(k));

@@ -2,13 +2,14 @@
 /// @file pools.hpp
 /// Argument checks of the ops on the engine's pools (python/src/ops.cpp): DLPack arrays of any
 /// framework, their dtypes, and the KVLayerView built from a pool's own shape and strides,
-/// 8-bit pools with their scales included. Every failed check is a ValueError naming the
-/// argument.
+/// 8-bit pools with their scales included, and the device all arrays of one call share (the
+/// CPU or one CUDA device). Every failed check is a ValueError naming the argument.
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,10 +32,32 @@ std::string dtype_of(const Any& a);
 [[noreturn]] void bad(const std::string& msg);
 /// True if a's elements are `code` of `bits` bits, one lane.
 bool is(const Any& a, nb::dlpack::dtype_code code, int bits);
-/// ValueError unless a is on the CPU (the CPU kernels run here).
-void check_cpu(const char* name, const Any& a);
-/// ValueError unless a is a C-contiguous CPU array of `ndim` dims of the given element type
-/// (`what` describes the expected shape and dtype in the message).
+/// "the CPU", "cuda:1" or "DLPack device type 3": where an array lives, for messages.
+std::string device_of(const Any& a);
+/// ValueError unless a is on the CPU (`why` ends the message: what reads it there).
+void check_cpu(const char* name, const Any& a, const char* why);
+
+/// Where the arrays of one call live: the CPU or one CUDA device.
+struct Place {
+  bool cuda = false;      ///< a CUDA device (DLPack kDLCUDA), else the CPU
+  int32_t device_id = 0;  ///< the CUDA device's ordinal (0 on the CPU)
+};
+/// One argument of a call for place_of: its name in messages, and the array (null: an optional
+/// argument not given, skipped).
+struct Named {
+  std::string name;
+  const Any* array = nullptr;
+};
+/// The place shared by every given array. Errors: ValueError naming the array if one is on
+/// another DLPack device type than CPU and CUDA; if it is on another device than the first
+/// array (both named, both devices: "k_cache is on cuda:1 but q is on cuda:0"), a CPU array
+/// among CUDA ones included; or, in a build without CUDA, if it is a CUDA array ("this
+/// pagedkv was built without CUDA"). An empty list is the CPU.
+Place place_of(const std::vector<Named>& arrays);
+
+/// ValueError unless a is a C-contiguous array (on any device: place_of checks devices) of
+/// `ndim` dims of the given element type (`what` describes the expected shape and dtype in the
+/// message).
 void check_dense(const char* name, const Any& a, size_t ndim, nb::dlpack::dtype_code code, int bits,
                  const char* what);
 /// "NHD" or "HND"; ValueError naming anything else.
@@ -52,6 +75,10 @@ struct QuantArgs {
   std::optional<Any> k_scale;
   std::optional<Any> v_scale;
 };
+
+/// Reads a float32 [n] array that is not in host memory into host memory (the CUDA ops: a copy
+/// on their stream, waited for), so that pool_view checks CUDA scales as it checks CPU ones.
+using DeviceFloats = std::function<std::vector<float>(const Any&)>;
 
 /// One layer's pools as the kernels read them, with the scales the view points to.
 struct Pool {
@@ -77,7 +104,9 @@ struct Pool {
 /// Errors: ValueError naming the argument: a wrong dims count, shape, dtype or stride, a
 /// kv_dtype that disagrees with the tensor's dtype, a missing kv_dtype for uint8, a missing or
 /// wrongly shaped scale, a scale that is zero, negative, NaN or inf, or scales for a float pool.
+/// Scales in device memory are read with `device_floats` (ValueError without one); the Pool's
+/// k_scale / v_scale are host copies either way.
 Pool pool_view(const Any& k, const std::optional<Any>& v, KVLayout layout, const QuantArgs& quant,
-               bool scaled);
+               bool scaled, const DeviceFloats& device_floats = {});
 
 }  // namespace pagedkv::py
