@@ -7,6 +7,7 @@
 #if PAGEDKV_WITH_CUDA
 
 #include <algorithm>
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -33,16 +34,6 @@ Pool device_pool(DeviceCall& call, const Any& k, const std::optional<Any>& v,
                  const std::string& layout, const QuantArgs& quant) {
   return pool_view(k, v, parse_layout(layout), quant, /*scaled=*/true,
                    [&call](const Any& a) { return call.read_floats(a); });
-}
-
-// q or out on the device: float32 [rows, heads, dim], C-contiguous.
-void check_f32(const char* name, const Any& a, const char* shape) {
-  const DType dtype = check_activations(name, a, shape);
-  if (dtype != DType::kF32) {
-    bad(std::string(name) + ": dtype " + dtype_of(a) +
-        ": CUDA decode takes float32 q/out (convert with .float(); fp16 / bf16 activations "
-        "run on the CPU kernels only)");
-  }
 }
 
 // Host tables (a BatchMetadata's): every context within its row and the block ids it covers in
@@ -76,8 +67,11 @@ int64_t check_host_tables(const BlockTableView& t, const KVLayerView& cache) {
 // DeviceDecodeRunner::kMaxRowsPerLaunch rows (the grid's y limit), each with its plan and a
 // stream-ordered workspace. `longest` bounds every context (tokens; the plan's input).
 void launch_rows(DeviceCall& call, const AttentionParams& params, const KVLayerView& cache,
-                 const BlockTableView& tables, int64_t longest, const float* q, float* out) {
+                 const BlockTableView& tables, int64_t longest, ActivationView q,
+                 MutableActivationView out) {
   const int64_t row_elems = int64_t{params.num_heads} * params.head_dim;
+  const int64_t q_row_bytes = row_elems * dtype_size(q.dtype);
+  const int64_t out_row_bytes = row_elems * dtype_size(out.dtype);
   for (int32_t first = 0; first < tables.num_seqs;) {
     const int32_t n =
         std::min(tables.num_seqs - first, cuda::DeviceDecodeRunner::kMaxRowsPerLaunch);
@@ -91,8 +85,13 @@ void launch_rows(DeviceCall& call, const AttentionParams& params, const KVLayerV
     launch.workspace_bytes =
         cuda::decode_workspace_bytes(n, params.num_heads, params.head_dim, launch.plan);
     launch.workspace = call.alloc(launch.workspace_bytes);
-    cuda::paged_decode_attention(params, cache, rows, q + first * row_elems,
-                                 out + first * row_elems, launch);
+    const auto elems = static_cast<size_t>(n * row_elems);
+    cuda::paged_decode_attention(
+        params, cache, rows,
+        ActivationView{static_cast<const std::byte*>(q.data) + first * q_row_bytes, elems, q.dtype},
+        MutableActivationView{static_cast<std::byte*>(out.data) + first * out_row_bytes, elems,
+                              out.dtype},
+        launch);
     first += n;
   }
 }
@@ -136,12 +135,16 @@ nb::object cuda_attend(const Any& q, const Any& k, const std::optional<Any>& v,
                        const AttentionTables& in, AttentionArgs& args, int32_t device,
                        std::optional<uintptr_t> stream) {
   const bool prefill = in.query_start.has_value();
-  check_f32("q", q, prefill ? "[num_tokens, heads, dim]" : "[num_seqs, heads, dim]");
+  const DType q_dtype =
+      check_activations("q", q, prefill ? "[num_tokens, heads, dim]" : "[num_seqs, heads, dim]");
   if (!args.out) {
     bad("out is required for CUDA q: pagedkv allocates no result on a device (pass "
         "out=torch.empty_like(q); pagedkv's Python layer does it for torch tensors)");
   }
-  check_f32("out", *args.out, "[rows, heads, dim]");
+  if (check_activations("out", *args.out, "[rows, heads, dim]") != q_dtype) {
+    bad("out: dtype " + dtype_of(*args.out) + " differs from q's " + dtype_of(q) +
+        " (out must have q's dtype)");
+  }
   for (size_t i = 0; i < 3; ++i) {
     if (args.out->shape(i) != q.shape(i))
       bad("out shape " + shape_of(*args.out) + " != q shape " + shape_of(q));
@@ -154,8 +157,8 @@ nb::object cuda_attend(const Any& q, const Any& k, const std::optional<Any>& v,
   const Pool pool = device_pool(call, k, v, args.layout, args.quant);
   const KVLayerView cache = device_view(call, pool);
   const AttentionParams params = params_for(q, cache, args);
-  const auto* qd = static_cast<const float*>(q.data());
-  auto* od = static_cast<float*>(args.out->data());
+  const ActivationView qd{q.data(), q.size(), q_dtype};
+  const MutableActivationView od{args.out->data(), args.out->size(), q_dtype};
   BlockTableView tables = in.tables;
   // Device tables are not read here: the capacity of a row bounds every context (a plan for a
   // longer context than the batch's is correct, only maybe slower).

@@ -38,9 +38,10 @@ struct AttentionTables {
   std::optional<std::span<const int32_t>> query_start;
 };
 
-/// paged_decode_attention / paged_prefill_attention on CUDA arrays of device `device`: q and
-/// out float32 (ValueError naming the dtype otherwise: "CUDA decode takes float32 q/out"), out
-/// required (ValueError: pagedkv allocates no result on a device); returns out.
+/// paged_decode_attention / paged_prefill_attention on CUDA arrays of device `device`: q
+/// float32, float16 or bfloat16, out of q's dtype (ValueError naming both otherwise; the kernel
+/// widens q and rounds out, computing in fp32), out required (ValueError: pagedkv allocates no
+/// result on a device); returns out.
 nb::object cuda_attend(const Any& q, const Any& k, const std::optional<Any>& v,
                        const AttentionTables& tables, AttentionArgs& args, int32_t device,
                        std::optional<uintptr_t> stream);

@@ -122,6 +122,18 @@ def test_decode_on_a_side_stream_and_an_explicit_one():
     np.testing.assert_allclose(host(out), want, **TOL)
 
 
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
+def test_decode_with_half_activations_matches_the_cpu(act):
+    # fp16 / bf16 q and out (an engine's activations): the same as the CPU kernels, which widen
+    # q exactly, compute in fp32 and round out once; up to one rounding of out apart.
+    m, meta, k, v = batch([54, 4097])
+    q = torch.randn(2, H, D, dtype=act)
+    want = torch.as_tensor(pk.paged_decode_attention(q, k, v, meta)).float().numpy()
+    got = pk.paged_decode_attention(q.cuda(), cuda(k), cuda(v), meta)
+    assert got.dtype == act
+    np.testing.assert_allclose(host(got.float()), want, rtol=1e-2, atol=1e-3)
+
+
 def test_prefill_matches_the_cpu():
     new = [5, 1, 40]
     m, meta, k, v = batch([54, 9, 200], new=new)
@@ -188,8 +200,9 @@ def test_hostile_calls_name_the_array_and_the_devices():
         (lambda: pk.paged_decode_attention(q, kd, vd, meta), r"k_cache is on cuda:0 but q is on "
                                                              r"the CPU"),
         (lambda: pk.paged_decode_attention(q.cuda(), kd, v, meta), "v_cache is on the CPU"),
-        (lambda: pk.paged_decode_attention(q.cuda().half(), kd, vd, meta),
-         "CUDA decode takes float32 q/out"),
+        (lambda: pk.paged_decode_attention(q.cuda().half(), kd, vd, meta,
+                                           out=torch.empty_like(q.cuda())),
+         "out: dtype float32 differs from q's float16"),
         (lambda: pk.paged_decode_attention(q.cuda(), kd, vd, meta.block_tables, cuda(meta.seq_lens)),
          "block_tables is on the CPU"),
         (lambda: pk._pagedkv.paged_decode_attention(q.cuda(), kd, vd, meta), "out is required"),
