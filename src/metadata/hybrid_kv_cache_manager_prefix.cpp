@@ -324,12 +324,14 @@ void HybridKVCacheManager::drop_evicted(BlockId b) {
       emit({.kind = KVCacheEvent::Kind::kRemoved,
             .block = c,
             .hash = e->hash,
+            .tokens = {},
             .group = static_cast<int32_t>(g)});
     }
     const std::optional<PrefixCache::Entry> e = pc.erase(b);
     emit({.kind = KVCacheEvent::Kind::kEvicted,
           .block = b,
           .hash = e->hash,
+          .tokens = {},
           .group = static_cast<int32_t>(g)});
     return;
   }

@@ -45,7 +45,46 @@ HostKVCache::HostKVCache(const KVCacheConfig& config, const HostMemoryOptions& m
       // (deterministic tests; fp16/bf16 zero is also all-zero bits).
       arena_(2 * static_cast<int64_t>(config_.num_layers) * pool_stride(pool_bytes_), memory),
       scales_(static_cast<size_t>(2 * int64_t{config_.num_layers} * config_.num_kv_heads), 1.0f),
-      scales_set_(static_cast<size_t>(config_.num_layers), false) {}
+      scales_set_(static_cast<size_t>(config_.num_layers), false) {
+  // Arena: one region of 2 pool strides per layer. Separate: layer 0 K pool, layer 0 V pool,
+  // layer 1 K, ...; interleaved: per layer block 0 K, block 0 V, block 1 K, ...
+  const int64_t per_block = pool_bytes_ / config_.num_blocks;
+  for (int32_t l = 0; l < config_.num_layers; ++l) {
+    std::byte* region = arena_.data() + 2 * static_cast<int64_t>(l) * pool_stride(pool_bytes_);
+    const int64_t v_off =
+        config_.placement == KVPlacement::kInterleaved ? per_block : pool_stride(pool_bytes_);
+    bases_.push_back({region, region + v_off});
+  }
+}
+
+HostKVCache::HostKVCache(const KVCacheConfig& config, std::span<const ExternalKVPools> layers)
+    : config_((validate(config), config)),
+      pool_bytes_(pool_elements(config_) * dtype_size(config_.dtype)),
+      scales_(static_cast<size_t>(2 * int64_t{config_.num_layers} * config_.num_kv_heads), 1.0f),
+      scales_set_(static_cast<size_t>(config_.num_layers), false) {
+  constexpr const char* kFn = "HostKVCache (external pools)";
+  PAGEDKV_CHECK(static_cast<int64_t>(layers.size()) == config_.num_layers,
+                "{}: {} layers of pools for a config of {} layers", kFn, layers.size(),
+                config_.num_layers);
+  const int64_t per_block = pool_bytes_ / config_.num_blocks;
+  const auto align = static_cast<uintptr_t>(dtype_size(config_.dtype));
+  for (size_t l = 0; l < layers.size(); ++l) {
+    for (const auto& [name, p] : {std::pair{"k", layers[l].k}, std::pair{"v", layers[l].v}}) {
+      PAGEDKV_CHECK(p != nullptr, "{}: layer {} {} is null", kFn, l, name);
+      PAGEDKV_CHECK(reinterpret_cast<uintptr_t>(p) % align == 0,
+                    "{}: layer {} {} ({}) is not aligned to its {}-byte dtype {}", kFn, l, name, p,
+                    align, dtype_name(config_.dtype));
+    }
+    const auto gap = reinterpret_cast<uintptr_t>(layers[l].v) -
+                     reinterpret_cast<uintptr_t>(layers[l].k);
+    PAGEDKV_CHECK(config_.placement != KVPlacement::kInterleaved ||
+                      gap == static_cast<uintptr_t>(per_block),
+                  "{}: layer {} is interleaved, so v must be k + {} bytes (one block of K), got "
+                  "k {} and v {}",
+                  kFn, l, per_block, layers[l].k, layers[l].v);
+    bases_.push_back({layers[l].k, layers[l].v});
+  }
+}
 
 std::span<const float> HostKVCache::scales(int32_t layer, bool value) const {
   PAGEDKV_CHECK(layer >= 0 && layer < config_.num_layers,
@@ -69,14 +108,11 @@ void HostKVCache::set_scales(int32_t layer, std::span<const float> k_scale,
 }
 
 std::byte* HostKVCache::block_ptr(int32_t layer, bool value, int64_t block) const {
-  // Arena: one region of 2 pool strides per layer. Separate: layer 0 K pool, layer 0 V pool,
-  // layer 1 K, ...; interleaved: per layer block 0 K, block 0 V, block 1 K, ...
+  // Blocks of one kind follow each other (separate) or alternate with the other kind's.
   const int64_t per_block = pool_bytes_ / config_.num_blocks;
-  std::byte* region = arena_.data() + 2 * static_cast<int64_t>(layer) * pool_stride(pool_bytes_);
-  if (config_.placement == KVPlacement::kInterleaved) {
-    return region + (2 * block + (value ? 1 : 0)) * per_block;
-  }
-  return region + (value ? pool_stride(pool_bytes_) : 0) + block * per_block;
+  const int64_t stride = config_.placement == KVPlacement::kInterleaved ? 2 * per_block : per_block;
+  const ExternalKVPools& b = bases_[static_cast<size_t>(layer)];
+  return static_cast<std::byte*>(value ? b.v : b.k) + block * stride;
 }
 
 void HostKVCache::check_block(BlockId block, const char* op) const {

@@ -16,6 +16,13 @@
 
 namespace pagedkv {
 
+/// One layer's pools in memory the caller owns (HostKVCache's wrapping constructor): the first
+/// byte of its K pool and of its V pool, laid out as the KVCacheConfig says.
+struct ExternalKVPools {
+  void* k = nullptr;  ///< K of block 0 (interleaved: the combined pool's first byte)
+  void* v = nullptr;  ///< V of block 0 (interleaved: k + one block's K bytes)
+};
+
 /// Host-memory K and V pools for every layer, one zero-initialized HostBuffer arena (64-byte
 /// aligned pools; transparent huge pages advised for arenas of 2 MiB or more, see
 /// HostMemoryOptions).
@@ -34,6 +41,20 @@ class HostKVCache {
   /// Errors: throws pagedkv::Error if the config is invalid (see validate()); std::bad_alloc if
   /// the arena cannot be allocated.
   explicit HostKVCache(const KVCacheConfig& config, const HostMemoryOptions& memory = {});
+  /// Wraps pools the caller owns, e.g. an engine's CPU tensors: nothing is allocated, zeroed
+  /// or freed (the caller keeps the memory alive and unmoved while the cache lives), and every
+  /// operation below (write, copy_blocks, block_bytes, layer views for the kernels, ...) reads
+  /// and writes the caller's memory. Layout per config: config.layout within a block;
+  /// kSeparate placement: K and V pools [num_blocks, block] each (vLLM's separate K and V
+  /// tensors); kInterleaved: one pool [num_blocks, 2 (K, V), block] (FlashInfer's combined
+  /// [num_pages, 2, ...]), so v must be k + one block's K bytes. Scales are the cache's own,
+  /// as for an owning cache.
+  /// Shapes: layers [config.num_layers]; each pool of num_blocks x block_size x num_kv_heads x
+  /// head_dim elements of config.dtype (x 2 interleaved), bytes().
+  /// Errors: throws pagedkv::Error if the config is invalid (validate()), layers.size() !=
+  /// num_layers, a pointer is null or not aligned to the dtype's size, or (interleaved) v is
+  /// not k + one block's bytes, naming the layer and the pointer.
+  HostKVCache(const KVCacheConfig& config, std::span<const ExternalKVPools> layers);
 
   /// reshape_and_cache: writes the K and V of new tokens to their slots in layer `layer`,
   /// converting fp32 to the storage dtype (round to nearest even; 8-bit dtypes: divided by the
@@ -102,8 +123,11 @@ class HostKVCache {
   [[nodiscard]] KVLayerView layer(int32_t layer) const;
   /// The geometry the cache was built with.
   [[nodiscard]] const KVCacheConfig& config() const { return config_; }
-  /// Bytes held by the pools and scales: kv_cache_bytes(config()).
+  /// Bytes of the pools and scales: kv_cache_bytes(config()) (a wrapping cache: the bytes of
+  /// the caller's pools it addresses, plus its own scales).
   [[nodiscard]] int64_t bytes() const { return kv_cache_bytes(config_); }
+  /// True for a cache over the caller's memory (the ExternalKVPools constructor).
+  [[nodiscard]] bool wraps_external_memory() const { return arena_.data() == nullptr; }
 
  private:
   /// First byte of block `block`'s K (value false) or V (true) in layer `layer`.
@@ -112,7 +136,9 @@ class HostKVCache {
 
   KVCacheConfig config_;
   int64_t pool_bytes_ = 0;
-  HostBuffer arena_;
+  HostBuffer arena_;  // empty when wrapping the caller's pools
+  /// [num_layers] first byte of each layer's K and V pools (in arena_, or the caller's).
+  std::vector<ExternalKVPools> bases_;
   /// [num_layers][2 (K, V)][num_kv_heads] scales (1 for the float dtypes).
   std::vector<float> scales_;
   /// Per layer: scales set or calibrated (a quantized layer calibrates on its first write).
