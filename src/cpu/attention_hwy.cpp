@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "core/dtype_dispatch.hpp"
@@ -73,13 +74,23 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 template <typename T>
 void AttendTyped(const KernelArgs& a, const RowSet& rs, int32_t part) {
-  // The widest vector that divides head_dim (listed once here; see attention_fast.hpp).
+  // The widest vector that divides head_dim (listed once here; see attention_fast.hpp); bf16
+  // takes its even/odd widening (LoadPair) where head_dim is a multiple of two vectors.
   const hn::ScalableTag<float> df;
-  if (a.head_dim % static_cast<int32_t>(hn::Lanes(df)) == 0) return AttendImpl<T>(df, a, rs, part);
   const hn::CappedTag<float, 4> d4;
-  if (a.head_dim % static_cast<int32_t>(hn::Lanes(d4)) == 0) return AttendImpl<T>(d4, a, rs, part);
+  const auto fits = [&](auto d, int32_t vectors) {
+    return a.head_dim % (vectors * static_cast<int32_t>(hn::Lanes(d))) == 0;
+  };
+  if constexpr (std::is_same_v<T, hwy::bfloat16_t>) {
+    if (fits(df, 2)) return AttendImpl<true, T>(df, a, rs, part);
+    if (fits(df, 1)) return AttendImpl<false, T>(df, a, rs, part);
+    if (fits(d4, 2)) return AttendImpl<true, T>(d4, a, rs, part);
+  } else {
+    if (fits(df, 1)) return AttendImpl<false, T>(df, a, rs, part);
+    if (fits(d4, 1)) return AttendImpl<false, T>(d4, a, rs, part);
+  }
   const hn::CappedTag<float, 1> d1;
-  AttendImpl<T>(d1, a, rs, part);
+  AttendImpl<false, T>(d1, a, rs, part);
 }
 
 void AttendPart(const KernelArgs& a, const RowSet& rs, int32_t part) {
@@ -162,7 +173,6 @@ void fast_paged_prefill_attention(const AttentionParams& params, const KVLayerVi
   [[maybe_unused]] const bool parallel =
       threads > 1 && num_items > 1 && plan.total_work >= fast::kMinParallelWork;
 #if defined(_OPENMP)
-  a.team = parallel;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (parallel)
 #endif
   for (int64_t w = 0; w < num_items; ++w) {

@@ -1,8 +1,10 @@
 // Per-target arithmetic of the fast CPU kernel (attention_hwy.cpp) over one tile of keys: the
-// scores q . k (one row, or two rows sharing each K load), the online softmax step, and the
-// P . V accumulation. Highway's "-inl.h" pattern: re-included once per target by
-// foreach_target.h through attention_hwy.cpp, so the guard below toggles with HWY_TARGET_TOGGLE
-// instead of #pragma once.
+// scores q . k of a block of rows sharing one kv head, the online softmax step, and the P . V
+// accumulation of a block of rows. Every K and V vector is loaded and widened to fp32 once per
+// block of rows (up to kRowBlock rows: the GQA group's query heads of one kv head), so the
+// widening and the loads are shared by the group and the fp32 FMAs are what is left.
+// Highway's "-inl.h" pattern: re-included once per target by foreach_target.h through
+// attention_hwy.cpp, so the guard below toggles with HWY_TARGET_TOGGLE instead of #pragma once.
 
 #if defined(PAGEDKV_CPU_ATTENTION_TILE_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef PAGEDKV_CPU_ATTENTION_TILE_INL_H_
@@ -26,6 +28,18 @@ HWY_BEFORE_NAMESPACE();
 namespace pagedkv::detail::fast {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+
+/// Vector registers of the target: 32 with AVX-512 (and on Arm), 16 on the other x86 targets.
+/// The register blocks below are sized so that accumulators and operands never spill.
+#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
+inline constexpr int kVectorRegisters = 16;
+#else
+inline constexpr int kVectorRegisters = 32;
+#endif
+
+/// Rows that share each K and V load (scores and accumulation): 4 query heads of one kv head
+/// (a GQA group of 4, or half of a group of 8) x 4 keys = 16 accumulators with AVX-512.
+inline constexpr int32_t kRowBlock = 4;
 
 /// Loads Lanes(df) K/V elements as fp32: fp16/bf16 are widened in registers (vcvtph2ps, or a
 /// 16-bit shift for bf16), so the cache is read at its storage size. The 8-bit formats widen
@@ -61,9 +75,53 @@ HWY_INLINE hn::Vec<DF> LoadF32(DF df, const T* HWY_RESTRICT p) {
   }
 }
 
+/// Loads 2 x Lanes(df) K/V elements [p, p + 2L) as two fp32 vectors (lo, hi), the pair every
+/// loop below steps by. kPaired (bf16 only): one full-width load of 2L bf16 split by bit
+/// operations into the even elements (lo = bits << 16) and the odd ones (hi = bits & 0xFFFF0000),
+/// two cheap lane-wise operations instead of two cross-lane widenings; q and the accumulators
+/// are kept in the same even/odd order per 2L elements (PairOrder), so every dot product and
+/// every P.V sum is over the same element pairs as in natural order.
+template <bool kPaired, typename T, class DF, class V = hn::Vec<DF>>
+HWY_INLINE void LoadPair(DF df, const T* HWY_RESTRICT p, V& lo, V& hi) {
+  if constexpr (kPaired) {
+    static_assert(std::is_same_v<T, hwy::bfloat16_t>, "the even/odd split is bf16's");
+    const hn::RebindToUnsigned<DF> du;
+    const auto bits = hn::LoadU(du, reinterpret_cast<const uint32_t*>(p));
+    lo = hn::BitCast(df, hn::ShiftLeft<16>(bits));
+    hi = hn::BitCast(df, hn::And(bits, hn::Set(du, 0xFFFF0000u)));
+  } else {
+    const auto L = static_cast<int64_t>(hn::Lanes(df));
+    lo = LoadF32(df, p);
+    hi = LoadF32(df, p + L);
+  }
+}
+
+/// Index in the kernel's order of element d of a row of head_dim elements: natural order, or
+/// with kPaired the even elements of each 2L block first, then its odd ones (see LoadPair).
+template <bool kPaired>
+HWY_INLINE int64_t PairOrder(int64_t d, int64_t lanes) {
+  if constexpr (!kPaired) return d;
+  const int64_t base = d - d % (2 * lanes);
+  return base + (d % 2) * lanes + (d - base) / 2;
+}
+
+#if HWY_TARGET != HWY_SCALAR  // one lane: no halves
+/// The sum of the 128-bit blocks of v, by halving (register extracts, no store and reload).
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE auto FoldTo128(D d, V v) {
+  if constexpr (hn::MaxLanes(D()) * sizeof(float) > 16) {
+    const hn::Half<D> dh;
+    return FoldTo128(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  } else {
+    (void)d;
+    return v;
+  }
+}
+#endif
+
 /// out[k] = sum of the lanes of a_k, k = 0..3. With >= 4 lanes, two interleave rounds leave the
-/// four partial sums side by side in every 128-bit block, then the blocks are added: about a
-/// quarter of the shuffles of four separate reductions.
+/// four partial sums side by side in every 128-bit block, then the blocks are added
+/// (FoldTo128): about a quarter of the shuffles of four separate reductions.
 template <class DF, class V = hn::Vec<DF>>
 HWY_INLINE void SumOfLanes4(DF df, V a0, V a1, V a2, V a3, float* HWY_RESTRICT out) {
 #if HWY_TARGET != HWY_SCALAR  // the scalar target has one lane and no interleave
@@ -77,12 +135,7 @@ HWY_INLINE void SumOfLanes4(DF df, V a0, V a1, V a2, V a3, float* HWY_RESTRICT o
       const auto u1 = hn::BitCast(du, t1);
       const V u = hn::Add(hn::BitCast(df, hn::InterleaveLower(du, u0, u1)),
                           hn::BitCast(df, hn::InterleaveUpper(du, u0, u1)));
-      HWY_ALIGN float blocks[hn::MaxLanes(DF())];
-      hn::Store(u, df, blocks);
-      const hn::CappedTag<float, 4> d4;
-      auto sum = hn::Load(d4, blocks);
-      for (size_t b = 4; b < lanes; b += 4) sum = hn::Add(sum, hn::Load(d4, blocks + b));
-      hn::StoreU(sum, d4, out);
+      hn::StoreU(FoldTo128(df, u), hn::CappedTag<float, 4>(), out);
       return;
     }
   }
@@ -93,235 +146,176 @@ HWY_INLINE void SumOfLanes4(DF df, V a0, V a1, V a2, V a3, float* HWY_RESTRICT o
   out[3] = hn::GetLane(hn::SumOfLanes(df, a3));
 }
 
-/// s[i] = q . k_i for the n keys of a tile, k_i = k[i] + off. Four keys at a time, each with
-/// two accumulator chains (even / odd vectors of head_dim): eight independent FMA chains hide
-/// the FMA latency. Also prefetches what comes next (`pf`), four keys per four computed.
-template <typename T, class DF>
-HWY_INLINE void TileScores(DF df, const float* HWY_RESTRICT q, const T* const* k, int64_t off,
-                           int32_t n, int64_t D, float* HWY_RESTRICT s, const PrefetchPlan<T>& pf) {
+/// Keys per step of the scores of kR rows: kR x kK accumulators, at most half the registers
+/// (the rest hold the K pairs and q), and at least four.
+template <int kR>
+inline constexpr int kScoreKeys = kR >= 4 ? (kVectorRegisters >= 32 ? 4 : 2) : 4;
+
+/// s_r[i + j] = q_r . k_{i+j} for kR rows (q_r, s_r) and kK keys, k_x = k[x] + off: each K pair
+/// is loaded and widened once for all kR rows. With four accumulators or fewer the low and high
+/// vectors of a pair get separate chains (eight chains hide the FMA latency).
+template <int kR, int kK, bool kPaired, typename T, class DF>
+HWY_INLINE void ScoresStep(DF df, const float* const* HWY_RESTRICT q, const T* const* k,
+                           int64_t off, int64_t D, float* const* HWY_RESTRICT s, int32_t i) {
   using V = hn::Vec<DF>;
+  constexpr bool kSplit = kR * kK <= 4;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
-  int32_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    pf.rows(i, i + 4);
-    const T* k0 = k[i] + off;
-    const T* k1 = k[i + 1] + off;
-    const T* k2 = k[i + 2] + off;
-    const T* k3 = k[i + 3] + off;
-    V a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
-    V b0 = hn::Zero(df), b1 = hn::Zero(df), b2 = hn::Zero(df), b3 = hn::Zero(df);
-    int64_t d = 0;
-    for (; d + 2 * L <= D; d += 2 * L) {
-      const V qa = hn::LoadU(df, q + d);
-      const V qb = hn::LoadU(df, q + d + L);
-      a0 = hn::MulAdd(qa, LoadF32(df, k0 + d), a0);
-      a1 = hn::MulAdd(qa, LoadF32(df, k1 + d), a1);
-      a2 = hn::MulAdd(qa, LoadF32(df, k2 + d), a2);
-      a3 = hn::MulAdd(qa, LoadF32(df, k3 + d), a3);
-      b0 = hn::MulAdd(qb, LoadF32(df, k0 + d + L), b0);
-      b1 = hn::MulAdd(qb, LoadF32(df, k1 + d + L), b1);
-      b2 = hn::MulAdd(qb, LoadF32(df, k2 + d + L), b2);
-      b3 = hn::MulAdd(qb, LoadF32(df, k3 + d + L), b3);
-    }
-    if (d < D) {  // odd number of vectors
-      const V qa = hn::LoadU(df, q + d);
-      a0 = hn::MulAdd(qa, LoadF32(df, k0 + d), a0);
-      a1 = hn::MulAdd(qa, LoadF32(df, k1 + d), a1);
-      a2 = hn::MulAdd(qa, LoadF32(df, k2 + d), a2);
-      a3 = hn::MulAdd(qa, LoadF32(df, k3 + d), a3);
-    }
-    SumOfLanes4(df, hn::Add(a0, b0), hn::Add(a1, b1), hn::Add(a2, b2), hn::Add(a3, b3), s + i);
+  V acc[kR][kK];
+  V acc_hi[kSplit ? kR : 1][kK];
+  for (int r = 0; r < kR; ++r) {
+    for (int j = 0; j < kK; ++j) acc[r][j] = hn::Zero(df);
   }
-  pf.rows(i, std::max(pf.n, n));
-  for (; i < n; ++i) {
-    V a0 = hn::Zero(df);
-    for (int64_t d = 0; d < D; d += L) {
-      a0 = hn::MulAdd(hn::LoadU(df, q + d), LoadF32(df, k[i] + off + d), a0);
+  if constexpr (kSplit) {
+    for (int r = 0; r < kR; ++r) {
+      for (int j = 0; j < kK; ++j) acc_hi[r][j] = hn::Zero(df);
     }
-    s[i] = hn::GetLane(hn::SumOfLanes(df, a0));
+  }
+  const T* kr[kK];
+  for (int j = 0; j < kK; ++j) kr[j] = k[i + j] + off;
+  int64_t d = 0;
+  for (; d + 2 * L <= D; d += 2 * L) {
+    V klo[kK], khi[kK];
+    for (int j = 0; j < kK; ++j) LoadPair<kPaired>(df, kr[j] + d, klo[j], khi[j]);
+    for (int r = 0; r < kR; ++r) {
+      const V qlo = hn::LoadU(df, q[r] + d);
+      const V qhi = hn::LoadU(df, q[r] + d + L);
+      for (int j = 0; j < kK; ++j) {
+        acc[r][j] = hn::MulAdd(qlo, klo[j], acc[r][j]);
+        if constexpr (kSplit) {
+          acc_hi[r][j] = hn::MulAdd(qhi, khi[j], acc_hi[r][j]);
+        } else {
+          acc[r][j] = hn::MulAdd(qhi, khi[j], acc[r][j]);
+        }
+      }
+    }
+  }
+  if (d < D) {  // an odd number of vectors (never with kPaired: head_dim % 2L == 0)
+    for (int j = 0; j < kK; ++j) {
+      const V x = LoadF32(df, kr[j] + d);
+      for (int r = 0; r < kR; ++r) acc[r][j] = hn::MulAdd(hn::LoadU(df, q[r] + d), x, acc[r][j]);
+    }
+  }
+  if constexpr (kSplit) {
+    for (int r = 0; r < kR; ++r) {
+      for (int j = 0; j < kK; ++j) acc[r][j] = hn::Add(acc[r][j], acc_hi[r][j]);
+    }
+  }
+  if constexpr (kK == 4) {
+    for (int r = 0; r < kR; ++r) {
+      SumOfLanes4(df, acc[r][0], acc[r][1], acc[r][2], acc[r][3], s[r] + i);
+    }
+  } else if constexpr (kK == 2 && kR % 2 == 0) {
+    for (int r = 0; r < kR; r += 2) {
+      float sum[4];
+      SumOfLanes4(df, acc[r][0], acc[r][1], acc[r + 1][0], acc[r + 1][1], sum);
+      s[r][i] = sum[0];
+      s[r][i + 1] = sum[1];
+      s[r + 1][i] = sum[2];
+      s[r + 1][i + 1] = sum[3];
+    }
+  } else {
+    for (int r = 0; r < kR; ++r) {
+      for (int j = 0; j < kK; ++j) s[r][i + j] = hn::GetLane(hn::SumOfLanes(df, acc[r][j]));
+    }
   }
 }
 
-/// TileScores for two rows sharing one kv head: every K vector is loaded (and widened) once
-/// for both, which halves the load and conversion work of GQA groups. Four keys x two rows =
-/// eight FMA chains (fits the 16 registers of AVX2 with the operands).
-template <typename T, class DF>
-HWY_INLINE void TileScores2(DF df, const float* HWY_RESTRICT q0, const float* HWY_RESTRICT q1,
-                            const T* const* k, int64_t off, int32_t n, int64_t D,
-                            float* HWY_RESTRICT s0, float* HWY_RESTRICT s1,
+/// s_r[i] = q_r . k_i for kR rows and the n keys of a tile (ScoresStep, kScoreKeys<kR> keys at
+/// a time). Also prefetches what comes next (`pf`), four keys per four computed.
+template <int kR, bool kPaired, typename T, class DF>
+HWY_INLINE void ScoresBlock(DF df, const float* const* HWY_RESTRICT q, const T* const* k,
+                            int64_t off, int32_t n, int64_t D, float* const* HWY_RESTRICT s,
                             const PrefetchPlan<T>& pf) {
-  using V = hn::Vec<DF>;
-  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  constexpr int kK = kScoreKeys<kR>;
   int32_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    pf.rows(i, i + 4);
-    const T* k0 = k[i] + off;
-    const T* k1 = k[i + 1] + off;
-    const T* k2 = k[i + 2] + off;
-    const T* k3 = k[i + 3] + off;
-    V a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
-    V b0 = hn::Zero(df), b1 = hn::Zero(df), b2 = hn::Zero(df), b3 = hn::Zero(df);
-    for (int64_t d = 0; d < D; d += L) {
-      const V qa = hn::LoadU(df, q0 + d);
-      const V qb = hn::LoadU(df, q1 + d);
-      const V x0 = LoadF32(df, k0 + d);
-      const V x1 = LoadF32(df, k1 + d);
-      a0 = hn::MulAdd(qa, x0, a0);
-      b0 = hn::MulAdd(qb, x0, b0);
-      a1 = hn::MulAdd(qa, x1, a1);
-      b1 = hn::MulAdd(qb, x1, b1);
-      const V x2 = LoadF32(df, k2 + d);
-      const V x3 = LoadF32(df, k3 + d);
-      a2 = hn::MulAdd(qa, x2, a2);
-      b2 = hn::MulAdd(qb, x2, b2);
-      a3 = hn::MulAdd(qa, x3, a3);
-      b3 = hn::MulAdd(qb, x3, b3);
-    }
-    SumOfLanes4(df, a0, a1, a2, a3, s0 + i);
-    SumOfLanes4(df, b0, b1, b2, b3, s1 + i);
+  for (; i + kK <= n; i += kK) {
+    if (i % 4 == 0) pf.rows(i, i + 4);
+    ScoresStep<kR, kK, kPaired>(df, q, k, off, D, s, i);
   }
-  pf.rows(i, std::max(pf.n, n));
-  for (; i < n; ++i) {
-    V a0 = hn::Zero(df), b0 = hn::Zero(df);
-    for (int64_t d = 0; d < D; d += L) {
-      const V x = LoadF32(df, k[i] + off + d);
-      a0 = hn::MulAdd(hn::LoadU(df, q0 + d), x, a0);
-      b0 = hn::MulAdd(hn::LoadU(df, q1 + d), x, b0);
-    }
-    s0[i] = hn::GetLane(hn::SumOfLanes(df, a0));
-    s1[i] = hn::GetLane(hn::SumOfLanes(df, b0));
-  }
+  pf.rows(i - i % 4 + (i % 4 == 0 ? 0 : 4), std::max(pf.n, n));
+  for (; i < n; ++i) ScoresStep<kR, 1, kPaired>(df, q, k, off, D, s, i);
 }
 
-/// acc[d .. d + kNV * L) += sum_i p[i] v_i[d ..], the accumulators in registers across the tile.
-template <int kNV, typename T, class DF>
-HWY_INLINE void AccumulateChunk(DF df, const float* HWY_RESTRICT p, const T* const* v, int64_t off,
-                                int32_t n, int64_t d, float* HWY_RESTRICT acc) {
+/// Vectors of head_dim per accumulation chunk of kR rows: kR x kNV accumulators in half the
+/// registers, an even number (whole pairs), at most 8.
+template <int kR>
+inline constexpr int kAccVectors = std::clamp(kVectorRegisters / 2 / kR, 2, 8);
+
+/// acc_r[d .. d + kNV L) += sum_i p_r[i] v_i[d ..] for kR rows over the n keys of a tile, the
+/// accumulators in registers across the tile; each V vector is loaded and widened once for all
+/// kR rows. Prefetches `pf` (null: nothing), four keys per four computed.
+template <int kR, int kNV, bool kPaired, typename T, class DF>
+HWY_INLINE void AccumulateChunk(DF df, const float* const* HWY_RESTRICT p, const T* const* v,
+                                int64_t off, int32_t n, int64_t d, float* const* HWY_RESTRICT acc,
+                                const PrefetchPlan<T>* pf) {
   using V = hn::Vec<DF>;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
-  V a0 = hn::LoadU(df, acc + d), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-  if constexpr (kNV > 1) a1 = hn::LoadU(df, acc + d + L);
-  if constexpr (kNV > 2) a2 = hn::LoadU(df, acc + d + 2 * L);
-  if constexpr (kNV > 3) a3 = hn::LoadU(df, acc + d + 3 * L);
-  if constexpr (kNV > 4) a4 = hn::LoadU(df, acc + d + 4 * L);
-  if constexpr (kNV > 5) a5 = hn::LoadU(df, acc + d + 5 * L);
-  if constexpr (kNV > 6) a6 = hn::LoadU(df, acc + d + 6 * L);
-  if constexpr (kNV > 7) a7 = hn::LoadU(df, acc + d + 7 * L);
-  for (int32_t i = 0; i < n; ++i) {
-    const V pv = hn::Set(df, p[i]);
-    const T* x = v[i] + off + d;
-    a0 = hn::MulAdd(pv, LoadF32(df, x), a0);
-    if constexpr (kNV > 1) a1 = hn::MulAdd(pv, LoadF32(df, x + L), a1);
-    if constexpr (kNV > 2) a2 = hn::MulAdd(pv, LoadF32(df, x + 2 * L), a2);
-    if constexpr (kNV > 3) a3 = hn::MulAdd(pv, LoadF32(df, x + 3 * L), a3);
-    if constexpr (kNV > 4) a4 = hn::MulAdd(pv, LoadF32(df, x + 4 * L), a4);
-    if constexpr (kNV > 5) a5 = hn::MulAdd(pv, LoadF32(df, x + 5 * L), a5);
-    if constexpr (kNV > 6) a6 = hn::MulAdd(pv, LoadF32(df, x + 6 * L), a6);
-    if constexpr (kNV > 7) a7 = hn::MulAdd(pv, LoadF32(df, x + 7 * L), a7);
-  }
-  hn::StoreU(a0, df, acc + d);
-  if constexpr (kNV > 1) hn::StoreU(a1, df, acc + d + L);
-  if constexpr (kNV > 2) hn::StoreU(a2, df, acc + d + 2 * L);
-  if constexpr (kNV > 3) hn::StoreU(a3, df, acc + d + 3 * L);
-  if constexpr (kNV > 4) hn::StoreU(a4, df, acc + d + 4 * L);
-  if constexpr (kNV > 5) hn::StoreU(a5, df, acc + d + 5 * L);
-  if constexpr (kNV > 6) hn::StoreU(a6, df, acc + d + 6 * L);
-  if constexpr (kNV > 7) hn::StoreU(a7, df, acc + d + 7 * L);
-}
-
-/// acc += sum_i p[i] v_i (v_i = v[i] + off) over the whole head_dim, in chunks of up to 8
-/// vectors: 8 independent FMA chains per key.
-template <typename T, class DF>
-HWY_INLINE void TileAccumulate(DF df, const float* HWY_RESTRICT p, const T* const* v, int64_t off,
-                               int32_t n, int64_t D, float* HWY_RESTRICT acc) {
-  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
-  int64_t d = 0;
-  for (; d + 8 * L <= D; d += 8 * L) AccumulateChunk<8>(df, p, v, off, n, d, acc);
-  if ((D - d) / L >= 4) {
-    AccumulateChunk<4>(df, p, v, off, n, d, acc);
-    d += 4 * L;
-  }
-  if ((D - d) / L >= 2) {
-    AccumulateChunk<2>(df, p, v, off, n, d, acc);
-    d += 2 * L;
-  }
-  if (d < D) AccumulateChunk<1>(df, p, v, off, n, d, acc);
-}
-
-/// AccumulateChunk for two rows sharing one kv head: every V vector is loaded (and widened) once
-/// for both. kNV <= 4 vectors x two rows = eight accumulators.
-template <int kNV, typename T, class DF>
-HWY_INLINE void AccumulateChunk2(DF df, const float* HWY_RESTRICT p0, const float* HWY_RESTRICT p1,
-                                 const T* const* v, int64_t off, int32_t n, int64_t d,
-                                 float* HWY_RESTRICT acc0, float* HWY_RESTRICT acc1) {
-  using V = hn::Vec<DF>;
-  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
-  V a0 = hn::LoadU(df, acc0 + d), a1 = a0, a2 = a0, a3 = a0;
-  V b0 = hn::LoadU(df, acc1 + d), b1 = b0, b2 = b0, b3 = b0;
-  if constexpr (kNV > 1) {
-    a1 = hn::LoadU(df, acc0 + d + L);
-    b1 = hn::LoadU(df, acc1 + d + L);
-  }
-  if constexpr (kNV > 2) {
-    a2 = hn::LoadU(df, acc0 + d + 2 * L);
-    b2 = hn::LoadU(df, acc1 + d + 2 * L);
-  }
-  if constexpr (kNV > 3) {
-    a3 = hn::LoadU(df, acc0 + d + 3 * L);
-    b3 = hn::LoadU(df, acc1 + d + 3 * L);
+  V a[kR][kNV];
+  for (int r = 0; r < kR; ++r) {
+    for (int j = 0; j < kNV; ++j) a[r][j] = hn::LoadU(df, acc[r] + d + j * L);
   }
   for (int32_t i = 0; i < n; ++i) {
-    const V pa = hn::Set(df, p0[i]);
-    const V pb = hn::Set(df, p1[i]);
+    if (pf != nullptr && i % 4 == 0) pf->rows(i, i + 4);
     const T* x = v[i] + off + d;
-    const V x0 = LoadF32(df, x);
-    a0 = hn::MulAdd(pa, x0, a0);
-    b0 = hn::MulAdd(pb, x0, b0);
-    if constexpr (kNV > 1) {
-      const V x1 = LoadF32(df, x + L);
-      a1 = hn::MulAdd(pa, x1, a1);
-      b1 = hn::MulAdd(pb, x1, b1);
+    V xv[kNV];
+    if constexpr (kNV == 1) {
+      xv[0] = LoadF32(df, x);
+    } else {
+      static_assert(kNV % 2 == 0, "whole pairs");
+      for (int j = 0; j < kNV; j += 2) LoadPair<kPaired>(df, x + j * L, xv[j], xv[j + 1]);
     }
-    if constexpr (kNV > 2) {
-      const V x2 = LoadF32(df, x + 2 * L);
-      a2 = hn::MulAdd(pa, x2, a2);
-      b2 = hn::MulAdd(pb, x2, b2);
-    }
-    if constexpr (kNV > 3) {
-      const V x3 = LoadF32(df, x + 3 * L);
-      a3 = hn::MulAdd(pa, x3, a3);
-      b3 = hn::MulAdd(pb, x3, b3);
+    for (int r = 0; r < kR; ++r) {
+      const V pr = hn::Set(df, p[r][i]);
+      for (int j = 0; j < kNV; ++j) a[r][j] = hn::MulAdd(pr, xv[j], a[r][j]);
     }
   }
-  hn::StoreU(a0, df, acc0 + d);
-  hn::StoreU(b0, df, acc1 + d);
-  if constexpr (kNV > 1) {
-    hn::StoreU(a1, df, acc0 + d + L);
-    hn::StoreU(b1, df, acc1 + d + L);
-  }
-  if constexpr (kNV > 2) {
-    hn::StoreU(a2, df, acc0 + d + 2 * L);
-    hn::StoreU(b2, df, acc1 + d + 2 * L);
-  }
-  if constexpr (kNV > 3) {
-    hn::StoreU(a3, df, acc0 + d + 3 * L);
-    hn::StoreU(b3, df, acc1 + d + 3 * L);
+  if (pf != nullptr) pf->rows((n + 3) / 4 * 4, std::max(pf->n, n));
+  for (int r = 0; r < kR; ++r) {
+    for (int j = 0; j < kNV; ++j) hn::StoreU(a[r][j], df, acc[r] + d + j * L);
   }
 }
 
-/// TileAccumulate for two rows sharing one kv head, in chunks of up to 4 vectors.
-template <typename T, class DF>
-HWY_INLINE void TileAccumulate2(DF df, const float* HWY_RESTRICT p0, const float* HWY_RESTRICT p1,
-                                const T* const* v, int64_t off, int32_t n, int64_t D,
-                                float* HWY_RESTRICT acc0, float* HWY_RESTRICT acc1) {
+/// acc_r += sum_i p_r[i] v_i (v_i = v[i] + off) over the whole head_dim for kR rows, in chunks
+/// of kAccVectors<kR> vectors, then pairs, then (unpaired, odd head_dim / L) one vector. The
+/// first chunk carries the prefetch.
+template <int kR, bool kPaired, typename T, class DF>
+HWY_INLINE void AccumulateBlock(DF df, const float* const* HWY_RESTRICT p, const T* const* v,
+                                int64_t off, int32_t n, int64_t D, float* const* HWY_RESTRICT acc,
+                                const PrefetchPlan<T>& pf) {
+  constexpr int kNV = kAccVectors<kR>;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  const PrefetchPlan<T>* plan = &pf;
   int64_t d = 0;
-  for (; d + 4 * L <= D; d += 4 * L) AccumulateChunk2<4>(df, p0, p1, v, off, n, d, acc0, acc1);
-  if ((D - d) / L >= 2) {
-    AccumulateChunk2<2>(df, p0, p1, v, off, n, d, acc0, acc1);
-    d += 2 * L;
+  for (; d + kNV * L <= D; d += kNV * L, plan = nullptr) {
+    AccumulateChunk<kR, kNV, kPaired>(df, p, v, off, n, d, acc, plan);
   }
-  if (d < D) AccumulateChunk2<1>(df, p0, p1, v, off, n, d, acc0, acc1);
+  for (; d + 2 * L <= D; d += 2 * L, plan = nullptr) {
+    AccumulateChunk<kR, 2, kPaired>(df, p, v, off, n, d, acc, plan);
+  }
+  if (d < D) AccumulateChunk<kR, 1, kPaired>(df, p, v, off, n, d, acc, plan);
+}
+
+/// ScoresBlock over nr in [1, kRowBlock] rows: blocks of 4, 2 and 1 (the prefetch with the
+/// first).
+template <bool kPaired, typename T, class DF>
+HWY_INLINE void ScoresRows(DF df, int32_t nr, const float* const* q, const T* const* k, int64_t off,
+                           int32_t n, int64_t D, float* const* s, const PrefetchPlan<T>& pf) {
+  static_assert(kRowBlock == 4, "blocks of 4, 2 and 1 rows");
+  if (nr == 4) return ScoresBlock<4, kPaired>(df, q, k, off, n, D, s, pf);
+  if (nr == 1) return ScoresBlock<1, kPaired>(df, q, k, off, n, D, s, pf);
+  ScoresBlock<2, kPaired>(df, q, k, off, n, D, s, pf);
+  if (nr == 3) ScoresBlock<1, kPaired>(df, q + 2, k, off, n, D, s + 2, PrefetchPlan<T>{});
+}
+
+/// AccumulateBlock over nr in [1, kRowBlock] rows, as ScoresRows.
+template <bool kPaired, typename T, class DF>
+HWY_INLINE void AccumulateRows(DF df, int32_t nr, const float* const* p, const T* const* v,
+                               int64_t off, int32_t n, int64_t D, float* const* acc,
+                               const PrefetchPlan<T>& pf) {
+  if (nr == 4) return AccumulateBlock<4, kPaired>(df, p, v, off, n, D, acc, pf);
+  if (nr == 1) return AccumulateBlock<1, kPaired>(df, p, v, off, n, D, acc, pf);
+  AccumulateBlock<2, kPaired>(df, p, v, off, n, D, acc, pf);
+  if (nr == 3) AccumulateBlock<1, kPaired>(df, p + 2, v, off, n, D, acc + 2, PrefetchPlan<T>{});
 }
 
 /// exp(x) per lane, NaN lanes kept NaN. Highway's EMU128 fallback computes Exp through a C++

@@ -40,16 +40,6 @@ constexpr int32_t kMaxSpan = 4 * kTile;
 /// Rows (query heads x query tokens) per work item: bounds the L1 footprint of the fp32
 /// accumulators (32 x 128 x 4 B = 16 KiB) while letting prefill reuse each K/V tile 32 times.
 constexpr int32_t kMaxRows = 32;
-/// Most bytes the block stream (PrefetchStream) requests ahead of the kernel: a span of more
-/// (more than 8 kv heads of 256-byte rows per item) is streamed over its last heads only, so
-/// that what was prefetched stays in the 1-2 MiB L2 of current x86 cores until it is read.
-constexpr int64_t kStreamAheadBytes = int64_t{256} << 10;
-/// Shortest run of K and V bytes per block (all kv heads of an item, K and V together when
-/// they are adjacent) for which the block stream is used; shorter runs keep the row prefetch.
-constexpr int64_t kStreamMinRunBytes = int64_t{64} << 10;
-/// Longest K/V row (bytes) for which the block stream is used: with longer rows one head's tile
-/// of K and V (2 x kTile rows) no longer fits in L1 beside the stream's lines.
-constexpr int64_t kStreamMaxRowBytes = 256;
 /// Smallest key partition: below it, partial results and their merge cost more than the
 /// parallelism gains.
 constexpr int64_t kMinPartitionKeys = 256;
@@ -75,7 +65,6 @@ struct KernelArgs {
   int32_t window_left = -1;
   int32_t sink_tokens = 0;
   int32_t chunk_size = 0;
-  bool team = false;  // the call runs on a thread team (see AttendImpl's prefetch rules)
 };
 
 /// The rows of one work item: query tokens [first_pos, first_pos + num_q) of a sequence, the
@@ -127,7 +116,7 @@ struct WorkPlan {
   int64_t partial_floats = 0;  // floats of KernelArgs::partial the split sets need (0: none)
 };
 
-/// The arguments every item of a call reads (partial and team are set by the caller).
+/// The arguments every item of a call reads (partial is set by the caller).
 [[nodiscard]] KernelArgs make_kernel_args(const AttentionParams& params, const KVLayerView& cache,
                                           const BlockTableView& tables, std::span<const float> q,
                                           std::span<float> out);

@@ -165,6 +165,16 @@ TEST_P(FastPerTarget, MatchesPlain) {
       {.dtype = DType::kBF16, .head_dim = 48, .block_size = 32, .group = 2, .context = 129},
       {.dtype = DType::kBF16, .head_dim = 40, .block_size = 16, .group = 3, .context = 61},
       {.dtype = DType::kF32, .head_dim = 6, .block_size = 5, .group = 2, .context = 45},
+      // bf16's even/odd widening at the full width of every target (head_dim a multiple of two
+      // vectors), with row blocks of 4 + 1 (group 5) and two blocks of 4 (group 8).
+      {.dtype = DType::kBF16, .head_dim = 128, .block_size = 16, .group = 4, .context = 300},
+      {.dtype = DType::kBF16, .head_dim = 96, .block_size = 16, .group = 5, .context = 150},
+      {.dtype = DType::kBF16,
+       .head_dim = 64,
+       .block_size = 128,
+       .group = 8,
+       .context = 200,
+       .prefill = true},
       {.dtype = DType::kF16,
        .head_dim = 64,
        .block_size = 16,
