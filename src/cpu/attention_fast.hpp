@@ -36,15 +36,18 @@ struct FastAttentionConfig {
 ///   `group` query heads of its kv heads for its query tokens (at most 32 rows), so every K/V
 ///   byte read from memory serves all query heads of its kv head (GQA); decode items take
 ///   several kv heads (one sweep per block), prefill items several query tokens (each K/V tile
-///   reused by up to 32 rows); the rows of one kv head go in pairs, each K/V vector loaded and
-///   widened once for both;
+///   reused by up to 32 rows); the rows of one kv head go in blocks of up to 4 (register blocks
+///   of 4 rows x 4 keys for the scores, 4 rows x 4 vectors for P.V with AVX-512), each K and V
+///   vector loaded and widened once per block;
 /// - keys are visited in tiles of 64 positions gathered through the block table (a tile may span
 ///   several blocks, so block_size does not limit the vector work); with several kv heads over
 ///   blocks longer than a tile, each head goes through all tiles of a block before the next
 ///   head, so every block is read in address order; one pass over K and V with online softmax;
-///   fp16/bf16 converted to fp32 in registers; non-temporal software prefetch of what comes
-///   next (the head's next tile, the next head's tile, or the next span), K during the first
-///   row pair and V during the second, hides the jump between scattered blocks;
+///   fp16 and the 8-bit formats converted to fp32 in registers, bf16 split into its even and
+///   odd elements by two bit operations (q and the accumulators kept in that order);
+/// - what comes next (the head's next tile, the next head's tile, or the next span) is
+///   prefetched into L2, every row, one tile ahead: K during the first row block's scores, V
+///   during its accumulation (attention_prefetch-inl.h says why L2 and what was measured);
 /// - a partitioned item keeps (running max, sum, unnormalized accumulator) per row and the
 ///   partitions are merged: o = sum_p exp(m_p - M) acc_p / sum_p exp(m_p - M) l_p, M = max m_p.
 /// Results differ from the plain kernel only by float summation order (a few ulp).
