@@ -42,6 +42,7 @@ class EventKind(enum.Enum):
     STORED = ...
     REMOVED = ...
     EVICTED = ...
+    ALL_CLEARED = ...
 
 class EvictionPolicyConfig:
     """Token eviction parameters (tokens): window (SLIDING_WINDOW, ATTENTION_SINKS), sinks
@@ -168,7 +169,9 @@ class KVCacheStats:
 
 class KVCacheEvent:
     """A prefix-cache event. STORED: block registered (hash, parent_hash, extra_key, tokens
-    [block_size]); REMOVED: unregistered without reuse; EVICTED: cached block taken for reuse."""
+    [block_size]); REMOVED: unregistered without reuse; EVICTED: cached block taken for reuse;
+    ALL_CLEARED: reset_prefix_cache emptied the prefix cache (vLLM's AllBlocksCleared; after
+    its REMOVED events; block -1, hash 0)."""
     kind: EventKind
     block: int
     hash: int
@@ -311,7 +314,8 @@ class KVCacheManager:
     def preempt(self, seq: int) -> PreemptedSequence:
         """Recompute preemption: frees seq's blocks and forgets it."""
     def reset_prefix_cache(self) -> int:
-        """Drops every prefix-cache registration; returns how many (REMOVED events)."""
+        """Drops every prefix-cache registration; returns how many. Events: one REMOVED per
+        registration (block order), then one ALL_CLEARED (even when it was empty)."""
     def num_tokens(self, seq: int) -> int: ...
     def block_table(self, seq: int) -> npt.NDArray[np.int32]:
         """[ceil(num_tokens / block_size)] a copy of seq's blocks in logical order."""

@@ -59,7 +59,8 @@ void bind_enums(nb::module_& m) {
                                 "What happened to a block's prefix-cache registration.")
       .value("STORED", KVCacheEvent::Kind::kStored)
       .value("REMOVED", KVCacheEvent::Kind::kRemoved)
-      .value("EVICTED", KVCacheEvent::Kind::kEvicted);
+      .value("EVICTED", KVCacheEvent::Kind::kEvicted)
+      .value("ALL_CLEARED", KVCacheEvent::Kind::kAllCleared);
 }
 
 void bind_configs(nb::module_& m) {
@@ -219,7 +220,8 @@ void bind_stats(nb::module_& m) {
       .def_prop_ro("prefix_hit_rate", &KVCacheStats::prefix_hit_rate);
   nb::class_<KVCacheEvent>(m, "KVCacheEvent",
                            "One prefix-cache event: kind, block, hash; STORED ones also carry "
-                           "parent_hash, extra_key and the block's token ids.")
+                           "parent_hash, extra_key and the block's token ids; ALL_CLEARED "
+                           "(the last event of reset_prefix_cache) has block -1 and hash 0.")
       .def_ro("kind", &KVCacheEvent::kind)
       .def_ro("block", &KVCacheEvent::block)
       .def_ro("hash", &KVCacheEvent::hash)
