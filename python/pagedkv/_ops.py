@@ -43,6 +43,16 @@ def current_stream(values: Iterable[Any]) -> Optional[int]:
     return sys.modules["torch"].cuda.current_stream(tensor.device).cuda_stream
 
 
+def empty_like_pool(pool: Any, shape: tuple, dtype: str) -> Optional[Any]:
+    """For KVPools over torch CUDA pools, the ``out`` of an attention call: a new torch tensor
+    of ``shape`` and ``dtype`` (q's: "float32", "float16" or "bfloat16", torch's names too) on
+    ``pool``'s device; None when ``pool`` is not a torch CUDA tensor (out is then required)."""
+    if _torch_cuda_tensor((pool,)) is None:
+        return None
+    torch = sys.modules["torch"]
+    return torch.empty(shape, dtype=getattr(torch, dtype), device=pool.device)
+
+
 def on_stream(op: Callable[..., Any], *, makes_out: bool = False) -> Callable[..., Any]:
     """``op`` with ``stream`` defaulted to :func:`current_stream` of its arguments and, with
     ``makes_out``, ``out`` to ``torch.empty_like(q)`` when q (the first argument) is a torch
