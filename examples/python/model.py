@@ -85,10 +85,12 @@ class Llama:
         self.torch_products = backend == "numpy+torch"
         self.lib = np if self.backend == "numpy" else torch
         t = lambda name: np.swapaxes(weights[name], 1, 2)  # noqa: E731  [L, in, out]
-        # rmsnorm's weight is folded into the matrix after it: (w * x / rms) @ W = (x / rms) @
-        # (diag(w) W); the products then round differently from run.c's (about 1e-7).
-        att = weights["rms_att"][:, :, None]
-        ffn = weights["rms_ffn"][:, :, None]
+        # rmsnorm is folded into the matrix after it: (w * x / sqrt(sum(x^2) / dim + eps)) @ W
+        # = (x / sqrt(sum(x^2) + dim eps)) @ (sqrt(dim) diag(w) W), so a norm is 4 or 5 numpy
+        # calls (_normalized); the products round differently from run.c's (about 1e-7).
+        fold = np.float32(np.sqrt(cfg.dim))
+        att = weights["rms_att"][:, :, None] * fold
+        ffn = weights["rms_ffn"][:, :, None] * fold
         wqkv = np.concatenate([t("wq"), t("wk"), t("wv")], axis=2) * att
         w13 = np.concatenate([t("w1"), t("w3")], axis=2) * ffn
         L = cfg.n_layers
@@ -96,9 +98,9 @@ class Llama:
         self.wo = [self._matrix(t("wo")[i]) for i in range(L)]
         self.w13 = [self._matrix(w13[i]) for i in range(L)]
         self.w2 = [self._matrix(t("w2")[i]) for i in range(L)]
-        self.wcls = self._matrix(weights["wcls"].T * weights["rms_final"][:, None])
-        # mean(x^2) as one product: x^2 @ [1 / dim] * dim
-        self.mean_col = self.array(np.full((cfg.dim, 1), 1.0 / cfg.dim, dtype=np.float32))
+        self.wcls = self._matrix(weights["wcls"].T * (weights["rms_final"][:, None] * fold))
+        self.ones_col = self.array(np.ones((cfg.dim, 1), dtype=np.float32))  # sum(x^2) = x^2 @ 1
+        self.norm_eps = np.float32(cfg.dim * 1e-5)
         self.tok_embeddings = self.array(weights["tok_embeddings"])
         self.rope = self.array(rotation_matrices(cfg))
 
@@ -134,10 +136,13 @@ class Llama:
         return np.ascontiguousarray(a) if self.backend == "numpy" else a.contiguous()
 
     def _normalized(self, x):
-        """x / sqrt(mean(x^2) + 1e-5): rmsnorm without its weight (folded into the matrices)."""
+        """x / sqrt(sum(x^2) + dim 1e-5): rmsnorm up to the factor and weight folded into the
+        next matrix. A single row's sum(x^2) is x @ x.T, one call."""
         if self.backend == "torch":
-            return x * torch.rsqrt(torch.mean(x * x, -1, keepdim=True).add_(1e-5))
-        return x / np.sqrt((x * x) @ self.mean_col + 1e-5)
+            return x * torch.rsqrt((x * x).sum(-1, keepdim=True).add_(self.norm_eps))
+        if len(x) == 1:
+            return x / np.sqrt(x @ x.T + self.norm_eps)
+        return x / np.sqrt((x * x) @ self.ones_col + self.norm_eps)
 
     def _silu_mul(self, gate_up):
         a, b = gate_up[:, :self.cfg.hidden_dim], gate_up[:, self.cfg.hidden_dim:]
@@ -179,6 +184,8 @@ class Llama:
         # model's size: no method indirection for the products, no copy a single row needs not.
         mm = self.mm if self.torch_products else operator.matmul
         norm, wqkv, wo, w13, w2 = self._normalized, self.wqkv, self.wo, self.w13, self.w2
+        write_kv, attend, silu_mul, matmul = (kpools.write_kv, kpools.prefill, self._silu_mul,
+                                              self.lib.matmul)
         contiguous = self.contiguous if T > 1 else lambda a: a  # one row: already C-contiguous
         rope = self.rope[positions]  # [T, hd, hd]
         x = self.tok_embeddings[tokens]
@@ -186,10 +193,12 @@ class Llama:
         att_rows = att.reshape(T, cfg.dim)
         for layer in range(cfg.n_layers):
             qkv = mm(norm(x), wqkv[layer])
-            qk = self.lib.matmul(qkv[:, :qk_width].reshape(T, H + KV, hd), rope)
-            kpools.write_kv(layer, contiguous(qk[:, H:]),
-                            contiguous(qkv[:, qk_width:].reshape(T, KV, hd)), slots)
-            kpools.prefill(layer, contiguous(qk[:, :H]), meta, out=att)
+            qk = matmul(qkv[:, :qk_width].reshape(T, H + KV, hd), rope)
+            write_kv(layer, contiguous(qk[:, H:]), contiguous(qkv[:, qk_width:].reshape(T, KV, hd)),
+                     slots)
+            attend(layer, contiguous(qk[:, :H]), meta, out=att)
             x = x + mm(att_rows, wo[layer])
-            x = x + mm(self._silu_mul(mm(norm(x), w13[layer])), w2[layer])
-        return self.to_numpy(mm(norm(x[logit_rows]), self.wcls))
+            x = x + mm(silu_mul(mm(norm(x), w13[layer])), w2[layer])
+        if len(logit_rows) != T:
+            x = x[logit_rows]
+        return self.to_numpy(mm(norm(x), self.wcls))

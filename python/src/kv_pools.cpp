@@ -37,8 +37,9 @@ using StreamArg = std::optional<uintptr_t>;
 Any to_array(const char* name, nb::handle obj) {
   Any a;
   if (!nb::try_cast<Any>(obj, a)) {
-    throw nb::type_error((std::string(name) + ": expected an array (numpy, torch, any object "
-                                              "with __dlpack__), got " +
+    throw nb::type_error((std::string(name) +
+                          ": expected an array (numpy, torch, any object "
+                          "with __dlpack__), got " +
                           nb::type_name(obj.type()).c_str())
                              .c_str());
   }
@@ -177,8 +178,8 @@ class KVPools {
 
   const Layer& at(int32_t layer) const {
     if (layer < 0 || static_cast<size_t>(layer) >= layers_.size()) {
-      bad("layer = " + std::to_string(layer) + " is outside [0, " +
-          std::to_string(layers_.size()) + ")");
+      bad("layer = " + std::to_string(layer) + " is outside [0, " + std::to_string(layers_.size()) +
+          ")");
     }
     return layers_[static_cast<size_t>(layer)];
   }
@@ -193,7 +194,7 @@ class KVPools {
                                        a->device_id() == pool.device_id()));
     }
     if (same) return;
-    std::vector<Named> all{{"the pools", &pool}};
+    std::vector<Named> all{{"pools[0]", &pool}};
     for (const auto& [name, a] : arrays) all.push_back({name, a});
     (void)place_of(all);
   }
@@ -209,9 +210,10 @@ class KVPools {
     return s.is_none() ? StreamArg{} : StreamArg{nb::cast<uintptr_t>(s)};
   }
   std::optional<Any> cuda_out(const Any& q) const {
-    const nb::object t = nb::module_::import_("pagedkv._ops")
-                             .attr("empty_like_pool")(first_pool_, nb::make_tuple(q.shape(0),
-                                                      q.shape(1), q.shape(2)), dtype_of(q));
+    const nb::object t =
+        nb::module_::import_("pagedkv._ops")
+            .attr("empty_like_pool")(
+                first_pool_, nb::make_tuple(q.shape(0), q.shape(1), q.shape(2)), dtype_of(q));
     if (t.is_none()) return std::nullopt;
     return nb::cast<Any>(t);
   }
@@ -232,9 +234,9 @@ void bind_kv_pools(nb::module_& m) {
       "The engine's pools of every layer, imported once: per-layer write_kv, decode and "
       "prefill calls then import only their activations (docs/python.md, 'KVPools').");
   cls.def(nb::init<const nb::list&, const std::string&, std::optional<std::string>, nb::handle,
-                    nb::handle>(),
-           "pools"_a, nb::kw_only(), "layout"_a = "NHD", "kv_dtype"_a = nb::none(),
-           "k_scale"_a = nb::none(), "v_scale"_a = nb::none())
+                   nb::handle>(),
+          "pools"_a, nb::kw_only(), "layout"_a = "NHD", "kv_dtype"_a = nb::none(),
+          "k_scale"_a = nb::none(), "v_scale"_a = nb::none())
       .def_prop_ro("num_layers", &KVPools::num_layers)
       .def_prop_ro("layout", &KVPools::layout)
       .def_prop_ro("is_cuda", &KVPools::cuda)
@@ -247,8 +249,7 @@ void bind_kv_pools(nb::module_& m) {
           [](KVPools& p, int32_t layer, const Any& key, const Any& value, const Any& slot_mapping,
              StreamArg stream) { p.write_kv(layer, key, value, slot_mapping, stream); },
           "layer"_a, "key"_a, "value"_a, "slot_mapping"_a, nb::kw_only(), "stream"_a = nb::none())
-      .def("copy_blocks", &KVPools::copy, "block_copies"_a, nb::kw_only(),
-           "stream"_a = nb::none());
+      .def("copy_blocks", &KVPools::copy, "block_copies"_a, nb::kw_only(), "stream"_a = nb::none());
   const auto attention = [](bool prefill) {
     // out is taken as the caller's object and returned as such (a numpy out stays the same
     // numpy array, a torch one the same tensor).
@@ -266,10 +267,9 @@ void bind_kv_pools(nb::module_& m) {
     };
   };
   for (const bool prefill : {false, true}) {
-    cls.def(
-        prefill ? "prefill" : "decode", attention(prefill), "layer"_a, "q"_a, "meta"_a,
-        nb::kw_only(), "out"_a = nb::none(), "scale"_a = 0.0f, "window_left"_a = -1,
-        "sink_tokens"_a = 0, "chunk_size"_a = 0, "stream"_a = nb::none());
+    cls.def(prefill ? "prefill" : "decode", attention(prefill), "layer"_a, "q"_a, "meta"_a,
+            nb::kw_only(), "out"_a = nb::none(), "scale"_a = 0.0f, "window_left"_a = -1,
+            "sink_tokens"_a = 0, "chunk_size"_a = 0, "stream"_a = nb::none());
   }
 }
 
