@@ -116,8 +116,8 @@ class Engine:
         while want:
             res = self.mgr.append_tokens(req.rid, want)
             if res is not None:
-                if len(res.copies):
-                    pk.copy_blocks(self.kpools, res.copies)
+                if res.num_copies:  # reading res.copies makes an array: only when there are some
+                    self.kpools.copy_blocks(res.copies)
                 return True
             if self._preempt_newest() is req:
                 return False

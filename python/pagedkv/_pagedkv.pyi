@@ -84,6 +84,8 @@ class AppendResult:
     """[n] slot (block * block_size + offset) of each new token."""
     copies: npt.NDArray[np.int32]
     """[k, 2] (src, dst) blocks to copy, all layers, before writing the slots (k <= 1)."""
+    num_copies: int
+    """k, without making the copies array (about 0.1 us against 1.7 us)."""
 
 class AddResult:
     num_computed_tokens: int
@@ -92,6 +94,8 @@ class AddResult:
     """[len - num_computed_tokens] slots the prefill writes."""
     copies: npt.NDArray[np.int32]
     """[0, 2]."""
+    num_copies: int
+    """0 (as AppendResult.num_copies)."""
 
 class PrefixLookup:
     num_computed_tokens: int

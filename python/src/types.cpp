@@ -161,18 +161,22 @@ void bind_results(nb::module_& m) {
                            "(src, dst) blocks to copy (all layers) before writing.")
       .def_prop_ro("slots",
                    array_of<AppendResult>([](AppendResult & r) -> auto& { return r.slots; }))
-      .def_prop_ro("copies", [](nb::handle self) {
-        return copies_view(self, nb::cast<AppendResult&>(self).copies);
-      });
+      .def_prop_ro(
+          "copies",
+          [](nb::handle self) { return copies_view(self, nb::cast<AppendResult&>(self).copies); })
+      // len(copies) without making the array (a per-step check in an engine's loop).
+      .def_prop_ro("num_copies", [](const AppendResult& r) { return r.copies.size(); });
   nb::class_<AddResult>(m, "AddResult",
                         "num_computed_tokens: prefix hits (tokens); slots: [len - hits] int64; "
                         "copies: [0, 2] int32.")
       .def_ro("num_computed_tokens", &AddResult::num_computed_tokens)
       .def_prop_ro("slots",
                    array_of<AddResult>([](AddResult & r) -> auto& { return r.append.slots; }))
-      .def_prop_ro("copies", [](nb::handle self) {
-        return copies_view(self, nb::cast<AddResult&>(self).append.copies);
-      });
+      .def_prop_ro("copies",
+                   [](nb::handle self) {
+                     return copies_view(self, nb::cast<AddResult&>(self).append.copies);
+                   })
+      .def_prop_ro("num_copies", [](const AddResult& r) { return r.append.copies.size(); });
   nb::class_<PrefixLookup>(m, "PrefixLookup", "What add_sequence would share now.")
       .def_ro("num_computed_tokens", &PrefixLookup::num_computed_tokens)
       .def_prop_ro("blocks",
