@@ -32,10 +32,39 @@ namespace {
 using namespace nb::literals;
 using StreamArg = std::optional<uintptr_t>;
 
-/// An array argument taken as an object (to be returned as given): TypeError naming it when it
-/// is no array.
-Any to_array(const char* name, nb::handle obj) {
+/// torch.Tensor and torch._C._to_dlpack once torch is imported (looked up until it is).
+struct TorchDLPack {
+  nb::handle tensor_type;
+  nb::handle to_dlpack;  // a reference kept for the process (a static must not decref at exit)
+};
+
+/// An array argument taken as an object: TypeError naming it when it is no array. torch 1.13's
+/// Tensor.__dlpack__ is Python code (about 1 us a call) whose last step is torch._C._to_dlpack;
+/// for a plain torch.Tensor (not a subclass, which may override it) that does not require grad
+/// (which __dlpack__ refuses), this calls that step directly: the same capsule in about half
+/// the time. Anything else is imported as nanobind does it (its __dlpack__). Only for CPU pools
+/// (`fast`): such an array has no Python owner, so it must never be handed back to Python (the
+/// CUDA flows return their out array).
+Any to_array(const char* name, nb::handle obj, bool fast = false) {
+  static TorchDLPack torch;  // under the GIL
+  if (!torch.tensor_type.is_valid()) {
+    PyObject* module = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");
+    if (module != nullptr) {
+      nb::handle t(module);
+      torch.tensor_type = t.attr("Tensor");  // a type lives as long as its module: no reference
+      torch.to_dlpack = nb::object(t.attr("_C").attr("_to_dlpack")).release();
+    }
+  }
   Any a;
+  if (fast && torch.tensor_type.is_valid() && obj.type().is(torch.tensor_type)) {
+    if (nb::cast<bool>(obj.attr("requires_grad"))) {
+      throw nb::type_error((std::string(name) +
+                            ": a torch tensor that requires grad (DLPack refuses it): pass " +
+                            name + ".detach()")
+                               .c_str());
+    }
+    if (nb::try_cast<Any>(torch.to_dlpack(obj), a)) return a;
+  }
   if (!nb::try_cast<Any>(obj, a)) {
     throw nb::type_error((std::string(name) +
                           ": expected an array (numpy, torch, any object "
@@ -246,18 +275,23 @@ void bind_kv_pools(nb::module_& m) {
       .def_prop_ro("head_dim", [](const KVPools& p) { return p.geometry().head_dim; })
       .def(
           "write_kv",
-          [](KVPools& p, int32_t layer, const Any& key, const Any& value, const Any& slot_mapping,
-             StreamArg stream) { p.write_kv(layer, key, value, slot_mapping, stream); },
+          [](KVPools& p, int32_t layer, nb::handle key, nb::handle value, const Any& slot_mapping,
+             StreamArg stream) {
+            const bool fast = !p.cuda();
+            p.write_kv(layer, to_array("key", key, fast), to_array("value", value, fast),
+                       slot_mapping, stream);
+          },
           "layer"_a, "key"_a, "value"_a, "slot_mapping"_a, nb::kw_only(), "stream"_a = nb::none())
       .def("copy_blocks", &KVPools::copy, "block_copies"_a, nb::kw_only(), "stream"_a = nb::none());
   const auto attention = [](bool prefill) {
     // out is taken as the caller's object and returned as such (a numpy out stays the same
     // numpy array, a torch one the same tensor).
-    return [prefill](KVPools& p, int32_t layer, const Any& q, const BatchMetadata& meta,
+    return [prefill](KVPools& p, int32_t layer, nb::handle q_obj, const BatchMetadata& meta,
                      nb::object out, float scale, int32_t window, int32_t sinks, int32_t chunk,
                      StreamArg stream) {
       AttentionArgs args;
-      if (!out.is_none()) args.out = to_array("out", out);
+      const Any q = to_array("q", q_obj, !p.cuda());
+      if (!out.is_none()) args.out = to_array("out", out, !p.cuda());
       args.scale = scale;
       args.window_left = window;
       args.sink_tokens = sinks;

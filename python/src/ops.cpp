@@ -138,8 +138,9 @@ namespace {
 
 using StreamArg = std::optional<uintptr_t>;
 
-// out: the caller's [rows, heads, dim] array of q's dtype, checked, or a new array of q's
-// dtype (numpy for float32 / float16; a torch tensor for bfloat16, which numpy lacks).
+// out: the caller's [rows, heads, dim] array of q's dtype, checked (returns None), or a new
+// array of q's dtype (numpy for float32 / float16; a torch tensor for bfloat16, which numpy
+// lacks), returned.
 nb::object output_for(const Any& q, DType dtype, std::optional<Any>& out,
                       MutableActivationView& view) {
   if (out) {
@@ -153,7 +154,7 @@ nb::object output_for(const Any& q, DType dtype, std::optional<Any>& out,
         bad("out shape " + shape_of(*out) + " != q shape " + shape_of(q));
     }
     view = {out->data(), out->size(), dtype};
-    return nb::cast(*out);
+    return nb::none();  // the caller returns its own out
   }
   const size_t bytes = q.size() * static_cast<size_t>(dtype_size(dtype));
   auto* heap = new std::vector<float>((bytes + sizeof(float) - 1) / sizeof(float));
@@ -230,7 +231,8 @@ nb::object attend(const Any& q, const Any& k, const std::optional<Any>& v,
   }
 #endif
   const Pool pool = pool_view(k, v, parse_layout(args.layout), args.quant, /*scaled=*/true);
-  return attend_cpu(q, pool.view(), tables, query_start, args);
+  nb::object made = attend_cpu(q, pool.view(), tables, query_start, args);
+  return args.out ? nb::cast(*args.out) : made;
 }
 
 void write(const Any& key, const Any& value, const Any& k, std::optional<Any> v,

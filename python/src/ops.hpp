@@ -64,7 +64,8 @@ std::vector<KVLayerView> layer_views(const nb::list& pools, const std::string& l
 /// The CPU flow of the attention ops over a checked view (the pools' own, or a KVPools
 /// layer's): q [rows, heads, dim] float32, float16 or bfloat16 checked against the tables,
 /// out (args.out) checked or allocated (output_for), the kernel run with the GIL released.
-/// Decode without query_start, prefill with it. Returns out.
+/// Decode without query_start, prefill with it. Returns the out it made, None when args.out
+/// was given (the caller returns its own object for it).
 nb::object attend_cpu(const Any& q, const KVLayerView& cache, const BlockTableView& tables,
                       std::optional<std::span<const int32_t>> query_start, AttentionArgs& args);
 

@@ -115,6 +115,16 @@ def test_torch_pools_and_activations():
     kp.write_kv(0, torch.ones(1, KH, D), torch.full((1, KH, D), 2.0),
                 np.array([len(k) * 8 - 1], np.int64))
     assert (tk[-1, -1] == 1).all() and (tv[-1, -1] == 2).all()
+    # Plain CPU tensors are imported without Tensor.__dlpack__ (its last step, directly); what
+    # __dlpack__ refuses is refused, and the usual checks still apply.
+    with pytest.raises(TypeError, match=r"q: a torch tensor that requires grad .* q.detach\(\)"):
+        kp.decode(0, q.clone().requires_grad_(), meta)
+    with pytest.raises(ValueError, match="q must be C-contiguous"):
+        kp.decode(0, q.transpose(1, 2).contiguous().transpose(1, 2), meta, out=out)
+    with pytest.raises(ValueError, match="out: dtype float16 differs from q's float32"):
+        kp.decode(0, q, meta, out=out.half())
+    got = kp.decode(0, q, meta)  # no out: a new array, valid after the call
+    np.testing.assert_allclose(np.asarray(got), out.numpy(), rtol=0, atol=0)
 
 
 def test_int8_pools_with_per_layer_scales():
