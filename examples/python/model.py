@@ -148,7 +148,7 @@ class Llama:
         a, b = gate_up[:, :self.cfg.hidden_dim], gate_up[:, self.cfg.hidden_dim:]
         if self.backend == "torch":
             return torch.nn.functional.silu(a) * b
-        return a / (1.0 + np.exp(-a)) * b
+        return a * b / (1.0 + np.exp(-a))
 
     # --- the step ---------------------------------------------------------------------------
     def new_pools(self, num_blocks: int, block_size: int) -> list[tuple]:
