@@ -5,13 +5,18 @@
    ``pagedkv.paged_decode_attention`` on the geometry of benchmarks/bench_call_overhead.cpp's
    BM_TinyDecode (1 sequence, 1 head, head_dim 8, one 16-token block, fp32 NHD pools of 4
    blocks), from numpy arrays with explicit block_tables/seq_lens, from a BatchMetadata, and
-   from torch tensors (DLPack), and runs that C++ benchmark for the same call without Python.
-   overhead_us = python_us - cpp_us (goal <= 5).
+   from torch tensors (DLPack), each through the free function (every array imported per call)
+   and through ``pagedkv.KVPools`` (the pools imported once, q and out per call: what an
+   engine calls per layer), interleaved in one run, and runs that C++ benchmark for the same
+   call without Python. overhead_us = python_us - cpp_us (goal <= 5). CPU time on both sides
+   (best of 15 x --calls, and Google Benchmark's cpu_time).
 2. engine_vs_generate: the example engine's (examples/python) tokens/s vs ``pagedkv
    generate --cache paged`` on the same model, prompts (batches of 1, 4, 16) and positions,
-   best of --repeat runs each, for each engine backend (numpy+torch, numpy, torch); ratio = engine /
-   generate (goal >= 0.5 on the CPU); same_ids: both generated the same tokens. Everything on
-   one thread (OMP/OpenBLAS/torch).
+   best of --repeat interleaved runs each, for each engine backend (numpy, numpy+torch,
+   torch); ratio = engine / generate, wall time on both sides (goal >= 0.5 on the CPU);
+   engine_*_tokens_per_cpu_s: the engine's tokens per second of its own CPU time (what a
+   loaded machine's wall time hides); same_ids: every engine run generated generate's tokens.
+   Everything on one thread (OMP/OpenBLAS/torch).
 
     PYTHONPATH=build/python build-py-venv/bin/python scripts/bench_python.py \
         --cpp-bench build/benchmarks/bench_call_overhead --cli build/src/cli/pagedkv
@@ -46,14 +51,16 @@ PROMPTS = ["Once upon a time", "One day, a big bear", "Lily and Ben", "The littl
 BATCHES = (1, 4, 16)
 
 
-def best_us(fn, calls: int, repeats: int = 7) -> float:
-    """Best over repeats of the mean time of one fn() in microseconds."""
+def best_us(fn, calls: int, repeats: int = 15) -> float:
+    """Best over repeats of the mean CPU time (this process) of one fn() in microseconds. CPU
+    time, as the C++ side's cpu_time: on a shared machine wall time adds whatever time the
+    process waited for a core, which is no cost of the call."""
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         for _ in range(calls):
             fn()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+        best = min(best, (time.process_time() - t0) / calls * 1e6)
     return best
 
 
@@ -72,26 +79,35 @@ def per_call(cpp_bench: str | None, calls: int) -> dict:
     meta = mgr.batch_metadata([0], [1])
     res["python_numpy_meta_us"] = best_us(
         lambda: pk.paged_decode_attention(q, k, v, meta, out=out), calls)
+    pools = pk.KVPools([(k, v)])
+    res["python_numpy_kvpools_us"] = best_us(lambda: pools.decode(0, q, meta, out=out), calls)
     try:
         import torch
         tk, tv, tq, tout = (torch.from_numpy(a) for a in (k, v, q, out))
         res["python_torch_meta_us"] = best_us(
             lambda: pk.paged_decode_attention(tq, tk, tv, meta, out=tout), calls)
+        tpools = pk.KVPools([(tk, tv)])
+        res["python_torch_kvpools_us"] = best_us(lambda: tpools.decode(0, tq, meta, out=tout),
+                                                 calls)
     except ImportError:
-        res["python_torch_meta_us"] = None
+        res["python_torch_meta_us"] = res["python_torch_kvpools_us"] = None
     if cpp_bench:
         raw = subprocess.run([cpp_bench, "--benchmark_format=json",
                               "--benchmark_repetitions=5"],
                              check=True, capture_output=True, text=True).stdout
         runs = [b for b in json.loads(raw)["benchmarks"] if b.get("run_type") == "iteration"]
-        res["cpp_us"] = min(b["real_time"] for b in runs) / 1e3  # time_unit ns
+        res["cpp_us"] = min(b["cpu_time"] for b in runs) / 1e3  # time_unit ns
         res["overhead_us"] = res["python_numpy_tables_us"] - res["cpp_us"]
         res["overhead_meta_us"] = res["python_numpy_meta_us"] - res["cpp_us"]
+        res["overhead_numpy_kvpools_us"] = res["python_numpy_kvpools_us"] - res["cpp_us"]
+        for name in ("torch_meta", "torch_kvpools"):
+            us = res[f"python_{name}_us"]
+            res[f"overhead_{name}_us"] = None if us is None else us - res["cpp_us"]
     return res
 
 
 def engine_run(prompts: list[str], steps: int, block_size: int, backend: str):
-    """(tokens/s, generated ids per prompt) of one engine run."""
+    """(tokens/s, generated ids per prompt, tokens per CPU second) of one engine run."""
     import run_engine
     from engine import Engine
     model, tok = run_engine.load(os.path.join(REPO, "models", "stories260K.bin"),
@@ -101,10 +117,11 @@ def engine_run(prompts: list[str], steps: int, block_size: int, backend: str):
     for i, text in enumerate(prompts):
         ids = tok.encode(text)
         reqs.append(eng.submit(i, ids, steps - len(ids) + 1))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     eng.run()
-    secs = time.perf_counter() - t0
-    return sum(len(r.output) for r in reqs) / secs, [r.output for r in reqs]
+    secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+    n = sum(len(r.output) for r in reqs)
+    return n / secs, [r.output for r in reqs], n / cpu
 
 
 def generate_run(cli: str, prompts: list[str], steps: int, block_size: int):
@@ -130,15 +147,21 @@ def engine_vs_generate(cli: str, steps: int, repeat: int, backends: list[str]) -
     rows = []
     for n in BATCHES:
         prompts = PROMPTS[:n]
-        g = [generate_run(cli, prompts, steps, 16) for _ in range(repeat)]
+        # Interleaved (generate, then each backend, repeat times), so that a machine whose load
+        # changes during the run slows both sides alike; best of the repeats each.
+        g, e = [], {b: [] for b in backends}
+        for _ in range(repeat):
+            g.append(generate_run(cli, prompts, steps, 16))
+            for backend in backends:
+                e[backend].append(engine_run(prompts, steps, 16, backend))
         row = {"prompts": n, "positions": steps, "generate_tokens_per_s": max(t for t, _ in g),
                "tokens": sum(len(ids) for ids in g[0][1])}
         for backend in backends:
-            e = [engine_run(prompts, steps, 16, backend) for _ in range(repeat)]
-            row[f"engine_{backend}_tokens_per_s"] = max(t for t, _ in e)
+            row[f"engine_{backend}_tokens_per_s"] = max(t for t, _, _ in e[backend])
+            row[f"engine_{backend}_tokens_per_cpu_s"] = max(c for _, _, c in e[backend])
             row[f"ratio_{backend}"] = row[f"engine_{backend}_tokens_per_s"] / row[
                 "generate_tokens_per_s"]
-            row[f"same_ids_{backend}"] = e[0][1] == g[0][1]
+            row[f"same_ids_{backend}"] = all(ids == g[0][1] for _, ids, _ in e[backend])
         rows.append(row)
     return rows
 
@@ -160,7 +183,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=256, help="positions per sequence")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--calls", type=int, default=20000)
-    p.add_argument("--backends", default="numpy+torch,numpy,torch", help="the engine's, comma-separated")
+    p.add_argument("--backends", default="numpy,numpy+torch,torch",
+                   help="the engine's, comma-separated")
     a = p.parse_args()
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "cpu": cpu_name(), "cores": os.cpu_count(), "python": sys.version.split()[0],

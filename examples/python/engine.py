@@ -11,7 +11,8 @@ Each step (vLLM v1's scheduler, in small):
    ``can_add_sequence`` answers OK: ``add_sequence`` shares the cached prefix (prefix caching)
    and allocates the first chunk; LATER stops admission until blocks free up; NEVER rejects the
    request (it could never fit).
-3. One forward pass over every scheduled token (model.Llama.forward), then ``commit`` publishes
+3. One forward pass over every scheduled token (model.Llama.forward) with one BatchMetadata
+   for the step (decoding requests first: the scheduler's order), then ``commit`` publishes
    the written blocks to the prefix cache and each request whose tokens are all computed
    samples its next token greedily (argmax, first maximum, as run.c).
 """
@@ -44,10 +45,15 @@ class Request:
     prefix_hit_tokens: int = 0       # summed over admissions (a recompute is admitted again)
     num_preemptions: int = 0
     logits: dict[int, np.ndarray] = dataclasses.field(default_factory=dict)
+    tokens: list[int] = dataclasses.field(init=False)  # prompt + output, kept up to date
 
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt + self.output
+    def __post_init__(self):
+        self.tokens = self.prompt + self.output
+
+    def append(self, token: int) -> None:
+        """A sampled token joins output and tokens."""
+        self.output.append(token)
+        self.tokens.append(token)
 
 
 class Engine:
@@ -110,8 +116,8 @@ class Engine:
         while want:
             res = self.mgr.append_tokens(req.rid, want)
             if res is not None:
-                if len(res.copies):
-                    pk.copy_blocks(self.kpools, res.copies)
+                if res.num_copies:  # reading res.copies makes an array: only when there are some
+                    self.kpools.copy_blocks(res.copies)
                 return True
             if self._preempt_newest() is req:
                 return False
@@ -176,43 +182,47 @@ class Engine:
                 raise RuntimeError("no request can make progress: the block budget is too "
                                    "small for the oldest request")
             return
-        decode = [(r, n) for r, n in plan if n == 1]
-        prefill = [(r, n) for r, n in plan if n > 1]
-        order = decode + prefill
-        ends = np.cumsum([n for _, n in order])
+        tokens, positions, counts, ends = self._inputs(plan)
+        meta = self.mgr.batch_metadata([r.rid for r, _ in plan], counts)
         rows = np.arange(ends[-1]) if self.keep_logits else ends - 1
-        logits = self.model.forward(self.kpools, *self._inputs(order), self._meta(decode),
-                                    self._meta(prefill), rows)
-        for i, (req, n) in enumerate(order):
+        logits = self.model.forward(self.kpools, tokens, positions, meta, rows)
+        # Each request's last row (all rows with keep_logits), argmax'ed at once.
+        greedy = (logits[ends - 1] if self.keep_logits else logits).argmax(1).tolist()
+        for i, (req, n) in enumerate(plan):
             if self.keep_logits:
                 for p in range(n):
                     req.logits[req.num_computed + p] = logits[ends[i] - n + p]
             req.num_computed += n
             self.mgr.commit(req.rid, req.num_computed)
             if req.num_computed == len(req.tokens):
-                self._sample(req, logits[ends[i] - 1 if self.keep_logits else i])
+                self._sample(req, greedy[i])
         self.num_steps += 1
 
     @staticmethod
-    def _inputs(order) -> tuple[np.ndarray, np.ndarray]:
-        """tokens, positions [T] int64 of the scheduled rows, in order."""
-        tokens = np.concatenate([r.tokens[r.num_computed:r.num_computed + n] for r, n in order])
-        positions = np.concatenate([np.arange(r.num_computed, r.num_computed + n)
-                                    for r, n in order])
-        return tokens.astype(np.int64), positions.astype(np.int64)
+    def _inputs(plan):
+        """tokens, positions [T] int64 of the scheduled rows in order, each request's count of
+        rows, and the end of each request's rows (cumulative counts, int64)."""
+        tokens, positions, counts, ends, end = [], [], [], [], 0
+        for r, n in plan:
+            c = r.num_computed
+            if n == 1:
+                tokens.append(r.tokens[c])
+                positions.append(c)
+            else:
+                tokens.extend(r.tokens[c:c + n])
+                positions.extend(range(c, c + n))
+            counts.append(n)
+            end += n
+            ends.append(end)
+        return (np.array(tokens, dtype=np.int64), np.array(positions, dtype=np.int64), counts,
+                np.array(ends, dtype=np.int64))
 
-    def _meta(self, group):
-        """BatchMetadata of one group's sequences and new tokens, None for an empty group."""
-        if not group:
-            return None
-        return self.mgr.batch_metadata([r.rid for r, _ in group], [n for _, n in group])
-
-    def _sample(self, req: Request, logits: np.ndarray) -> None:
-        """Greedy: argmax (the first maximum). BOS ends the request and is not kept (run.c);
-        so do max_new_tokens and the model's seq_len positions."""
-        token = int(np.argmax(logits))
+    def _sample(self, req: Request, token: int) -> None:
+        """Greedy: token is the argmax of the request's last logits (the first maximum). BOS
+        ends the request and is not kept (run.c); so do max_new_tokens and the model's seq_len
+        positions."""
         if token != BOS:
-            req.output.append(token)
+            req.append(token)
         if (token == BOS or len(req.output) >= req.max_new_tokens
                 or len(req.tokens) > self.model.cfg.seq_len):
             req.status = "finished"

@@ -13,6 +13,8 @@ blocks is not an error: the call returns ``None`` and changes nothing.
 The ops on the engine's pools (``write_kv``, the attention ops, ``copy_blocks``,
 ``swap_blocks``) take CPU arrays and, in a build with CUDA (:data:`WITH_CUDA`), CUDA arrays;
 for torch CUDA tensors they run on torch's current stream unless ``stream`` is given.
+:class:`KVPools` holds the pools of every layer, imported once, for per-layer calls that
+import only their activations (the cheapest path per call).
 
 See docs/python.md for the install, a quick start and the mapping to vLLM / FlashInfer names.
 """
@@ -37,6 +39,7 @@ from ._pagedkv import (
     KVCacheManager,
     KVCacheManagerConfig,
     KVCacheStats,
+    KVPools,
     PreemptedSequence,
     PrefixLookup,
     SwapResult,
@@ -74,6 +77,7 @@ __all__ = [
     "KVCacheManager",
     "KVCacheManagerConfig",
     "KVCacheStats",
+    "KVPools",
     "PreemptedSequence",
     "PrefixLookup",
     "SwapResult",

@@ -41,7 +41,8 @@ def replay_prefix_index(events: Iterable[KVCacheEvent], index: Optional[dict] = 
 
     ``index`` maps a block hash to ``(parent_hash, tokens)``; STORED adds an entry (its parent
     is ROOT_BLOCK_HASH or an entry already in the index, which the manager guarantees),
-    REMOVED and EVICTED drop one. Returns the (updated) index. Worked use: hash a prompt's
+    REMOVED and EVICTED drop one, ALL_CLEARED (a reset of the worker's prefix cache, after
+    its REMOVED events) empties the index. Returns the (updated) index. Worked use: hash a prompt's
     full blocks with :func:`block_hash` chained from ROOT_BLOCK_HASH; the leading run of those
     hashes found in the index is the hit :meth:`KVCacheManager.lookup_prefix` reports.
     """
@@ -51,6 +52,8 @@ def replay_prefix_index(events: Iterable[KVCacheEvent], index: Optional[dict] = 
             if e.parent_hash != ROOT_BLOCK_HASH and e.parent_hash not in index:
                 raise ValueError(f"stored block {e.block}: parent hash {e.parent_hash} unknown")
             index[e.hash] = (e.parent_hash, tuple(e.tokens))
+        elif e.kind == EventKind.ALL_CLEARED:
+            index.clear()
         else:
             index.pop(e.hash, None)
     return index

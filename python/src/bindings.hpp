@@ -84,9 +84,10 @@ class PyManager {
   KVCacheManager manager_;
 };
 
-void bind_types(nb::module_& m);    // types.cpp: enums, configs, results, stats, events
-void bind_manager(nb::module_& m);  // manager.cpp: KVCacheManager
-void bind_ops(nb::module_& m);      // ops.cpp: paged attention on the engine's pools
-void bind_testing(nb::module_& m);  // testing.cpp: the C++ HostKVCache path for the tests
+void bind_types(nb::module_& m);     // types.cpp: enums, configs, results, stats, events
+void bind_manager(nb::module_& m);   // manager.cpp: KVCacheManager
+void bind_ops(nb::module_& m);       // ops.cpp: paged attention on the engine's pools
+void bind_kv_pools(nb::module_& m);  // kv_pools.cpp: KVPools, the pools imported once
+void bind_testing(nb::module_& m);   // testing.cpp: the C++ HostKVCache path for the tests
 
 }  // namespace pagedkv::py

@@ -16,5 +16,6 @@ NB_MODULE(_pagedkv, m) {
   pagedkv::py::bind_types(m);
   pagedkv::py::bind_manager(m);
   pagedkv::py::bind_ops(m);
+  pagedkv::py::bind_kv_pools(m);
   pagedkv::py::bind_testing(m);
 }

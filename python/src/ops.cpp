@@ -138,8 +138,9 @@ namespace {
 
 using StreamArg = std::optional<uintptr_t>;
 
-// out: the caller's [rows, heads, dim] array of q's dtype, checked, or a new array of q's
-// dtype (numpy for float32 / float16; a torch tensor for bfloat16, which numpy lacks).
+// out: the caller's [rows, heads, dim] array of q's dtype, checked (returns None), or a new
+// array of q's dtype (numpy for float32 / float16; a torch tensor for bfloat16, which numpy
+// lacks), returned.
 nb::object output_for(const Any& q, DType dtype, std::optional<Any>& out,
                       MutableActivationView& view) {
   if (out) {
@@ -153,7 +154,7 @@ nb::object output_for(const Any& q, DType dtype, std::optional<Any>& out,
         bad("out shape " + shape_of(*out) + " != q shape " + shape_of(q));
     }
     view = {out->data(), out->size(), dtype};
-    return nb::cast(*out);
+    return nb::none();  // the caller returns its own out
   }
   const size_t bytes = q.size() * static_cast<size_t>(dtype_size(dtype));
   auto* heap = new std::vector<float>((bytes + sizeof(float) - 1) / sizeof(float));
@@ -166,6 +167,44 @@ nb::object output_for(const Any& q, DType dtype, std::optional<Any>& out,
     return nb::cast(nb::ndarray<nb::pytorch>(data, shape, owner, {}, dlpack_dtype(dtype)));
   return nb::cast(nb::ndarray<nb::numpy>(data, shape, owner, {}, dlpack_dtype(dtype)));
 }
+
+}  // namespace
+
+nb::object attend_cpu(const Any& q, const KVLayerView& cache, const BlockTableView& tables,
+                      std::optional<std::span<const int32_t>> query_start, AttentionArgs& args) {
+  const DType q_dtype = check_activations(
+      "q", q, query_start ? "[num_tokens, heads, dim]" : "[num_seqs, heads, dim]");
+  if (!query_start && q.shape(0) != static_cast<size_t>(tables.num_seqs)) {
+    bad("q " + shape_of(q) + " has " + std::to_string(q.shape(0)) + " rows, the tables " +
+        std::to_string(tables.num_seqs) + " sequences");
+  }
+  const AttentionParams params = params_for(q, cache, args);
+  MutableActivationView o;
+  nb::object result = output_for(q, q_dtype, args.out, o);
+  const ActivationView qs{q.data(), q.size(), q_dtype};
+  {
+    nb::gil_scoped_release no_gil;
+    if (query_start) {
+      paged_prefill_attention(params, cache, tables, *query_start, qs, o);
+    } else {
+      paged_decode_attention(params, cache, tables, qs, o);
+    }
+  }
+  return result;
+}
+
+void write_cpu(const Any& key, const Any& value, const KVLayerView& cache,
+               const Any& slot_mapping) {
+  const DType dtype = check_write_inputs(key, value, cache, slot_mapping);
+  const std::span<const Slot> slots(static_cast<const Slot*>(slot_mapping.data()),
+                                    slot_mapping.size());
+  const ActivationView ks{key.data(), key.size(), dtype};
+  const ActivationView vs{value.data(), value.size(), dtype};
+  nb::gil_scoped_release no_gil;
+  reshape_and_cache(cache, slots, ks, vs);
+}
+
+namespace {
 
 // The arrays of an attention call, for place_of.
 std::vector<Named> attention_arrays(const Any& q, const Any& k, const std::optional<Any>& v,
@@ -191,27 +230,9 @@ nb::object attend(const Any& q, const Any& k, const std::optional<Any>& v,
                        stream);
   }
 #endif
-  const DType q_dtype = check_activations(
-      "q", q, query_start ? "[num_tokens, heads, dim]" : "[num_seqs, heads, dim]");
-  if (!query_start && q.shape(0) != static_cast<size_t>(tables.num_seqs)) {
-    bad("q " + shape_of(q) + " has " + std::to_string(q.shape(0)) + " rows, the tables " +
-        std::to_string(tables.num_seqs) + " sequences");
-  }
   const Pool pool = pool_view(k, v, parse_layout(args.layout), args.quant, /*scaled=*/true);
-  const KVLayerView cache = pool.view();
-  const AttentionParams params = params_for(q, cache, args);
-  MutableActivationView o;
-  nb::object result = output_for(q, q_dtype, args.out, o);
-  const ActivationView qs{q.data(), q.size(), q_dtype};
-  {
-    nb::gil_scoped_release no_gil;
-    if (query_start) {
-      paged_prefill_attention(params, cache, tables, *query_start, qs, o);
-    } else {
-      paged_decode_attention(params, cache, tables, qs, o);
-    }
-  }
-  return result;
+  nb::object made = attend_cpu(q, pool.view(), tables, query_start, args);
+  return args.out ? nb::cast(*args.out) : made;
 }
 
 void write(const Any& key, const Any& value, const Any& k, std::optional<Any> v,
@@ -232,14 +253,7 @@ void write(const Any& key, const Any& value, const Any& k, std::optional<Any> v,
   }
 #endif
   const Pool pool = pool_view(k, v, parse_layout(layout), quant, /*scaled=*/true);
-  const KVLayerView cache = pool.view();
-  const DType dtype = check_write_inputs(key, value, cache, slot_mapping);
-  const std::span<const Slot> slots(static_cast<const Slot*>(slot_mapping.data()),
-                                    slot_mapping.size());
-  const ActivationView ks{key.data(), key.size(), dtype};
-  const ActivationView vs{value.data(), value.size(), dtype};
-  nb::gil_scoped_release no_gil;
-  reshape_and_cache(cache, slots, ks, vs);
+  write_cpu(key, value, pool.view(), slot_mapping);
 }
 
 // swap_blocks (and copy_blocks, same_pools): the CPU copies, or the CUDA ones when a side is

@@ -61,6 +61,18 @@ DType check_write_inputs(const Any& key, const Any& value, const KVLayerView& ca
 std::vector<KVLayerView> layer_views(const nb::list& pools, const std::string& layout,
                                      const char* name, Place& place);
 
+/// The CPU flow of the attention ops over a checked view (the pools' own, or a KVPools
+/// layer's): q [rows, heads, dim] float32, float16 or bfloat16 checked against the tables,
+/// out (args.out) checked or allocated (output_for), the kernel run with the GIL released.
+/// Decode without query_start, prefill with it. Returns the out it made, None when args.out
+/// was given (the caller returns its own object for it).
+nb::object attend_cpu(const Any& q, const KVLayerView& cache, const BlockTableView& tables,
+                      std::optional<std::span<const int32_t>> query_start, AttentionArgs& args);
+
+/// The CPU flow of write_kv over a checked view: key / value against slot_mapping and the
+/// view (check_write_inputs), then reshape_and_cache with the GIL released.
+void write_cpu(const Any& key, const Any& value, const KVLayerView& cache, const Any& slot_mapping);
+
 /// block_copies: int32 [n, 2] (src, dst) pairs on the CPU (the manager's result arrays; their
 /// ids are checked on the host before any copy). Errors: ValueError naming it.
 std::span<const BlockCopy> pairs_of(const Any& block_copies);

@@ -59,7 +59,8 @@ void bind_enums(nb::module_& m) {
                                 "What happened to a block's prefix-cache registration.")
       .value("STORED", KVCacheEvent::Kind::kStored)
       .value("REMOVED", KVCacheEvent::Kind::kRemoved)
-      .value("EVICTED", KVCacheEvent::Kind::kEvicted);
+      .value("EVICTED", KVCacheEvent::Kind::kEvicted)
+      .value("ALL_CLEARED", KVCacheEvent::Kind::kAllCleared);
 }
 
 void bind_configs(nb::module_& m) {
@@ -160,18 +161,22 @@ void bind_results(nb::module_& m) {
                            "(src, dst) blocks to copy (all layers) before writing.")
       .def_prop_ro("slots",
                    array_of<AppendResult>([](AppendResult & r) -> auto& { return r.slots; }))
-      .def_prop_ro("copies", [](nb::handle self) {
-        return copies_view(self, nb::cast<AppendResult&>(self).copies);
-      });
+      .def_prop_ro(
+          "copies",
+          [](nb::handle self) { return copies_view(self, nb::cast<AppendResult&>(self).copies); })
+      // len(copies) without making the array (a per-step check in an engine's loop).
+      .def_prop_ro("num_copies", [](const AppendResult& r) { return r.copies.size(); });
   nb::class_<AddResult>(m, "AddResult",
                         "num_computed_tokens: prefix hits (tokens); slots: [len - hits] int64; "
                         "copies: [0, 2] int32.")
       .def_ro("num_computed_tokens", &AddResult::num_computed_tokens)
       .def_prop_ro("slots",
                    array_of<AddResult>([](AddResult & r) -> auto& { return r.append.slots; }))
-      .def_prop_ro("copies", [](nb::handle self) {
-        return copies_view(self, nb::cast<AddResult&>(self).append.copies);
-      });
+      .def_prop_ro("copies",
+                   [](nb::handle self) {
+                     return copies_view(self, nb::cast<AddResult&>(self).append.copies);
+                   })
+      .def_prop_ro("num_copies", [](const AddResult& r) { return r.append.copies.size(); });
   nb::class_<PrefixLookup>(m, "PrefixLookup", "What add_sequence would share now.")
       .def_ro("num_computed_tokens", &PrefixLookup::num_computed_tokens)
       .def_prop_ro("blocks",
@@ -219,7 +224,8 @@ void bind_stats(nb::module_& m) {
       .def_prop_ro("prefix_hit_rate", &KVCacheStats::prefix_hit_rate);
   nb::class_<KVCacheEvent>(m, "KVCacheEvent",
                            "One prefix-cache event: kind, block, hash; STORED ones also carry "
-                           "parent_hash, extra_key and the block's token ids.")
+                           "parent_hash, extra_key and the block's token ids; ALL_CLEARED "
+                           "(the last event of reset_prefix_cache) has block -1 and hash 0.")
       .def_ro("kind", &KVCacheEvent::kind)
       .def_ro("block", &KVCacheEvent::block)
       .def_ro("hash", &KVCacheEvent::hash)

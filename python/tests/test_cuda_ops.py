@@ -143,6 +143,39 @@ def test_prefill_matches_the_cpu():
     np.testing.assert_allclose(host(got), want, **TOL)
 
 
+def test_kv_pools_over_cuda_tensors_match_the_cpu():
+    # KVPools over torch CUDA pools: write_kv, decode (out defaulted to a new CUDA tensor on
+    # torch's current stream, a side stream here), prefill and copy_blocks against the same
+    # calls on CPU pools.
+    new = [1, 1, 6]
+    m, meta, k, v = batch([54, 9, 200], new=new)
+    kd, vd = cuda(k), cuda(v)
+    cpu, dev = pk.KVPools([(k, v)]), pk.KVPools([(kd, vd)])
+    assert dev.is_cuda and not cpu.is_cuda
+    rng = np.random.default_rng(5)
+    key = rng.standard_normal((8, KH, D), dtype=np.float32)
+    value = rng.standard_normal((8, KH, D), dtype=np.float32)
+    cpu.write_kv(0, key, value, meta.slot_mapping)
+    dev.write_kv(0, cuda(key), cuda(value), cuda(meta.slot_mapping))
+    torch.cuda.synchronize()
+    assert host(kd).tobytes() == k.tobytes() and host(vd).tobytes() == v.tobytes()
+    q = rng.standard_normal((8, H, D), dtype=np.float32)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = dev.prefill(0, cuda(q), meta)
+    side.synchronize()
+    assert got.is_cuda
+    np.testing.assert_allclose(host(got), cpu.prefill(0, q, meta), **TOL)
+    pairs = np.array([[1, 2]], np.int32)
+    cpu.copy_blocks(pairs)
+    dev.copy_blocks(pairs)
+    torch.cuda.synchronize()
+    assert host(kd).tobytes() == k.tobytes()
+    with pytest.raises(ValueError, match=r"q is on the CPU but pools\[0\] is on cuda:0"):
+        dev.decode(0, q[:3], meta)
+
+
 def layers_of(n, blocks, seed):
     rng = np.random.default_rng(seed)
     return [(rng.standard_normal((blocks, BS, KH, D), dtype=np.float32),

@@ -150,11 +150,13 @@ def test_chunked_prefill_of_a_long_prompt(model):
     assert np.abs(got - ref_logits[:119]).max() < LOGIT_TOL
 
 
-@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("backend", ["numpy+torch", "torch"])
 def test_other_backends_match(backend):
-    """The default fixture runs numpy+torch; numpy alone, and torch tensors throughout (the
-    CUDA path's code, here on the CPU) give the same ids and logits."""
-    if backend == "torch":
+    """The default fixture runs numpy (auto on the CPU); numpy with torch's products, and torch
+    tensors throughout (the CUDA path's code, here on the CPU) give the same ids and logits."""
+    auto = Llama(*read_checkpoint(MODEL))  # "auto" on the CPU
+    assert auto.backend == "numpy" and not auto.torch_products
+    if backend != "numpy":
         pytest.importorskip("torch", reason="torch is not installed: the torch backend skips")
     cfg, weights = read_checkpoint(MODEL)
     ref, ref_logits = reference(CASES[0])

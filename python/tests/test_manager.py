@@ -15,11 +15,13 @@ def test_worked_example_of_the_header(manager):
     r = m.append_slots(7, 6)
     assert r.slots.dtype == np.int64 and r.slots.tolist() == [0, 1, 2, 3, 4, 5]
     assert r.copies.dtype == np.int32 and r.copies.shape == (0, 2)
+    assert r.num_copies == 0
     assert m.append_slots(7, 1).slots.tolist() == [6]
     m.fork(7, 8)
     r = m.append_slots(8, 1)
     # Copy-on-write of the shared, partially filled block 1 into the next free block, 2.
     assert r.copies.tolist() == [[1, 2]]
+    assert r.num_copies == 1
     assert r.slots.tolist() == [2 * 4 + 3]
     assert m.block_table(8).tolist() == [0, 2]
     assert m.block_table(7).tolist() == [0, 1]
@@ -31,7 +33,8 @@ def test_worked_example_of_the_header(manager):
 def test_batch_metadata_both_formats_and_slot_mapping(manager):
     m = manager
     # Sequence 1: prefill of 6 tokens (blocks 0, 1); sequence 2: 3 tokens then a decode token.
-    assert m.add_sequence(1, [5] * 6).slots.tolist() == [0, 1, 2, 3, 4, 5]
+    added = m.add_sequence(1, [5] * 6)
+    assert added.slots.tolist() == [0, 1, 2, 3, 4, 5] and added.num_copies == 0
     assert m.add_sequence(2, [6] * 3).slots.tolist() == [8, 9, 10]
     assert m.append_slots(2, 1).slots.tolist() == [11]
     assert m.append_slots(2, 1).slots.tolist() == [12]  # 5th token: a new block, 3

@@ -122,9 +122,19 @@ def test_reset_prefix_cache_removes_every_entry():
     m.take_events()
     assert m.reset_prefix_cache() == 3
     ev = m.take_events()
-    assert sorted(e.block for e in ev) == [0, 1, 2]
-    assert {e.kind for e in ev} == {pk.EventKind.REMOVED}
+    # One REMOVED per entry in block order with its chained hash, then ALL_CLEARED (vLLM's
+    # AllBlocksCleared), which names no block.
+    assert [(e.kind, e.block, e.hash) for e in ev] == [
+        (pk.EventKind.REMOVED, b, h) for b, h in zip([0, 1, 2], chain_hashes(list(range(13)), 4))
+    ] + [(pk.EventKind.ALL_CLEARED, -1, 0)]
     assert m.lookup_prefix(list(range(13))).num_computed_tokens == 0
+    # An empty cache's reset is the one event; a router's stale mirror empties on it.
+    assert m.reset_prefix_cache() == 0
+    ev = m.take_events()
+    assert [e.kind for e in ev] == [pk.EventKind.ALL_CLEARED]
+    stale = {123: (pk.ROOT_BLOCK_HASH, (1, 2, 3, 4))}
+    assert pk.replay_prefix_index(ev, stale) == {}
+    assert repr(ev[0]) == "KVCacheEvent(all_cleared, block=-1, hash=0)"
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -138,7 +148,9 @@ def test_hits_are_reproducible_from_the_event_stream(seed):
     prefixes = [[rng.randrange(8) for _ in range(12)] for _ in range(4)]
     live, hits = [], 0
     for step in range(120):
-        if live and (rng.random() < 0.4 or m.num_free_blocks() < 8):
+        if rng.random() < 0.03:  # REMOVED events, then ALL_CLEARED: the router follows
+            m.reset_prefix_cache()
+        elif live and (rng.random() < 0.4 or m.num_free_blocks() < 8):
             m.free_sequence(live.pop(rng.randrange(len(live))))
         else:
             prompt = rng.choice(prefixes)[: rng.randrange(1, 13)] + [

@@ -44,6 +44,7 @@ constexpr detail::EnumName<KVCacheEvent::Kind> kEventKindNames[] = {
     {KVCacheEvent::Kind::kStored, "stored"},
     {KVCacheEvent::Kind::kRemoved, "removed"},
     {KVCacheEvent::Kind::kEvicted, "evicted"},
+    {KVCacheEvent::Kind::kAllCleared, "all_cleared"},
 };
 
 template <typename E>

@@ -319,6 +319,10 @@ int32_t KVCacheManager::reset_prefix_cache() {
     emit(std::move(event));
     ++n;
   }
+  // After the per-entry events, so that a consumer of kRemoved alone stays right.
+  KVCacheEvent cleared;
+  cleared.kind = KVCacheEvent::Kind::kAllCleared;
+  emit(std::move(cleared));
   return n;
 }
 

@@ -113,6 +113,8 @@ void KVTiering::on_events(const std::vector<KVCacheEvent>& events, const ReadBlo
         }
         published_.erase(e.hash);
         break;
+      case KVCacheEvent::Kind::kAllCleared:  // its kRemoved events came first: nothing left
+        break;
     }
   }
   publish(events);

@@ -138,6 +138,10 @@ std::optional<json> op_events(const OpsLine& l, State& st) {
   json j = result_head(l);
   json ev = json::array();
   for (const KVCacheEvent& e : st.manager->take_events()) {
+    if (e.kind == KVCacheEvent::Kind::kAllCleared) {  // names no block
+      ev.push_back(json{{"kind", event_kind_name(e.kind)}});
+      continue;
+    }
     json x{{"kind", event_kind_name(e.kind)}, {"block", e.block}, {"hash", hex(e.hash)}};
     if (e.kind == KVCacheEvent::Kind::kStored) {
       x["parent"] = hex(e.parent_hash);

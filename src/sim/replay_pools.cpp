@@ -302,9 +302,11 @@ void PagedPool::onboard(Active& r) {
 void PagedPool::sync_tiers() {
   if (tiers_.empty()) return;
   for (const KVCacheEvent& e : manager_.take_events()) {
-    const bool write = tier_write_ == TierWrite::kWriteThrough
-                           ? e.kind == KVCacheEvent::Kind::kStored
-                           : e.kind != KVCacheEvent::Kind::kStored;
+    // Write-back: what left the pool (kAllCleared names no block: its kRemoved came first).
+    const bool write =
+        tier_write_ == TierWrite::kWriteThrough
+            ? e.kind == KVCacheEvent::Kind::kStored
+            : e.kind == KVCacheEvent::Kind::kRemoved || e.kind == KVCacheEvent::Kind::kEvicted;
     if (write) tiers_.store(e.hash);
   }
 }

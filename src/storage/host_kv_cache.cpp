@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/activations.hpp"
 #include "core/check.hpp"
@@ -22,6 +25,38 @@ namespace {
 int64_t pool_stride(int64_t pool_bytes) {
   constexpr int64_t kLine = HostBuffer::kAlignment;
   return (pool_bytes + kLine - 1) / kLine * kLine;
+}
+
+/// The caller's pools of an external cache must not overlap: a write to one layer's K would
+/// otherwise change another pool's contents. Each layer covers [k, k + pool) and [v, v + pool)
+/// (separate), or [k, k + 2 pool) (interleaved: its K and V blocks alternate in one region).
+void check_disjoint(const char* fn, const KVCacheConfig& config,
+                    std::span<const ExternalKVPools> layers, int64_t pool_bytes) {
+  struct Region {
+    uintptr_t begin;
+    uintptr_t end;
+    size_t layer;
+    const char* name;
+  };
+  std::vector<Region> regions;
+  const bool interleaved = config.placement == KVPlacement::kInterleaved;
+  const auto span = static_cast<uintptr_t>(interleaved ? 2 * pool_bytes : pool_bytes);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const auto k = reinterpret_cast<uintptr_t>(layers[l].k);
+    const auto v = reinterpret_cast<uintptr_t>(layers[l].v);
+    regions.push_back({k, k + span, l, interleaved ? "k (k and v)" : "k"});
+    if (!interleaved) regions.push_back({v, v + span, l, "v"});
+  }
+  std::sort(regions.begin(), regions.end(),
+            [](const Region& a, const Region& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < regions.size(); ++i) {
+    const Region& a = regions[i - 1];
+    const Region& b = regions[i];
+    PAGEDKV_CHECK(b.begin >= a.end,
+                  "{}: layer {} {} ({}) overlaps layer {} {} ({}): each spans {} bytes", fn,
+                  b.layer, b.name, reinterpret_cast<const void*>(b.begin), a.layer, a.name,
+                  reinterpret_cast<const void*>(a.begin), span);
+  }
 }
 
 }  // namespace
@@ -75,15 +110,16 @@ HostKVCache::HostKVCache(const KVCacheConfig& config, std::span<const ExternalKV
                     "{}: layer {} {} ({}) is not aligned to its {}-byte dtype {}", kFn, l, name, p,
                     align, dtype_name(config_.dtype));
     }
-    const auto gap = reinterpret_cast<uintptr_t>(layers[l].v) -
-                     reinterpret_cast<uintptr_t>(layers[l].k);
-    PAGEDKV_CHECK(config_.placement != KVPlacement::kInterleaved ||
-                      gap == static_cast<uintptr_t>(per_block),
-                  "{}: layer {} is interleaved, so v must be k + {} bytes (one block of K), got "
-                  "k {} and v {}",
-                  kFn, l, per_block, layers[l].k, layers[l].v);
+    const auto gap =
+        reinterpret_cast<uintptr_t>(layers[l].v) - reinterpret_cast<uintptr_t>(layers[l].k);
+    PAGEDKV_CHECK(
+        config_.placement != KVPlacement::kInterleaved || gap == static_cast<uintptr_t>(per_block),
+        "{}: layer {} is interleaved, so v must be k + {} bytes (one block of K), got "
+        "k {} and v {}",
+        kFn, l, per_block, layers[l].k, layers[l].v);
     bases_.push_back({layers[l].k, layers[l].v});
   }
+  check_disjoint(kFn, config_, layers, pool_bytes_);
 }
 
 std::span<const float> HostKVCache::scales(int32_t layer, bool value) const {

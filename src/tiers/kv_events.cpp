@@ -36,6 +36,15 @@ std::vector<KVEvent> pool_events(std::span<const KVCacheEvent> events, int32_t b
   std::vector<KVEvent> out;
   out.reserve(events.size());
   for (const KVCacheEvent& e : events) {
+    if (e.kind == KVCacheEvent::Kind::kAllCleared) {
+      // The pool's reset, after its BlockRemoved events; the tiers keep their blocks, hence
+      // the medium (vLLM's AllBlocksCleared has none: it has one pool).
+      KVEvent cleared;
+      cleared.type = KVEvent::Type::kAllBlocksCleared;
+      cleared.medium = std::string(medium);
+      out.push_back(std::move(cleared));
+      continue;
+    }
     out.push_back(block_event(std::string(medium), e.kind == KVCacheEvent::Kind::kStored, e.hash,
                               e.parent_hash, e.tokens, block_size));
   }
@@ -68,7 +77,7 @@ nlohmann::json event_json(const KVEvent& e) {
     case KVEvent::Type::kBlockRemoved:
       return {{"type", "BlockRemoved"}, {"block_hashes", e.block_hashes}, {"medium", e.medium}};
     case KVEvent::Type::kAllBlocksCleared:
-      return {{"type", "AllBlocksCleared"}};
+      return {{"type", "AllBlocksCleared"}, {"medium", e.medium}};
   }
   return {};
 }

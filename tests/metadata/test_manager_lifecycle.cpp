@@ -122,10 +122,13 @@ TEST(ManagerLifecycle, IssueScriptResetThenFillRegistersNoOrphan) {
   EXPECT_EQ(m.commit(1, 3), 1);  // the prefill ran: block 0 = {1, 2} published
   EXPECT_EQ(m.reset_prefix_cache(), 1);
   std::vector<KVCacheEvent> ev = m.take_events();
-  ASSERT_EQ(ev.size(), 2u);
+  ASSERT_EQ(ev.size(), 3u);
   EXPECT_EQ(ev[0].kind, Kind::kStored);
   EXPECT_EQ(ev[1].kind, Kind::kRemoved);
   EXPECT_EQ(ev[1].block, 0);
+  EXPECT_EQ(ev[1].hash, ev[0].hash);
+  EXPECT_EQ(ev[2].kind, Kind::kAllCleared);  // the reset's last event
+  EXPECT_EQ(ev[2].block, -1);
   std::optional<AppendResult> a = m.append_tokens(1, std::vector<TokenId>{4});
   ASSERT_TRUE(a);
   EXPECT_THAT(a->slots, ElementsAre(3));

@@ -377,13 +377,31 @@ TEST(KVCacheManagerPrefix, LruEvictsTailBlocksFirstOnlyWhenNoFreeBlockIsLeft) {
   m.check_invariants();
 }
 
+// A reset of an empty prefix cache still says so (vLLM emits AllBlocksCleared on every
+// successful reset); without enable_events it logs nothing.
+TEST(KVCacheManagerPrefix, ResetOfAnEmptyCacheEmitsOnlyAllCleared) {
+  KVCacheManager m(
+      {.num_blocks = 4, .block_size = 2, .enable_prefix_caching = true, .enable_events = true});
+  EXPECT_EQ(m.reset_prefix_cache(), 0);
+  const std::vector<KVCacheEvent> ev = m.take_events();
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].kind, KVCacheEvent::Kind::kAllCleared);
+  EXPECT_EQ(event_kind_name(ev[0].kind), "all_cleared");
+  EXPECT_EQ(event_kind_name(KVCacheEvent::Kind::kRemoved), "removed");
+  KVCacheManager quiet({.num_blocks = 4, .block_size = 2, .enable_prefix_caching = true});
+  ASSERT_TRUE(add_written(quiet, 1, iota_tokens(4)));
+  EXPECT_EQ(quiet.reset_prefix_cache(), 2);
+  EXPECT_TRUE(quiet.take_events().empty());
+}
+
 TEST(KVCacheManagerPrefix, ResetPrefixCacheDropsEveryRegistration) {
   KVCacheManager m(
       {.num_blocks = 6, .block_size = 2, .enable_prefix_caching = true, .enable_events = true});
   ASSERT_TRUE(add_written(m, 1, iota_tokens(4)));
   ASSERT_TRUE(add_written(m, 2, iota_tokens(4, 50)));
   m.free_sequence(2);  // its 2 blocks stay cached
-  (void)m.take_events();
+  const std::vector<KVCacheEvent> stored = m.take_events();
+  ASSERT_EQ(stored.size(), 4u);
   EXPECT_EQ(m.stats().cached_blocks, 2);
   EXPECT_EQ(m.reset_prefix_cache(), 4);
   const KVCacheStats st = m.stats();
@@ -391,9 +409,20 @@ TEST(KVCacheManagerPrefix, ResetPrefixCacheDropsEveryRegistration) {
   EXPECT_EQ(st.free_blocks, 4);
   EXPECT_EQ(st.used_blocks, 2);  // sequence 1 keeps its blocks, unshareable now
   EXPECT_EQ(st.prefix_cached_entries, 0);
+  // One kRemoved per entry in block order (blocks 0, 1 of sequence 1, 2, 3 of sequence 2),
+  // each with the hash its kStored carried, then one kAllCleared naming no block.
   auto ev = m.take_events();
-  ASSERT_EQ(ev.size(), 4u);
-  for (const auto& e : ev) EXPECT_EQ(e.kind, KVCacheEvent::Kind::kRemoved);
+  ASSERT_EQ(ev.size(), 5u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(ev[i].kind, KVCacheEvent::Kind::kRemoved) << i;
+    EXPECT_EQ(ev[i].block, static_cast<BlockId>(i));
+    EXPECT_EQ(stored[i].block, static_cast<BlockId>(i));
+    EXPECT_EQ(ev[i].hash, stored[i].hash) << i;
+  }
+  EXPECT_EQ(ev[4].kind, KVCacheEvent::Kind::kAllCleared);
+  EXPECT_EQ(ev[4].block, -1);
+  EXPECT_EQ(ev[4].hash, BlockHash{0});
+  EXPECT_TRUE(ev[4].tokens.empty());
   auto r = add_written(m, 3, iota_tokens(5));
   EXPECT_EQ(r->num_computed_tokens, 0);
   m.check_invariants();

@@ -403,8 +403,8 @@ class KVCacheManager {
   /// in use stay with their sequences but are no longer shareable, and nothing a sequence
   /// computed before the reset is published afterwards: a sequence with committed tokens at the
   /// reset publishes no block for the rest of its life (K/V computed before a reset, e.g. under
-  /// old weights, and every block after them, which attends to them, are stale).
-  /// Returns the number of registrations dropped (kRemoved events).
+  /// old weights, and every block after them, which attends to them, are stale). Returns the
+  /// registrations dropped: one kRemoved event each (block order), then one kAllCleared.
   int32_t reset_prefix_cache();
 
   /// Tokens held by `seq` (positions processed, evicted ones included). Errors: throws if unknown.

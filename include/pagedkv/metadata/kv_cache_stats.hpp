@@ -56,7 +56,8 @@ struct KVCacheStats {
 };
 
 /// One entry of the event log (KVCacheManagerConfig::enable_events), for cache-aware routers
-/// that mirror which prefixes a worker holds (vLLM's KV events: BlockStored / BlockRemoved).
+/// that mirror which prefixes a worker holds (vLLM's KV events: BlockStored / BlockRemoved /
+/// AllBlocksCleared).
 struct KVCacheEvent {
   /// What happened to the block's prefix-cache registration.
   enum class Kind : uint8_t {
@@ -64,6 +65,11 @@ struct KVCacheEvent {
     kRemoved,  ///< a block left the prefix cache without being reused (reset_prefix_cache, or
                ///< its parent entry was removed or evicted: nothing could reach it)
     kEvicted,  ///< a cached ref-0 block was evicted (LRU) to be reused for other content
+    /// reset_prefix_cache emptied the prefix cache (vLLM's AllBlocksCleared): the last event of
+    /// a reset, after one kRemoved per entry it dropped (none when it was empty), so a
+    /// consumer that handles kRemoved alone stays right and one that knows kAllCleared may
+    /// drop its whole mirror. block = -1, hash = 0.
+    kAllCleared,
   };
   Kind kind = Kind::kStored;    ///< what happened
   BlockId block = -1;           ///< the device-pool block concerned
@@ -76,7 +82,7 @@ struct KVCacheEvent {
   int32_t group = 0;
 };
 
-/// "stored", "removed", "evicted".
+/// "stored", "removed", "evicted", "all_cleared".
 [[nodiscard]] std::string_view event_kind_name(KVCacheEvent::Kind kind);
 
 }  // namespace pagedkv

@@ -52,8 +52,13 @@ class HostKVCache {
   /// Shapes: layers [config.num_layers]; each pool of num_blocks x block_size x num_kv_heads x
   /// head_dim elements of config.dtype (x 2 interleaved), bytes().
   /// Errors: throws pagedkv::Error if the config is invalid (validate()), layers.size() !=
-  /// num_layers, a pointer is null or not aligned to the dtype's size, or (interleaved) v is
-  /// not k + one block's bytes, naming the layer and the pointer.
+  /// num_layers, a pointer is null or not aligned to the dtype's size, (interleaved) v is not
+  /// k + one block's bytes, or two pools overlap (a layer's K and V, or two layers), naming
+  /// the layer and the pointer.
+  /// Worked example (kSeparate, HND, fp32, block_size 4, 2 kv heads, head_dim 5: a block is
+  /// 40 floats): write(0, {13}, k, v) stores K head 1, dim 2 of the token at float 3 x 40 +
+  /// 1 x 20 + 1 x 5 + 2 = 147 of layers[0].k, V at float 147 of layers[0].v; kInterleaved, the
+  /// same K is float 3 x 80 + 27 = 267 of layers[0].k and V float 307.
   HostKVCache(const KVCacheConfig& config, std::span<const ExternalKVPools> layers);
 
   /// reshape_and_cache: writes the K and V of new tokens to their slots in layer `layer`,

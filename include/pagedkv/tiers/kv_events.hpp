@@ -38,8 +38,9 @@ struct KVEvent {
 };
 
 /// The manager's log (KVCacheManager::take_events) as events of the pool: kStored ->
-/// BlockStored, kRemoved and kEvicted -> BlockRemoved, each with `medium` (the pool's: "GPU"
-/// for a device pool, "POOL" for a host one). A first block's parent (kRootBlockHash) is none.
+/// BlockStored, kRemoved and kEvicted -> BlockRemoved, kAllCleared -> AllBlocksCleared, each
+/// with `medium` (the pool's: "GPU" for a device pool, "POOL" for a host one). A first block's
+/// parent (kRootBlockHash) is none.
 [[nodiscard]] std::vector<KVEvent> pool_events(std::span<const KVCacheEvent> events,
                                                int32_t block_size, std::string_view medium);
 /// A tier store's log (TieredKVStore::take_events) as events, medium the tier's
@@ -51,7 +52,9 @@ struct KVEvent {
 /// "events": [...], "data_parallel_rank": null}; each event {"type": "BlockStored",
 /// "block_hashes": [...], "parent_block_hash": u64 or null, "token_ids": [...], "block_size": n,
 /// "lora_id": null, "medium": "..."} / {"type": "BlockRemoved", "block_hashes": [...],
-/// "medium": "..."} / {"type": "AllBlocksCleared"}. Hashes are unsigned 64-bit integers.
+/// "medium": "..."} / {"type": "AllBlocksCleared", "medium": "..."} (the medium that was
+/// cleared: a pool's reset leaves the tiers' blocks; vLLM's has no medium). Hashes are
+/// unsigned 64-bit integers.
 [[nodiscard]] std::string kv_event_batch_json(double ts, std::span<const KVEvent> events);
 
 class RedisStream;  // redis_tier.hpp
