@@ -323,11 +323,11 @@ model::GenerateOptions with_shadows(const Options& o, const model::GenerateOptio
 }
 
 void run_generate(const Options& o) {
-  // The cores go to the matrix products, one thread to attention, unless the user chose:
-  // see model::set_threads.
-  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr && std::getenv("OMP_NUM_THREADS") == nullptr) {
-    model::set_threads(0, 1);
-  }
+  // The cores go to the matrix products big enough to split, one thread to attention, unless
+  // the user chose: see model::set_threads and model::MatmulThreads.
+  const bool choose_threads =
+      std::getenv("OPENBLAS_NUM_THREADS") == nullptr && std::getenv("OMP_NUM_THREADS") == nullptr;
+  if (choose_threads) model::set_threads(0, 1);
   const Device device = *model::parse_device(o.device);  // IsMember validated the name
   std::string device_desc;
   if (device == Device::kCuda) {
@@ -342,6 +342,7 @@ void run_generate(const Options& o) {
   }
   LoadedModel m = load_model(o.model);
   const model::LlamaConfig& cfg = m.llama.config();
+  if (choose_threads) m.llama.set_matmul_threads({.max_threads = model::blas_threads()});
 
   std::vector<std::string> notices;
   int32_t steps = o.steps;
