@@ -64,7 +64,7 @@ struct StepDims {
 /// The step's workspace, rows [N, ...] each (LlamaModel's buffers, grown for this step).
 struct StepBuffers {
   float *x, *xb, *q, *k, *v, *att, *hb, *hb2;
-  float *rope_cos, *rope_sin;  // [head_size / 2], one row's angles at a time
+  float *rope_cos, *rope_sin;  // [N, head_size / 2], each row's angles (rope_angles)
   const int64_t* pos;          // [N]
   const MatmulThreads* threads;
 };
@@ -103,20 +103,29 @@ StepDims check_step(const StepInput& in, const LlamaConfig& c) {
           .n_kv_heads = c.n_kv_heads};
 }
 
-/// RoPE of every row's q and k, from the position itself (no table, so any position works).
-/// The same float expressions as the reference runtime: freq = 1 / 10000^(j / head_size),
-/// angle pos * freq.
+/// Each row's RoPE angles, once per step (every layer rotates by the same ones): rope_cos /
+/// rope_sin [N, head_size / 2]. The same float expressions as the reference runtime:
+/// freq = 1 / 10000^(j / head_size), angle pos * freq; from the position itself (no table, so
+/// any position works).
+inline void rope_angles(const StepDims& d, const StepBuffers& b) {
+  const int64_t half = d.hs / 2;
+  for (int64_t r = 0; r < d.n; ++r) {
+    for (int64_t j = 0; j < d.hs; j += 2) {
+      const float freq =
+          1.0f / std::pow(10000.0f, static_cast<float>(j) / static_cast<float>(d.hs));
+      const float val = static_cast<float>(b.pos[r]) * freq;
+      b.rope_cos[r * half + j / 2] = std::cos(val);
+      b.rope_sin[r * half + j / 2] = std::sin(val);
+    }
+  }
+}
+
+/// RoPE of every row's q and k by the step's angles (rope_angles).
 inline void rotate_rows(const StepDims& d, const StepBuffers& b) {
   const int64_t hs = d.hs;
-  float* rc = b.rope_cos;
-  float* rs = b.rope_sin;
   for (int64_t r = 0; r < d.n; ++r) {
-    for (int64_t j = 0; j < hs; j += 2) {
-      const float freq = 1.0f / std::pow(10000.0f, static_cast<float>(j) / static_cast<float>(hs));
-      const float val = static_cast<float>(b.pos[r]) * freq;
-      rc[j / 2] = std::cos(val);
-      rs[j / 2] = std::sin(val);
-    }
+    const float* rc = b.rope_cos + r * (hs / 2);
+    const float* rs = b.rope_sin + r * (hs / 2);
     auto rotate = [&](float* vec, int64_t heads) {
       for (int64_t h = 0; h < heads; ++h) {
         float* p = vec + h * hs;
@@ -230,8 +239,8 @@ std::span<const float> LlamaModel::forward(KVBackend& backend, const StepInput& 
                       .att = grow(att_, n * dim),
                       .hb = grow(hb_, n * d.hidden),
                       .hb2 = grow(hb2_, n * d.hidden),
-                      .rope_cos = grow(rope_cos_, d.hs / 2),
-                      .rope_sin = grow(rope_sin_, d.hs / 2),
+                      .rope_cos = grow(rope_cos_, n * (d.hs / 2)),
+                      .rope_sin = grow(rope_sin_, n * (d.hs / 2)),
                       .pos = pos,
                       .threads = &matmul_threads_};
 
@@ -240,6 +249,7 @@ std::span<const float> LlamaModel::forward(KVBackend& backend, const StepInput& 
     std::copy(e, e + dim, b.x + r * dim);
   }
 
+  rope_angles(d, b);
   backend.begin_step_with_tokens(in.seqs, in.n_new, in.tokens);
   for (int32_t l = 0; l < c.n_layers; ++l) {
     attention_block(w, l, d, b, backend);

@@ -102,7 +102,7 @@ class LlamaModel {
   // Workspace, grown on demand. Shapes with N = tokens of the step.
   std::vector<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, logits_;  // [N, ...]
   std::vector<int64_t> positions_;                                   // [N]
-  std::vector<float> rope_cos_, rope_sin_;                           // [head_size / 2]
+  std::vector<float> rope_cos_, rope_sin_;                           // [N, head_size / 2]
 };
 
 }  // namespace pagedkv::model
