@@ -19,6 +19,8 @@
 #   PROMPT    default "One day, a big bear" (../shared/reference/llama2c/p12_big_bear_n512)
 #   MODEL, TOKENIZER   default models/stories260K.bin, models/tok512.bin
 #   PAGEDKV_ARGS       extra flags for pagedkv generate (e.g. "--block-size 32")
+#   PAGEDKV_BASELINE   a second pagedkv binary (e.g. a build of an earlier commit), run in the
+#                      same rounds and reported the same way: before and after in one run
 # Without a run.c binary it prints why and exits 0 (skipped), so CI-like callers can run it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +38,11 @@ pagedkv=${PAGEDKV:-build/src/cli/pagedkv}
 export BENCH_RUNC="$runc" BENCH_PAGEDKV="$pagedkv" BENCH_ROUNDS="$rounds"
 export BENCH_STEPS=${STEPS:-512} BENCH_PROMPT=${PROMPT:-"One day, a big bear"}
 export BENCH_MODEL=${MODEL:-models/stories260K.bin} BENCH_TOKENIZER=${TOKENIZER:-models/tok512.bin}
-export BENCH_EXTRA=${PAGEDKV_ARGS:-}
+export BENCH_EXTRA=${PAGEDKV_ARGS:-} BENCH_BASELINE=${PAGEDKV_BASELINE:-}
+if [ -n "$BENCH_BASELINE" ] && [ ! -x "$BENCH_BASELINE" ]; then
+  echo "bench-vs-runc: PAGEDKV_BASELINE=$BENCH_BASELINE is not an executable" >&2
+  exit 2
+fi
 echo "bench-vs-runc: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "bench-vs-runc: OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset}" \
   "OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-unset} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-unset}"
@@ -45,69 +51,78 @@ import json, os, re, resource, shlex, statistics, subprocess, sys, time
 
 env = os.environ
 steps, prompt = env["BENCH_STEPS"], env["BENCH_PROMPT"]
-runc = [env["BENCH_RUNC"], env["BENCH_MODEL"], "-z", env["BENCH_TOKENIZER"], "-t", "0.0",
-        "-n", steps, "-i", prompt]
-pkv = [env["BENCH_PAGEDKV"], "generate", "--cache", "paged", "--model", env["BENCH_MODEL"],
-       "--tokenizer", env["BENCH_TOKENIZER"], "--steps", steps, "--prompt", prompt,
-       "--json"] + shlex.split(env["BENCH_EXTRA"])
-print("run.c:   " + shlex.join(runc))
-print("pagedkv: " + shlex.join(pkv))
+model, tokenizer = env["BENCH_MODEL"], env["BENCH_TOKENIZER"]
+programs = {"run.c": [env["BENCH_RUNC"], model, "-z", tokenizer, "-t", "0.0", "-n", steps,
+                      "-i", prompt]}
+pkv_args = ["generate", "--cache", "paged", "--model", model, "--tokenizer", tokenizer,
+            "--steps", steps, "--prompt", prompt, "--json"] + shlex.split(env["BENCH_EXTRA"])
+programs["pagedkv"] = [env["BENCH_PAGEDKV"]] + pkv_args
+if env["BENCH_BASELINE"]:
+    programs["baseline"] = [env["BENCH_BASELINE"]] + pkv_args
+for name, cmd in programs.items():
+    print(f"{name + ':':9s} {shlex.join(cmd)}")
 
 
 def run(cmd):
-    """Runs cmd; returns stdout, stderr, wall s, exit status."""
+    """Runs cmd; returns stdout, stderr, wall s, CPU s (user + system, from wait4's rusage)."""
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out, err = p.communicate()
+    p = subprocess.run(cmd, capture_output=True)
     wall = time.perf_counter() - t0
-    return out.decode("utf-8", "replace"), err.decode(), wall, p.returncode
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if p.returncode != 0:
+        sys.exit(f"bench-vs-runc: {cmd[0]} exited {p.returncode}: {p.stderr.decode().strip()}")
+    cpu = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
+    return p.stdout.decode("utf-8", "replace"), p.stderr.decode(), wall, cpu
 
 
-def cpu_children():
-    """User + system CPU s of the reaped children so far (differenced around each run)."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+def measure(name):
+    out, err, wall, cpu = run(programs[name])
+    if name == "run.c":
+        tps = float(re.search(r"achieved tok/s: ([0-9.]+)", err).group(1))
+        return {"text": out.rstrip("\n"), "tps": tps, "wall": wall, "cpu": cpu}
+    j = json.loads(out)
+    m = j["modes"][0]
+    return {"text": j["sequences"][0]["text"], "tps": m["tokens_per_s"],
+            "p50": m["tpot_ms"]["p50"], "mean": m["tpot_ms"]["mean"], "ttft": m["ttft_ms"],
+            "wall": wall, "cpu": cpu}
 
 
-rows = []
+rounds = []
+names = list(programs)
 for r in range(int(env["BENCH_ROUNDS"])):
-    res = {}
-    for name in (("runc", "pkv") if r % 2 == 0 else ("pkv", "runc")):
-        c0 = cpu_children()
-        out, err, wall, rc = run(runc if name == "runc" else pkv)
-        cpu = cpu_children() - c0
-        if rc != 0:
-            sys.exit(f"bench-vs-runc: {name} exited {rc}: {err.strip()}")
-        res[name] = (out, err, wall, cpu)
-    out, err, wall, cpu = res["runc"]
-    m = re.search(r"achieved tok/s: ([0-9.]+)", err)
-    runc_tps, runc_text = float(m.group(1)), out.rstrip("\n")
-    j = json.loads(res["pkv"][0])
-    mode = j["modes"][0]
-    if j["sequences"][0]["text"] != runc_text:
-        sys.exit("bench-vs-runc: the texts differ: pagedkv is not equal to run.c")
-    rows.append({"runc_tps": runc_tps, "pkv_tps": mode["tokens_per_s"],
-                 "ratio": mode["tokens_per_s"] / runc_tps,
-                 "p50_ms": mode["tpot_ms"]["p50"], "mean_ms": mode["tpot_ms"]["mean"],
-                 "ttft_ms": mode["ttft_ms"],
-                 "runc_wall": wall, "pkv_wall": res["pkv"][2],
-                 "runc_cpu": cpu, "pkv_cpu": res["pkv"][3]})
-    x = rows[-1]
-    print(f"round {r:2d}: run.c {x['runc_tps']:8.0f} tok/s  pagedkv {x['pkv_tps']:8.0f} tok/s"
-          f"  ratio {x['ratio']:.2f}  p50 {x['p50_ms']:.3f} ms  mean {x['mean_ms']:.3f} ms"
-          f"  wall {x['runc_wall'] * 1e3:5.1f} / {x['pkv_wall'] * 1e3:5.1f} ms"
-          f"  cpu {x['runc_cpu'] * 1e3:5.1f} / {x['pkv_cpu'] * 1e3:5.1f} ms")
+    res = {n: measure(n) for n in (names if r % 2 == 0 else names[::-1])}
+    line = f"round {r:2d}: run.c {res['run.c']['tps']:6.0f} tok/s"
+    for n in names[1:]:
+        if res[n]["text"] != res["run.c"]["text"]:
+            sys.exit(f"bench-vs-runc: {n}'s text differs from run.c's: not equal to the peer")
+        x = res[n]
+        line += (f" | {n} {x['tps']:6.0f} tok/s ratio {x['tps'] / res['run.c']['tps']:.2f}"
+                 f" p50 {x['p50']:.3f} mean {x['mean']:.3f} ms")
+    line += " | wall/CPU ms " + ", ".join(
+        f"{n} {res[n]['wall'] * 1e3:.0f}/{res[n]['cpu'] * 1e3:.0f}" for n in names)
+    print(line)
+    rounds.append(res)
 
-med = {k: statistics.median(x[k] for x in rows) for k in rows[0]}
-wins = sum(x["ratio"] >= 1.0 for x in rows)
-print(f"median over {len(rows)} rounds: run.c {med['runc_tps']:.0f} tok/s, pagedkv "
-      f"{med['pkv_tps']:.0f} tok/s; ratio pagedkv / run.c {med['ratio']:.2f} (>= 1 in {wins} of "
-      f"{len(rows)} rounds; range {min(x['ratio'] for x in rows):.2f}-"
-      f"{max(x['ratio'] for x in rows):.2f})")
-print(f"pagedkv decode step: p50 {med['p50_ms']:.3f} ms, mean {med['mean_ms']:.3f} ms; "
-      f"TTFT {med['ttft_ms']:.2f} ms")
-print(f"whole process: wall run.c {med['runc_wall'] * 1e3:.1f} ms, pagedkv "
-      f"{med['pkv_wall'] * 1e3:.1f} ms ({med['pkv_wall'] / med['runc_wall']:.2f}x); CPU run.c "
-      f"{med['runc_cpu'] * 1e3:.1f} ms, pagedkv {med['pkv_cpu'] * 1e3:.1f} ms "
-      f"({med['pkv_cpu'] / med['runc_cpu']:.2f}x)")
+
+def med(n, k):
+    return statistics.median(x[n][k] for x in rounds)
+
+
+print(f"over {len(rounds)} rounds (medians; ratio = pagedkv tokens/s / run.c tokens/s of the "
+      f"same round):")
+print(f"  run.c: {med('run.c', 'tps'):.0f} tok/s (best "
+      f"{max(x['run.c']['tps'] for x in rounds):.0f}); whole process wall "
+      f"{med('run.c', 'wall') * 1e3:.1f} ms, CPU {med('run.c', 'cpu') * 1e3:.1f} ms")
+for n in names[1:]:
+    ratios = [x[n]["tps"] / x["run.c"]["tps"] for x in rounds]
+    walls = [x[n]["wall"] / x["run.c"]["wall"] for x in rounds]
+    best = max(x[n]["tps"] for x in rounds) / max(x["run.c"]["tps"] for x in rounds)
+    print(f"  {n}: {med(n, 'tps'):.0f} tok/s; ratio {statistics.median(ratios):.2f} "
+          f"(range {min(ratios):.2f}-{max(ratios):.2f}, >= 1.0 in "
+          f"{sum(q >= 1.0 for q in ratios)} of {len(ratios)}; best vs best {best:.2f}); "
+          f"decode step p50 {med(n, 'p50'):.3f} ms, mean {med(n, 'mean'):.3f} ms; TTFT "
+          f"{med(n, 'ttft'):.2f} ms; whole process wall {med(n, 'wall') * 1e3:.1f} ms "
+          f"({statistics.median(walls):.2f}x run.c's), CPU {med(n, 'cpu') * 1e3:.1f} ms "
+          f"({med(n, 'cpu') / med('run.c', 'cpu'):.2f}x)")
 EOF
