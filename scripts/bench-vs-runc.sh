@@ -117,10 +117,9 @@ print(f"  run.c: {med('run.c', 'tps'):.0f} tok/s (best "
 for n in names[1:]:
     ratios = [x[n]["tps"] / x["run.c"]["tps"] for x in rounds]
     walls = [x[n]["wall"] / x["run.c"]["wall"] for x in rounds]
-    best = max(x[n]["tps"] for x in rounds) / max(x["run.c"]["tps"] for x in rounds)
     print(f"  {n}: {med(n, 'tps'):.0f} tok/s; ratio {statistics.median(ratios):.2f} "
           f"(range {min(ratios):.2f}-{max(ratios):.2f}, >= 1.0 in "
-          f"{sum(q >= 1.0 for q in ratios)} of {len(ratios)}; best vs best {best:.2f}); "
+          f"{sum(q >= 1.0 for q in ratios)} of {len(ratios)}); "
           f"decode step p50 {med(n, 'p50'):.3f} ms, mean {med(n, 'mean'):.3f} ms; TTFT "
           f"{med(n, 'ttft'):.2f} ms; whole process wall {med(n, 'wall') * 1e3:.1f} ms "
           f"({statistics.median(walls):.2f}x run.c's), CPU {med(n, 'cpu') * 1e3:.1f} ms "
