@@ -14,7 +14,8 @@
 //                      reference_attention (double precision, for correctness, not speed)
 // Model: builtin_config() (dim 512, 4 layers, 8 heads / 4 kv heads, head 64, vocab 1024) with
 // seq_len raised to 4096 so that 2048 positions fit; seeded random weights. Threads: as
-// `pagedkv generate` (model::set_threads): BLAS gets the cores, attention one thread, unless
+// `pagedkv generate` (model::set_threads, model::MatmulThreads): products of at least 4 M
+// multiply-adds get the cores, smaller ones and attention one thread, unless
 // OPENBLAS_NUM_THREADS / OMP_NUM_THREADS are set. Positions 128, 512, 1024, 2048 by default;
 // PAGEDKV_BENCH_FULL=1 adds 256 and 4000.
 
@@ -251,6 +252,9 @@ int main(int argc, char** argv) {
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   pagedkv::model::set_threads(std::getenv("OPENBLAS_NUM_THREADS") ? 0 : static_cast<int>(cores),
                               std::getenv("OMP_NUM_THREADS") ? 0 : 1);
+  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    pagedkv::the_model().set_matmul_threads({.max_threads = static_cast<int32_t>(cores)});
+  }
   pagedkv::model::LlamaConfig config = pagedkv::model::builtin_config();
   config.seq_len = pagedkv::kMaxLen;
   benchmark::AddCustomContext("pagedkv_model", "built-in, " + config.describe());

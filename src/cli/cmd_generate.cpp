@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli/blas_startup.hpp"
 #include "cli/commands.hpp"
 #include "cli/generate_layers.hpp"
 #include "cli/generate_model.hpp"
@@ -195,12 +196,13 @@ void print_human(const Options& o, const std::string& model_desc, const std::str
   }
 }
 
-void print_json(const Options& o, const model::LlamaConfig& cfg, const std::string& model_src,
+void print_json(const Options& o, const model::LlamaModel& llama, const std::string& model_src,
                 const std::string& device_desc, int32_t steps,
                 const std::vector<std::string>& notices, const std::vector<std::string>& prompts,
                 const model::Tokenizer& tok, const std::vector<ModeRun>& runs,
                 const std::vector<Check>& checks) {
   using json = nlohmann::ordered_json;
+  const model::LlamaConfig& cfg = llama.config();
   json j;
   j["model"] = {{"source", model_src},
                 {"dim", cfg.dim},
@@ -219,6 +221,9 @@ void print_json(const Options& o, const model::LlamaConfig& cfg, const std::stri
   j["kv_dtype"] = std::string(dtype_name(parse_dtype(o.kv_dtype)));
   j["device"] = o.device;
   if (!device_desc.empty()) j["device_name"] = device_desc;
+  j["threads"] = {{"matmul_max_threads", llama.matmul_threads().max_threads},
+                  {"matmul_min_parallel_macs", llama.matmul_threads().min_parallel_macs},
+                  {"openblas_start_deferred", blas_start_deferred()}};
   j["notices"] = notices;
   json seqs = json::array();
   const auto& first = runs.front().result.seqs;
@@ -323,11 +328,11 @@ model::GenerateOptions with_shadows(const Options& o, const model::GenerateOptio
 }
 
 void run_generate(const Options& o) {
-  // The cores go to the matrix products, one thread to attention, unless the user chose:
-  // see model::set_threads.
-  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr && std::getenv("OMP_NUM_THREADS") == nullptr) {
-    model::set_threads(0, 1);
-  }
+  // The cores go to the matrix products big enough to split, one thread to attention, unless
+  // the user chose: see model::set_threads and model::MatmulThreads.
+  const bool choose_threads =
+      std::getenv("OPENBLAS_NUM_THREADS") == nullptr && std::getenv("OMP_NUM_THREADS") == nullptr;
+  if (choose_threads) model::set_threads(0, 1);
   const Device device = *model::parse_device(o.device);  // IsMember validated the name
   std::string device_desc;
   if (device == Device::kCuda) {
@@ -342,6 +347,7 @@ void run_generate(const Options& o) {
   }
   LoadedModel m = load_model(o.model);
   const model::LlamaConfig& cfg = m.llama.config();
+  if (choose_threads) m.llama.set_matmul_threads({.max_threads = matmul_max_threads()});
 
   std::vector<std::string> notices;
   int32_t steps = o.steps;
@@ -418,7 +424,7 @@ void run_generate(const Options& o) {
   }
 
   if (o.json) {
-    print_json(o, cfg, m.source, device_desc, steps, notices, prompts, m.tok, runs, checks);
+    print_json(o, m.llama, m.source, device_desc, steps, notices, prompts, m.tok, runs, checks);
   } else {
     print_human(o, m.description, device_desc, steps, prompts, m.tok, runs, checks);
     for (const auto& r : runs) {

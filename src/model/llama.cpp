@@ -12,8 +12,22 @@ namespace pagedkv::model {
 
 namespace {
 
+/// Sets OpenBLAS's thread count for the next product of n x out x in multiply-adds, as
+/// `threads` says (see MatmulThreads); the count is process-wide, so it is set only on a change.
+void choose_threads(const MatmulThreads& threads, int64_t n, int64_t in, int64_t out) {
+#if defined(PAGEDKV_HAVE_OPENBLAS)
+  if (threads.max_threads <= 0) return;
+  const int want = n * in * out < threads.min_parallel_macs ? 1 : threads.max_threads;
+  if (openblas_get_num_threads() != want) openblas_set_num_threads(want);
+#else
+  (void)threads, (void)n, (void)in, (void)out;
+#endif
+}
+
 /// y[n, out] = x[n, in] W^T with W [out, in] row-major (the checkpoint's layout).
-void linear(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y) {
+void linear(const MatmulThreads& threads, const float* x, int64_t n, int64_t in, const float* w,
+            int64_t out, float* y) {
+  choose_threads(threads, n, in, out);
   if (n == 1) {
     cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(out), static_cast<int>(in), 1.0f, w,
                 static_cast<int>(in), x, 1, 0.0f, y, 1);
@@ -50,8 +64,9 @@ struct StepDims {
 /// The step's workspace, rows [N, ...] each (LlamaModel's buffers, grown for this step).
 struct StepBuffers {
   float *x, *xb, *q, *k, *v, *att, *hb, *hb2;
-  float *rope_cos, *rope_sin;  // [head_size / 2], one row's angles at a time
+  float *rope_cos, *rope_sin;  // [N, head_size / 2], each row's angles (rope_angles)
   const int64_t* pos;          // [N]
+  const MatmulThreads* threads;
 };
 
 /// Checks a step's input against the model (see LlamaModel::forward, Errors) and returns its
@@ -88,20 +103,29 @@ StepDims check_step(const StepInput& in, const LlamaConfig& c) {
           .n_kv_heads = c.n_kv_heads};
 }
 
-/// RoPE of every row's q and k, from the position itself (no table, so any position works).
-/// The same float expressions as the reference runtime: freq = 1 / 10000^(j / head_size),
-/// angle pos * freq.
+/// Each row's RoPE angles, once per step (every layer rotates by the same ones): rope_cos /
+/// rope_sin [N, head_size / 2]. The same float expressions as the reference runtime:
+/// freq = 1 / 10000^(j / head_size), angle pos * freq; from the position itself (no table, so
+/// any position works).
+inline void rope_angles(const StepDims& d, const StepBuffers& b) {
+  const int64_t half = d.hs / 2;
+  for (int64_t r = 0; r < d.n; ++r) {
+    for (int64_t j = 0; j < d.hs; j += 2) {
+      const float freq =
+          1.0f / std::pow(10000.0f, static_cast<float>(j) / static_cast<float>(d.hs));
+      const float val = static_cast<float>(b.pos[r]) * freq;
+      b.rope_cos[r * half + j / 2] = std::cos(val);
+      b.rope_sin[r * half + j / 2] = std::sin(val);
+    }
+  }
+}
+
+/// RoPE of every row's q and k by the step's angles (rope_angles).
 inline void rotate_rows(const StepDims& d, const StepBuffers& b) {
   const int64_t hs = d.hs;
-  float* rc = b.rope_cos;
-  float* rs = b.rope_sin;
   for (int64_t r = 0; r < d.n; ++r) {
-    for (int64_t j = 0; j < hs; j += 2) {
-      const float freq = 1.0f / std::pow(10000.0f, static_cast<float>(j) / static_cast<float>(hs));
-      const float val = static_cast<float>(b.pos[r]) * freq;
-      rc[j / 2] = std::cos(val);
-      rs[j / 2] = std::sin(val);
-    }
+    const float* rc = b.rope_cos + r * (hs / 2);
+    const float* rs = b.rope_sin + r * (hs / 2);
     auto rotate = [&](float* vec, int64_t heads) {
       for (int64_t h = 0; h < heads; ++h) {
         float* p = vec + h * hs;
@@ -122,13 +146,13 @@ inline void attention_block(const LlamaWeights& w, int32_t l, const StepDims& d,
                             const StepBuffers& b, KVBackend& backend) {
   const int64_t n = d.n, dim = d.dim, kv_dim = d.kv_dim;
   for (int64_t r = 0; r < n; ++r) rmsnorm(b.xb + r * dim, b.x + r * dim, w.rms_att + l * dim, dim);
-  linear(b.xb, n, dim, w.wq + l * dim * dim, dim, b.q);
-  linear(b.xb, n, dim, w.wk + l * kv_dim * dim, kv_dim, b.k);
-  linear(b.xb, n, dim, w.wv + l * kv_dim * dim, kv_dim, b.v);
+  linear(*b.threads, b.xb, n, dim, w.wq + l * dim * dim, dim, b.q);
+  linear(*b.threads, b.xb, n, dim, w.wk + l * kv_dim * dim, kv_dim, b.k);
+  linear(*b.threads, b.xb, n, dim, w.wv + l * kv_dim * dim, kv_dim, b.v);
   rotate_rows(d, b);
   backend.attend(l, {b.q, static_cast<size_t>(n * dim)}, {b.k, static_cast<size_t>(n * kv_dim)},
                  {b.v, static_cast<size_t>(n * kv_dim)}, {b.att, static_cast<size_t>(n * dim)});
-  linear(b.att, n, dim, w.wo + l * dim * dim, dim, b.xb);
+  linear(*b.threads, b.att, n, dim, w.wo + l * dim * dim, dim, b.xb);
   for (int64_t i = 0; i < n * dim; ++i) b.x[i] += b.xb[i];
 }
 
@@ -137,14 +161,14 @@ inline void attention_block(const LlamaWeights& w, int32_t l, const StepDims& d,
 inline void ffn_block(const LlamaWeights& w, int32_t l, const StepDims& d, const StepBuffers& b) {
   const int64_t n = d.n, dim = d.dim, hidden = d.hidden;
   for (int64_t r = 0; r < n; ++r) rmsnorm(b.xb + r * dim, b.x + r * dim, w.rms_ffn + l * dim, dim);
-  linear(b.xb, n, dim, w.w1 + l * hidden * dim, hidden, b.hb);
-  linear(b.xb, n, dim, w.w3 + l * hidden * dim, hidden, b.hb2);
+  linear(*b.threads, b.xb, n, dim, w.w1 + l * hidden * dim, hidden, b.hb);
+  linear(*b.threads, b.xb, n, dim, w.w3 + l * hidden * dim, hidden, b.hb2);
   for (int64_t i = 0; i < n * hidden; ++i) {
     float val = b.hb[i];
     val *= 1.0f / (1.0f + std::exp(-val));  // silu
     b.hb[i] = val * b.hb2[i];
   }
-  linear(b.hb, n, hidden, w.w2 + l * dim * hidden, dim, b.xb);
+  linear(*b.threads, b.hb, n, hidden, w.w2 + l * dim * hidden, dim, b.xb);
   for (int64_t i = 0; i < n * dim; ++i) b.x[i] += b.xb[i];
 }
 
@@ -159,7 +183,24 @@ void set_threads(int blas_threads, int attention_threads) {
   if (attention_threads > 0) omp_set_num_threads(attention_threads);
 }
 
+int32_t blas_threads() {
+#if defined(PAGEDKV_HAVE_OPENBLAS)
+  return openblas_get_num_threads();
+#else
+  return 1;
+#endif
+}
+
 LlamaModel::LlamaModel(LlamaWeights weights) : weights_(std::move(weights)) {}
+
+void LlamaModel::set_matmul_threads(const MatmulThreads& threads) {
+  if (threads.max_threads < 0 || threads.min_parallel_macs < 0) {
+    throw Error(
+        fmt::format("set_matmul_threads: max_threads {} and min_parallel_macs {} must be >= 0",
+                    threads.max_threads, threads.min_parallel_macs));
+  }
+  matmul_threads_ = threads;
+}
 
 KVBackendConfig LlamaModel::backend_config(int32_t block_size, int32_t num_blocks) const {
   const LlamaConfig& c = config();
@@ -198,15 +239,17 @@ std::span<const float> LlamaModel::forward(KVBackend& backend, const StepInput& 
                       .att = grow(att_, n * dim),
                       .hb = grow(hb_, n * d.hidden),
                       .hb2 = grow(hb2_, n * d.hidden),
-                      .rope_cos = grow(rope_cos_, d.hs / 2),
-                      .rope_sin = grow(rope_sin_, d.hs / 2),
-                      .pos = pos};
+                      .rope_cos = grow(rope_cos_, n * (d.hs / 2)),
+                      .rope_sin = grow(rope_sin_, n * (d.hs / 2)),
+                      .pos = pos,
+                      .threads = &matmul_threads_};
 
   for (int64_t r = 0; r < n; ++r) {
     const float* e = w.token_embedding + static_cast<int64_t>(in.tokens[r]) * dim;
     std::copy(e, e + dim, b.x + r * dim);
   }
 
+  rope_angles(d, b);
   backend.begin_step_with_tokens(in.seqs, in.n_new, in.tokens);
   for (int32_t l = 0; l < c.n_layers; ++l) {
     attention_block(w, l, d, b, backend);
@@ -228,7 +271,7 @@ std::span<const float> LlamaModel::forward(KVBackend& backend, const StepInput& 
     }
   }
   float* logits = grow(logits_, rows * d.vocab);
-  linear(b.xb, rows, dim, w.wcls, d.vocab, logits);
+  linear(matmul_threads_, b.xb, rows, dim, w.wcls, d.vocab, logits);
   return {logits, static_cast<size_t>(rows * d.vocab)};
 }
 
