@@ -59,22 +59,6 @@ add_test(NAME cli.generate.json
 set_tests_properties(cli.generate.json PROPERTIES LABELS cli
   PASS_REGULAR_EXPRESSION "\"source\": \"[^\"]*/models/stories260K.bin\".*\"cache\": \"paged\"")
 
-# Threads (src/cli/blas_startup.hpp, model::MatmulThreads): with no thread variable set, OpenBLAS
-# starts with one thread (the executable re-runs itself with OPENBLAS_NUM_THREADS=1, then removes
-# it) and the products choose theirs by size, up to the cores; with OPENBLAS_NUM_THREADS or
-# OMP_NUM_THREADS set, both are the environment's (max 0: OpenBLAS's own rule).
-set(_no_thread_vars OPENBLAS_NUM_THREADS=unset: GOTO_NUM_THREADS=unset: OMP_NUM_THREADS=unset:)
-add_test(NAME cli.generate.threads_by_size
-  COMMAND pagedkv_cli generate --steps 12 --cache paged --json)
-set_tests_properties(cli.generate.threads_by_size PROPERTIES LABELS cli
-  ENVIRONMENT_MODIFICATION "${_no_thread_vars}"
-  PASS_REGULAR_EXPRESSION "\"threads\": {\n    \"matmul_max_threads\": [1-9][0-9]*,\n    \"matmul_min_parallel_macs\": 4194304,\n    \"openblas_start_deferred\": true\n  }")
-add_test(NAME cli.generate.threads_from_environment
-  COMMAND pagedkv_cli generate --steps 12 --cache paged --json)
-set_tests_properties(cli.generate.threads_from_environment PROPERTIES LABELS cli
-  ENVIRONMENT_MODIFICATION "${_no_thread_vars};OPENBLAS_NUM_THREADS=set:1"
-  PASS_REGULAR_EXPRESSION "\"threads\": {\n    \"matmul_max_threads\": 0,\n    \"matmul_min_parallel_macs\": 4194304,\n    \"openblas_start_deferred\": false\n  }")
-
 # An 8-bit paged cache beside the fp32 references: the run succeeds and the agreement lines are
 # reported as a measurement of the 8-bit error (issue 19).
 add_test(NAME cli.generate.kv_dtype_int8

@@ -17,7 +17,6 @@
 #include <utility>
 #include <vector>
 
-#include "cli/blas_startup.hpp"
 #include "cli/commands.hpp"
 #include "cli/generate_layers.hpp"
 #include "cli/generate_model.hpp"
@@ -196,13 +195,12 @@ void print_human(const Options& o, const std::string& model_desc, const std::str
   }
 }
 
-void print_json(const Options& o, const model::LlamaModel& llama, const std::string& model_src,
+void print_json(const Options& o, const model::LlamaConfig& cfg, const std::string& model_src,
                 const std::string& device_desc, int32_t steps,
                 const std::vector<std::string>& notices, const std::vector<std::string>& prompts,
                 const model::Tokenizer& tok, const std::vector<ModeRun>& runs,
                 const std::vector<Check>& checks) {
   using json = nlohmann::ordered_json;
-  const model::LlamaConfig& cfg = llama.config();
   json j;
   j["model"] = {{"source", model_src},
                 {"dim", cfg.dim},
@@ -221,9 +219,6 @@ void print_json(const Options& o, const model::LlamaModel& llama, const std::str
   j["kv_dtype"] = std::string(dtype_name(parse_dtype(o.kv_dtype)));
   j["device"] = o.device;
   if (!device_desc.empty()) j["device_name"] = device_desc;
-  j["threads"] = {{"matmul_max_threads", llama.matmul_threads().max_threads},
-                  {"matmul_min_parallel_macs", llama.matmul_threads().min_parallel_macs},
-                  {"openblas_start_deferred", blas_start_deferred()}};
   j["notices"] = notices;
   json seqs = json::array();
   const auto& first = runs.front().result.seqs;
@@ -347,7 +342,7 @@ void run_generate(const Options& o) {
   }
   LoadedModel m = load_model(o.model);
   const model::LlamaConfig& cfg = m.llama.config();
-  if (choose_threads) m.llama.set_matmul_threads({.max_threads = matmul_max_threads()});
+  if (choose_threads) m.llama.set_matmul_threads({.max_threads = model::blas_threads()});
 
   std::vector<std::string> notices;
   int32_t steps = o.steps;
@@ -424,7 +419,7 @@ void run_generate(const Options& o) {
   }
 
   if (o.json) {
-    print_json(o, m.llama, m.source, device_desc, steps, notices, prompts, m.tok, runs, checks);
+    print_json(o, cfg, m.source, device_desc, steps, notices, prompts, m.tok, runs, checks);
   } else {
     print_human(o, m.description, device_desc, steps, prompts, m.tok, runs, checks);
     for (const auto& r : runs) {

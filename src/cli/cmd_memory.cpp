@@ -13,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "cli/blas_startup.hpp"
 #include "cli/commands.hpp"
 #include "cli/model_flags.hpp"
 #include "model/checkpoint.hpp"
@@ -83,9 +82,6 @@ Measured measure(const Options& o) {
     out.desc = fmt::format("{} ({})", std::filesystem::path(o.model_path).filename().string(),
                            llama->config().describe());
   }
-  // Products big enough to split get the cores (OpenBLAS's default, which this executable
-  // defers: blas_startup.hpp), the others one thread.
-  if (blas_start_deferred()) llama->set_matmul_threads({.max_threads = matmul_max_threads()});
   std::vector<TokenId> prompt = {model::kBos};
   for (char c : kPromptText) prompt.push_back(3 + static_cast<unsigned char>(c));
   const int64_t positions = o.measure_tokens > 0 ? o.measure_tokens : llama->config().seq_len;
