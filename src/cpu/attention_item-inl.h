@@ -82,7 +82,9 @@ HWY_INLINE void InitItem(DF df, ItemState<T>& st, int32_t part) {
   const int32_t G = st.G = a.group;
   const int32_t RT = st.RT = rs.rows_per_token(G);
   const int32_t R = st.R = rs.num_rows(G);
-  const int64_t ts = st.ts = (kTile + L - 1) / L * L;
+  // Score rows of whole full-width vectors (OnlineSoftmax works at the target's full width).
+  const auto LT = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
+  const int64_t ts = st.ts = (kTile + LT - 1) / LT * LT;
   st.head_stride = a.cache.head_stride;
 
   float* qs = st.qs = ThreadScratch(static_cast<size_t>(R * (2 * D + ts + 2)));

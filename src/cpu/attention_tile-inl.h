@@ -335,18 +335,22 @@ HWY_INLINE V ExpOrNaN(DF df, V x) {
 /// Online softmax step of one row over a tile: s [ts] scores (padding -inf) become the
 /// probabilities exp(s - m); the running max m, sum l and accumulator acc [D] are rescaled only
 /// when the max grows. Returns false when the tile has no visible key for the row (nothing to
-/// accumulate). Source: Milakov & Gimelshein, "Online normalizer calculation for softmax"
-/// (2018).
+/// accumulate). The scores go at the target's full width whatever head_dim's vectors (df, for
+/// acc) are: ts is a multiple of it (InitItem). Source: Milakov & Gimelshein, "Online
+/// normalizer calculation for softmax" (2018).
 template <class DF>
 HWY_INLINE bool OnlineSoftmax(DF df, float* HWY_RESTRICT s, int64_t ts, int64_t D,
                               float* HWY_RESTRICT m, float* HWY_RESTRICT l,
                               float* HWY_RESTRICT acc) {
   using V = hn::Vec<DF>;
+  const hn::ScalableTag<float> dt;
+  using VT = hn::Vec<decltype(dt)>;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
-  V vmax = hn::Set(df, kNegInf);
-  for (int64_t i = 0; i < ts; i += L) vmax = hn::Max(vmax, hn::LoadU(df, s + i));
-  const float mt = hn::GetLane(hn::MaxOfLanes(df, vmax));
+  const int64_t LT = static_cast<int64_t>(hn::Lanes(dt));
+  VT vmax = hn::Set(dt, kNegInf);
+  for (int64_t i = 0; i < ts; i += LT) vmax = hn::Max(vmax, hn::LoadU(dt, s + i));
+  const float mt = hn::GetLane(hn::MaxOfLanes(dt, vmax));
   if (mt == kNegInf) return false;
   if (mt > *m) {
     if (*m != kNegInf) {
@@ -359,14 +363,14 @@ HWY_INLINE bool OnlineSoftmax(DF df, float* HWY_RESTRICT s, int64_t ts, int64_t 
     }
     *m = mt;
   }
-  const V vm = hn::Set(df, *m);
-  V vsum = hn::Zero(df);
-  for (int64_t i = 0; i < ts; i += L) {
-    const V p = ExpOrNaN(df, hn::Sub(hn::LoadU(df, s + i), vm));
-    hn::StoreU(p, df, s + i);
+  const VT vm = hn::Set(dt, *m);
+  VT vsum = hn::Zero(dt);
+  for (int64_t i = 0; i < ts; i += LT) {
+    const VT p = ExpOrNaN(dt, hn::Sub(hn::LoadU(dt, s + i), vm));
+    hn::StoreU(p, dt, s + i);
     vsum = hn::Add(vsum, p);
   }
-  *l += hn::GetLane(hn::SumOfLanes(df, vsum));
+  *l += hn::GetLane(hn::SumOfLanes(dt, vsum));
   return true;
 }
 
