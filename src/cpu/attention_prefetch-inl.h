@@ -63,10 +63,11 @@ HWY_INLINE void GatherTile(const KernelArgs& a, const RowSet& rs, const int32_t*
 /// bytes each for head_dim 128) does not fit an L1 of 32-48 KiB beside the tile being read,
 /// so rows prefetched into L1 were evicted before use. Measured (2026-12-05, AMD EPYC Zen 4,
 /// 32 KiB L1d, 1 MiB L2; decode of batch 8 x 4096 keys over 8 kv heads from DRAM, one thread,
-/// the variants alternating in one process; docs/benchmarks.md): a non-temporal L1 prefetch
-/// (the previous rule) read 5.0-9.1 GB/s, an address-ordered block stream into L2 10.9-11.1,
-/// these L2 row prefetches 11.9-12.4 GB/s for bf16 and fp32, head_dim 64 and 128, block sizes
-/// 16 and 128 alike (skipping every other line halved the rate: each line must be requested).
+/// the variants alternating on a machine loaded by other builds, so compare within a row):
+/// bf16 d128 block_size 16: the non-temporal L1 row prefetch with the block-size-gated block
+/// stream (the previous rules) 9.1 GB/s, an address-ordered block stream into L2 11.1, these L2
+/// row prefetches 11.9; fp32 d128 block_size 16: 5.0, 10.9, 12.1; block_size 128 and head_dim
+/// 64 alike; requesting every other line only halved the rate (each line must be requested).
 template <typename T>
 HWY_INLINE void PrefetchRow(const T* row, int64_t row_bytes) {
   const char* p = reinterpret_cast<const char*>(row);
