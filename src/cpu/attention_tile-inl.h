@@ -301,10 +301,19 @@ template <bool kPaired, typename T, class DF>
 HWY_INLINE void ScoresRows(DF df, int32_t nr, const float* const* q, const T* const* k, int64_t off,
                            int32_t n, int64_t D, float* const* s, const PrefetchPlan<T>& pf) {
   static_assert(kRowBlock == 4, "blocks of 4, 2 and 1 rows");
-  if (nr == 4) return ScoresBlock<4, kPaired>(df, q, k, off, n, D, s, pf);
-  if (nr == 1) return ScoresBlock<1, kPaired>(df, q, k, off, n, D, s, pf);
-  ScoresBlock<2, kPaired>(df, q, k, off, n, D, s, pf);
-  if (nr == 3) ScoresBlock<1, kPaired>(df, q + 2, k, off, n, D, s + 2, PrefetchPlan<T>{});
+  if constexpr (hn::MaxLanes(DF()) == 1) {  // odd head_dim: rows one by one, less code
+    ScoresBlock<1, kPaired>(df, q, k, off, n, D, s, pf);
+    for (int32_t r = 1; r < nr; ++r) {
+      ScoresBlock<1, kPaired>(df, q + r, k, off, n, D, s + r, PrefetchPlan<T>{});
+    }
+  } else if (nr == 4) {
+    ScoresBlock<4, kPaired>(df, q, k, off, n, D, s, pf);
+  } else if (nr == 1) {
+    ScoresBlock<1, kPaired>(df, q, k, off, n, D, s, pf);
+  } else {
+    ScoresBlock<2, kPaired>(df, q, k, off, n, D, s, pf);
+    if (nr == 3) ScoresBlock<1, kPaired>(df, q + 2, k, off, n, D, s + 2, PrefetchPlan<T>{});
+  }
 }
 
 /// AccumulateBlock over nr in [1, kRowBlock] rows, as ScoresRows.
@@ -312,10 +321,19 @@ template <bool kPaired, typename T, class DF>
 HWY_INLINE void AccumulateRows(DF df, int32_t nr, const float* const* p, const T* const* v,
                                int64_t off, int32_t n, int64_t D, float* const* acc,
                                const PrefetchPlan<T>& pf) {
-  if (nr == 4) return AccumulateBlock<4, kPaired>(df, p, v, off, n, D, acc, pf);
-  if (nr == 1) return AccumulateBlock<1, kPaired>(df, p, v, off, n, D, acc, pf);
-  AccumulateBlock<2, kPaired>(df, p, v, off, n, D, acc, pf);
-  if (nr == 3) AccumulateBlock<1, kPaired>(df, p + 2, v, off, n, D, acc + 2, PrefetchPlan<T>{});
+  if constexpr (hn::MaxLanes(DF()) == 1) {  // as ScoresRows
+    AccumulateBlock<1, kPaired>(df, p, v, off, n, D, acc, pf);
+    for (int32_t r = 1; r < nr; ++r) {
+      AccumulateBlock<1, kPaired>(df, p + r, v, off, n, D, acc + r, PrefetchPlan<T>{});
+    }
+  } else if (nr == 4) {
+    AccumulateBlock<4, kPaired>(df, p, v, off, n, D, acc, pf);
+  } else if (nr == 1) {
+    AccumulateBlock<1, kPaired>(df, p, v, off, n, D, acc, pf);
+  } else {
+    AccumulateBlock<2, kPaired>(df, p, v, off, n, D, acc, pf);
+    if (nr == 3) AccumulateBlock<1, kPaired>(df, p + 2, v, off, n, D, acc + 2, PrefetchPlan<T>{});
+  }
 }
 
 /// exp(x) per lane, NaN lanes kept NaN. Highway's EMU128 fallback computes Exp through a C++
