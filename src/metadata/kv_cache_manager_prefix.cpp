@@ -237,8 +237,8 @@ int32_t KVCacheManager::register_full_blocks(Sequence& s) {
         serial = prefix_.insert(b, {.hash = h,
                                     .parent_hash = parent,
                                     .parent_serial = parent_serial,
-                                    .extra_key = s.extra_key,
-                                    .tokens = {tokens.begin(), tokens.end()}});
+                                    .extra_key = s.extra_key},
+                                tokens);
         allocator_.set_cached(b, true);
         ++published;
         // Events are off by default: copy the tokens for one only when it is kept.
@@ -262,6 +262,8 @@ std::optional<std::vector<BlockId>> KVCacheManager::allocate_evicting(int32_t n)
   // A member list, so that its capacity is kept: an eviction costs no heap allocation.
   evicted_.clear();
   std::optional<std::vector<BlockId>> ids = allocator_.allocate(n, evicted_);
+  // LRU victims are the coldest blocks of all: load their prefix state in one pass first.
+  prefix_.prefetch_erase(evicted_);
   for (BlockId b : evicted_) drop_evicted(b);
   evicted_.clear();
   return ids;
