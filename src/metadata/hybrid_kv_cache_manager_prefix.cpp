@@ -253,11 +253,10 @@ uint64_t HybridKVCacheManager::publish_block(Sequence& s, size_t g, int64_t j, B
   }
   const BlockId b = s.tables[g][static_cast<size_t>(j)];
   if (b == kNullBlock || pc.entry(b) != nullptr) return 0;  // released before its commit
-  const uint64_t serial = pc.insert(b, {.hash = h,
-                                        .parent_hash = parent,
-                                        .parent_serial = parent_serial,
-                                        .extra_key = s.extra_key},
-                                    tokens);
+  const uint64_t serial = pc.insert(
+      b,
+      {.hash = h, .parent_hash = parent, .parent_serial = parent_serial, .extra_key = s.extra_key},
+      tokens);
   pool_.set_cached(b, true);
   ++published;
   // Events are off by default: copy the tokens for one only when it is kept.

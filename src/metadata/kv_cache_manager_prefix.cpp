@@ -234,10 +234,11 @@ int32_t KVCacheManager::register_full_blocks(Sequence& s) {
           serial = prefix_.entry(*existing)->serial;
         }
       } else if (prefix_.entry(b) == nullptr) {
-        serial = prefix_.insert(b, {.hash = h,
-                                    .parent_hash = parent,
-                                    .parent_serial = parent_serial,
-                                    .extra_key = s.extra_key},
+        serial = prefix_.insert(b,
+                                {.hash = h,
+                                 .parent_hash = parent,
+                                 .parent_serial = parent_serial,
+                                 .extra_key = s.extra_key},
                                 tokens);
         allocator_.set_cached(b, true);
         ++published;

@@ -116,8 +116,8 @@ const PrefixCache::Record* PrefixCache::registered(BlockId block) const {
 void PrefixCache::cover(BlockId block) {
   const auto need = static_cast<size_t>(block) + 1;
   if (need <= records_.size()) return;
-  const size_t n = std::min(std::max({need, 2 * records_.size(), size_t{64}}),
-                            static_cast<size_t>(num_blocks_));
+  const size_t n =
+      std::min(std::max({need, 2 * records_.size(), size_t{64}}), static_cast<size_t>(num_blocks_));
   std::vector<Record> records(n);
   std::vector<TokenId> tokens(n * static_cast<size_t>(block_size_));
   std::copy(records_.begin(), records_.end(), records.begin());

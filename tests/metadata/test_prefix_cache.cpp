@@ -114,8 +114,8 @@ TEST(PrefixCache, RecordsGrowToTheHighestBlockAndKeepEveryEntry) {
   PrefixCache c(1000, 3);
   const std::vector<TokenId> t0{1, 2, 3}, t1{4, 5, 6}, t2{7, 8, 9};
   const uint64_t s0 = c.insert(5, {.hash = 100, .parent_hash = kRootBlockHash}, t0);
-  const uint64_t s1 = c.insert(
-      70, {.hash = 200, .parent_hash = 100, .parent_serial = s0, .extra_key = 9}, t1);
+  const uint64_t s1 =
+      c.insert(70, {.hash = 200, .parent_hash = 100, .parent_serial = s0, .extra_key = 9}, t1);
   const uint64_t s2 = c.insert(999, {.hash = 300, .parent_hash = 200, .parent_serial = s1}, t2);
   EXPECT_EQ(std::vector<uint64_t>({s0, s1, s2}), std::vector<uint64_t>({1, 2, 3}));
   EXPECT_THAT(c.tokens(5), ElementsAre(1, 2, 3));
@@ -168,16 +168,14 @@ TEST(PrefixCache, EraseDetachesChildrenSoAReusedParentBlockKeepsItsNewChildren) 
   const std::vector<TokenId> ta{1, 2}, tb{3, 4}, tc{5, 6}, td{7, 8};
   const BlockHash ha = block_hash(kRootBlockHash, ta, 0);
   const uint64_t sa = c.insert(1, {.hash = ha, .parent_hash = kRootBlockHash}, ta);
-  c.insert(2,
-           {.hash = block_hash(ha, tb, 0), .parent_hash = ha, .parent_serial = sa}, tb);
+  c.insert(2, {.hash = block_hash(ha, tb, 0), .parent_hash = ha, .parent_serial = sa}, tb);
   std::vector<BlockId> kids;
   c.children(1, kids);
   ASSERT_THAT(kids, ElementsAre(2));
   ASSERT_TRUE(c.erase(1));
   const BlockHash hc = block_hash(kRootBlockHash, tc, 0);
   const uint64_t sc = c.insert(1, {.hash = hc, .parent_hash = kRootBlockHash}, tc);
-  c.insert(3,
-           {.hash = block_hash(hc, td, 0), .parent_hash = hc, .parent_serial = sc}, td);
+  c.insert(3, {.hash = block_hash(hc, td, 0), .parent_hash = hc, .parent_serial = sc}, td);
   ASSERT_TRUE(c.erase(2));
   kids.clear();
   c.children(1, kids);
@@ -270,8 +268,7 @@ TEST(PrefixCache, KeysSharingOneHomeCellMatchAMapModel) {
       const size_t k = rng() % kKeys;
       if (model.contains(block) || key_used[k]) continue;
       const uint64_t serial = c.insert(
-          block,
-          {.hash = keys[k], .parent_serial = k, .extra_key = k % 3}, tokens_of(keys[k]));
+          block, {.hash = keys[k], .parent_serial = k, .extra_key = k % 3}, tokens_of(keys[k]));
       ASSERT_GT(serial, last_serial) << "serials must never repeat";
       last_serial = serial;
       model[block] = k;
