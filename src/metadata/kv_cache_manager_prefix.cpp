@@ -5,6 +5,7 @@
 // Source: vLLM automatic prefix caching (chained block hashes, LRU of unreferenced blocks).
 
 #include <algorithm>
+#include <array>
 #include <utility>
 
 #include "core/check.hpp"
@@ -20,14 +21,26 @@ namespace {
 template <typename OnHit>
 void walk_prefix(const PrefixCache& prefix, std::span<const TokenId> prompt, int64_t block_size,
                  uint64_t extra_key, int64_t max_blocks, OnHit&& on_hit) {
-  BlockHash parent = kRootBlockHash;
+  // Keys are a chain over the tokens alone, so they are computed kAhead blocks before their
+  // lookup, each index cell prefetched then: the probes' cache misses overlap.
+  constexpr int64_t kAhead = 8;
+  std::array<BlockHash, kAhead> keys{};
+  BlockHash chain = kRootBlockHash;
+  int64_t computed = 0;
+  const auto compute_to = [&](int64_t end) {
+    for (; computed < std::min(end, max_blocks); ++computed) {
+      chain = block_hash(chain, prompt.subspan(computed * block_size, block_size), extra_key);
+      keys[static_cast<size_t>(computed % kAhead)] = chain;
+      prefix.prefetch_key(chain);
+    }
+  };
   uint64_t parent_serial = 0;
   for (int64_t j = 0; j < max_blocks; ++j) {
-    auto tokens = prompt.subspan(j * block_size, block_size);
-    const BlockHash h = block_hash(parent, tokens, extra_key);
-    std::optional<BlockId> b = prefix.lookup(h, parent_serial, extra_key, tokens);
+    compute_to(j + kAhead);
+    const BlockHash h = keys[static_cast<size_t>(j % kAhead)];
+    std::optional<BlockId> b =
+        prefix.lookup(h, parent_serial, extra_key, prompt.subspan(j * block_size, block_size));
     if (!b) break;
-    parent = h;
     parent_serial = prefix.entry(*b)->serial;
     on_hit(*b, h, parent_serial);
   }
@@ -147,8 +160,15 @@ std::optional<AddResult> KVCacheManager::add_sequence(SeqId seq, std::span<const
                 seq);
   PAGEDKV_CHECK(!seqs_.contains(seq), "KVCacheManager::add_sequence: sequence {} already exists",
                 seq);
-  if (can_add_sequence(prompt, options) != Admission::kOk) return std::nullopt;
+  // can_add_sequence(prompt, options) == kOk, with one walk of the cached prefix for both.
+  check_options(options);
+  if (never_fits(static_cast<int64_t>(prompt.size()), options) == Admission::kNever) {
+    return std::nullopt;
+  }
   AddPlan plan = plan_add(prefix_, allocator_, config_, prompt, options, true);
+  if (int64_t{allocator_.num_available()} - plan.from_lru - plan.fresh < watermark_blocks_) {
+    return std::nullopt;
+  }
   PrefixMatch& match = plan.match;
   const int64_t len = static_cast<int64_t>(prompt.size());
   const int64_t bs = config_.block_size;
@@ -214,12 +234,31 @@ int32_t KVCacheManager::register_full_blocks(Sequence& s) {
     return 0;
   }
   const int64_t bs = config_.block_size;
+  const auto first = static_cast<int64_t>(s.hashes.size());
+  const int64_t last = s.committed / bs;  // full committed blocks: keys [first, last) are new
+  if (last <= first) return 0;
+  // The keys first (a chain over the tokens, no lookups), each index cell prefetched as its key
+  // is known: a fresh key's cell is a cache miss, and a prefill chunk registers hundreds of
+  // blocks, so their misses overlap instead of following one another.
+  // Room for both lists first (geometric, as push_back: commits come one decode block at a
+  // time), so that a bad_alloc cannot leave keys without serials.
+  for (auto* v : {&s.hashes, &s.serials}) {
+    if (v->capacity() < static_cast<size_t>(last)) {
+      v->reserve(std::max(static_cast<size_t>(last), 2 * v->capacity()));
+    }
+  }
+  for (int64_t j = first; j < last; ++j) {
+    const BlockHash parent = j == 0 ? kRootBlockHash : s.hashes[j - 1];
+    std::span<const TokenId> tokens(s.token_ids.data() + j * bs, static_cast<size_t>(bs));
+    s.hashes.push_back(block_hash(parent, tokens, s.extra_key));
+    prefix_.prefetch_key(s.hashes.back());
+  }
   int32_t published = 0;
-  for (int64_t j = static_cast<int64_t>(s.hashes.size()); (j + 1) * bs <= s.committed; ++j) {
+  for (int64_t j = first; j < last; ++j) {
     const BlockHash parent = j == 0 ? kRootBlockHash : s.hashes[j - 1];
     const uint64_t parent_serial = j == 0 ? 0 : s.serials[j - 1];
     std::span<const TokenId> tokens(s.token_ids.data() + j * bs, static_cast<size_t>(bs));
-    const BlockHash h = block_hash(parent, tokens, s.extra_key);
+    const BlockHash h = s.hashes[j];
     uint64_t serial = 0;
     const BlockId b = s.blocks[j];
     // A block is registered only under the very parent entry its chain recorded, while that
@@ -253,7 +292,6 @@ int32_t KVCacheManager::register_full_blocks(Sequence& s) {
         }
       }
     }
-    s.hashes.push_back(h);
     s.serials.push_back(serial);
   }
   return published;

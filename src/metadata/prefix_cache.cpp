@@ -38,11 +38,9 @@ BlockHash block_hash(BlockHash parent, std::span<const TokenId> tokens, uint64_t
 // table plus one array read, and registering or forgetting a block allocates nothing beyond
 // the entry's tokens.
 
-std::optional<BlockId> PrefixCache::KeyIndex::find(BlockHash hash) const {
-  if (size_ == 0) return std::nullopt;
-  const Cell& c = cells_[position(hash)];
-  if (c.block < 0) return std::nullopt;
-  return c.block;
+BlockId PrefixCache::KeyIndex::find(BlockHash hash) const {
+  if (size_ == 0) return -1;
+  return cells_[position(hash)].block;
 }
 
 size_t PrefixCache::KeyIndex::home(BlockHash hash) const {
@@ -129,13 +127,13 @@ void PrefixCache::cover(BlockId block) {
 std::optional<BlockId> PrefixCache::lookup(BlockHash hash, uint64_t parent_serial,
                                            uint64_t extra_key,
                                            std::span<const TokenId> tokens) const {
-  const std::optional<BlockId> block = by_hash_.find(hash);
-  if (!block) return std::nullopt;
-  const Entry& e = records_[static_cast<size_t>(*block)].entry;
+  const BlockId block = by_hash_.find(hash);
+  if (block < 0) return std::nullopt;
+  const Entry& e = records_[static_cast<size_t>(block)].entry;
   // Confirm the content: a 64-bit key can collide, a wrong share would corrupt a sequence.
   if (e.parent_serial != parent_serial || e.extra_key != extra_key ||
       tokens.size() != static_cast<size_t>(block_size_) ||
-      !std::equal(tokens.begin(), tokens.end(), row(*block))) {
+      !std::equal(tokens.begin(), tokens.end(), row(block))) {
     return std::nullopt;
   }
   return block;
@@ -145,9 +143,9 @@ uint64_t PrefixCache::insert(BlockId block, const Entry& entry, std::span<const 
   check_block(block, "insert");
   PAGEDKV_CHECK(registered(block) == nullptr, "PrefixCache::insert: block {} already registered",
                 block);
-  const std::optional<BlockId> holder = by_hash_.find(entry.hash);
-  PAGEDKV_CHECK(!holder, "PrefixCache::insert: key {:#018x} already registered (block {})",
-                entry.hash, holder.value_or(-1));
+  const BlockId holder = by_hash_.find(entry.hash);
+  PAGEDKV_CHECK(holder < 0, "PrefixCache::insert: key {:#018x} already registered (block {})",
+                entry.hash, holder);
   PAGEDKV_CHECK(static_cast<int64_t>(tokens.size()) == block_size_,
                 "PrefixCache::insert: {} tokens, expected a full block of {}", tokens.size(),
                 block_size_);
@@ -158,9 +156,9 @@ uint64_t PrefixCache::insert(BlockId block, const Entry& entry, std::span<const 
   // The parent link, when the entry's parent is the registered entry of that key.
   BlockId parent = -1;
   if (entry.parent_serial != 0) {
-    if (const std::optional<BlockId> p = by_hash_.find(entry.parent_hash);
-        p && records_[static_cast<size_t>(*p)].entry.serial == entry.parent_serial) {
-      parent = *p;
+    if (const BlockId p = by_hash_.find(entry.parent_hash);
+        p >= 0 && records_[static_cast<size_t>(p)].entry.serial == entry.parent_serial) {
+      parent = p;
     }
   }
   by_hash_.insert(entry.hash, block);
@@ -212,8 +210,6 @@ std::span<const TokenId> PrefixCache::tokens(BlockId block) const {
   return {row(block), static_cast<size_t>(block_size_)};
 }
 
-std::optional<BlockId> PrefixCache::find(BlockHash hash) const { return by_hash_.find(hash); }
-
 void PrefixCache::prefetch_erase(std::span<const BlockId> blocks) const {
   // Two passes: all the records first, then (their keys known by then) the index cells, so
   // the misses of each pass overlap instead of following one another block by block.
@@ -263,9 +259,9 @@ void PrefixCache::check_invariants() const {
       continue;
     }
     ++num_registered;
-    const std::optional<BlockId> found = by_hash_.find(r.entry.hash);
+    const BlockId found = by_hash_.find(r.entry.hash);
     PAGEDKV_CHECK(found == b, "invariant: prefix key {:#018x} of block {} finds block {}",
-                  r.entry.hash, b, found.value_or(-1));
+                  r.entry.hash, b, found < 0 ? -1 : found);
     PAGEDKV_CHECK(r.entry.serial < next_serial_,
                   "invariant: prefix entry of block {} has serial {} (next {})", b, r.entry.serial,
                   next_serial_);
