@@ -193,7 +193,7 @@ std::optional<HybridAddResult> HybridKVCacheManager::add_sequence(SeqId seq,
     }
   }
   std::optional<HybridAppendResult> append =
-      do_append(seq, len - h, prompt.subspan(static_cast<size_t>(h)), true, "add_sequence");
+      do_append(seq, len - h, prompt.subspan(static_cast<size_t>(h)), true, true, "add_sequence");
   // The pool was checked above against the hits' retains and every fresh block.
   PAGEDKV_CHECK(append.has_value(), "add_sequence: internal: {} blocks not available", need);
   if (config_.enable_prefix_caching) {

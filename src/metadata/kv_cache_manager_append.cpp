@@ -97,16 +97,28 @@ Admission KVCacheManager::append_admission(SeqId seq, int64_t n,
 }
 
 std::optional<AppendResult> KVCacheManager::append_slots(SeqId seq, int64_t n) {
-  return do_append(seq, n, {}, "append_slots");
+  return do_append(seq, n, {}, true, "append_slots");
+}
+
+std::optional<AppendResult> KVCacheManager::append_slots(SeqId seq, int64_t n,
+                                                         const AppendOptions& options) {
+  return do_append(seq, n, {}, options.return_slots, "append_slots");
 }
 
 std::optional<AppendResult> KVCacheManager::append_tokens(SeqId seq,
                                                           std::span<const TokenId> tokens) {
-  return do_append(seq, static_cast<int64_t>(tokens.size()), tokens, "append_tokens");
+  return do_append(seq, static_cast<int64_t>(tokens.size()), tokens, true, "append_tokens");
+}
+
+std::optional<AppendResult> KVCacheManager::append_tokens(SeqId seq,
+                                                          std::span<const TokenId> tokens,
+                                                          const AppendOptions& options) {
+  return do_append(seq, static_cast<int64_t>(tokens.size()), tokens, options.return_slots,
+                   "append_tokens");
 }
 
 std::optional<AppendResult> KVCacheManager::do_append(SeqId seq, int64_t n,
-                                                      std::span<const TokenId> ids,
+                                                      std::span<const TokenId> ids, bool slots,
                                                       const char* op) {
   get_running(seq, op);
   Sequence& s = get(seq, op);
@@ -121,13 +133,14 @@ std::optional<AppendResult> KVCacheManager::do_append(SeqId seq, int64_t n,
                 plan.fresh);
 
   AppendResult result;
-  result.slots.reserve(static_cast<size_t>(n));
   if (plan.refill) {
+    result.slots.reserve(static_cast<size_t>(n));
     counters_.evicted_tokens += static_cast<int64_t>(plan.victims.size());
     s.kept.place_refill(s.blocks, s.placeholders, plan, *fresh, config_.block_size, t, n,
                         result.slots);
+    if (!slots) result.slots = {};  // the refill places tokens slot by slot: computed anyway
   } else {
-    place_positional(s, plan, *fresh, n, result);
+    place_positional(s, plan, *fresh, n, slots, result);
   }
   s.num_tokens += n;
   if (n > 0) {
@@ -159,7 +172,7 @@ inline void KVCacheManager::release_entries(Sequence& s, const std::vector<int32
 
 inline void KVCacheManager::place_positional(Sequence& s, const AppendPlan& plan,
                                              const std::vector<BlockId>& fresh, int64_t n,
-                                             AppendResult& result) {
+                                             bool slots, AppendResult& result) {
   const int64_t bs = config_.block_size;
   const int64_t t = s.num_tokens;
   auto next_fresh = fresh.begin();
@@ -174,7 +187,7 @@ inline void KVCacheManager::place_positional(Sequence& s, const AppendPlan& plan
     s.blocks.push_back(*next_fresh);
     s.placeholders.push_back(-1);
   }
-  append_position_slots(s.blocks, t, n, bs, result.slots);
+  if (slots) append_position_slots(s.blocks, t, n, bs, result.slots);
   s.kept.add_positional(t, n, config_.block_size);
 }
 

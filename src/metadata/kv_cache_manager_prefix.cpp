@@ -195,8 +195,10 @@ std::optional<AddResult> KVCacheManager::add_sequence(SeqId seq, std::span<const
   AddResult result;
   result.num_computed_tokens = static_cast<int64_t>(s.hashes.size()) * bs;
   s.committed = result.num_computed_tokens;  // hit blocks hold written K/V
-  append_position_slots(s.blocks, result.num_computed_tokens,
-                        plan.tokens - result.num_computed_tokens, bs, result.append.slots);
+  if (options.return_slots) {
+    append_position_slots(s.blocks, result.num_computed_tokens,
+                          plan.tokens - result.num_computed_tokens, bs, result.append.slots);
+  }
   if (config_.enable_prefix_caching) {
     const auto hits = static_cast<int64_t>(s.hashes.size());
     counters_.prefix_query_tokens += len;

@@ -55,6 +55,10 @@ TokenId token_at(const Trace& trace, size_t index, int64_t pos, int32_t vocab_si
 
 // ---- memory strategies -------------------------------------------------------------------------
 
+/// The replay writes no K/V, so it asks the managers for no slots (8 bytes per token it would
+/// never read): only the blocks and counts, which are the same either way.
+constexpr AppendOptions kNoSlots{.return_slots = false};
+
 class ContiguousPool final : public Pool {
  public:
   ContiguousPool(int64_t capacity_tokens, bool reserve_max, int64_t max_context, int32_t width)
@@ -151,7 +155,9 @@ class PagedPool final : public Pool {
       case Admission::kOk:
         break;
     }
-    const std::optional<AddResult> added = manager_.add_sequence(seq(r), ids);
+    // No slots (kNoSlots): the replay writes no K/V.
+    const std::optional<AddResult> added =
+        manager_.add_sequence(seq(r), ids, AddOptions{.return_slots = false});
     PAGEDKV_CHECK(added.has_value(), "replay: add_sequence failed after can_add_sequence kOk");
     r.cached = r.target;
     r.computed = added->num_computed_tokens;
@@ -168,9 +174,9 @@ class PagedPool final : public Pool {
     if (prefix_) {
       // Generated tokens are recorded too, so a recomputed request can hit its own blocks.
       const std::array<TokenId, 1> id = {token_at(trace_, r.index, r.cached, vocab_size_)};
-      appended = manager_.append_tokens(seq(r), id);
+      appended = manager_.append_tokens(seq(r), id, kNoSlots);
     } else {
-      appended = manager_.append_slots(seq(r), 1);
+      appended = manager_.append_slots(seq(r), 1, kNoSlots);
     }
     if (!appended) return false;
     waste_ += waste(r.cached + 1) - waste(r.cached);
@@ -341,8 +347,8 @@ bool PagedPool::append_group(Active& r) {
   }
   const std::array<TokenId, 1> id = {token_at(trace_, r.index, r.cached, vocab_size_)};
   for (SeqId m : g) {
-    const bool ok = prefix_ ? manager_.append_tokens(m, id).has_value()
-                            : manager_.append_slots(m, 1).has_value();
+    const bool ok = prefix_ ? manager_.append_tokens(m, id, kNoSlots).has_value()
+                            : manager_.append_slots(m, 1, kNoSlots).has_value();
     PAGEDKV_CHECK(ok, "replay: internal: group member {} could not append", m);
   }
   waste_ += width_ * waste(r.cached + 1) - int64_t{r.members} * waste(r.cached);

@@ -71,6 +71,16 @@ struct AppendResult {
   std::vector<BlockCopy> copies;
 };
 
+/// What an append reports besides the blocks it takes (append_slots, append_tokens; the same
+/// choice for a prompt is AddOptions::return_slots).
+struct AppendOptions {
+  /// false: the result's slots stay empty; copies are still reported (the storage must make
+  /// them). For a caller that builds its slot mapping with batch_metadata(), or needs none (a
+  /// scheduler simulation): it saves writing 8 bytes per new token. The blocks, the tables and
+  /// every count are the same either way.
+  bool return_slots = true;
+};
+
 /// What a prompt add produced.
 /// num_computed_tokens: leading prompt tokens already in the cache (prefix hits), a multiple of
 /// block_size, always <= prompt length - 1 so the model has at least one token to run.
@@ -101,6 +111,8 @@ struct AddOptions {
   /// computed from the whole prompt (at most (len - 1) / block_size blocks). -1 (default): the
   /// whole prompt. Units: tokens.
   int64_t first_chunk_tokens = -1;
+  /// false: AddResult::append.slots stays empty (as AppendOptions::return_slots).
+  bool return_slots = true;
 };
 
 /// Answer of lookup_prefix(): what add_sequence would share now, computed without changing
@@ -323,11 +335,18 @@ class KVCacheManager {
   /// kMaxTokensPerCall (naming the cap; nothing is allocated), or the sequence would pass
   /// max_model_len.
   [[nodiscard]] std::optional<AppendResult> append_slots(SeqId seq, int64_t n);
+  /// append_slots(seq, n) with `options` (AppendOptions::return_slots = false: no slots).
+  [[nodiscard]] std::optional<AppendResult> append_slots(SeqId seq, int64_t n,
+                                                         const AppendOptions& options);
 
   /// append_slots(seq, tokens.size()) that also records the token ids, so blocks that become
   /// full are registered in the prefix cache (prefix caching on). Errors: as append_slots.
   [[nodiscard]] std::optional<AppendResult> append_tokens(SeqId seq,
                                                           std::span<const TokenId> tokens);
+  /// append_tokens(seq, tokens) with `options` (AppendOptions::return_slots = false: no slots).
+  [[nodiscard]] std::optional<AppendResult> append_tokens(SeqId seq,
+                                                          std::span<const TokenId> tokens,
+                                                          const AppendOptions& options);
 
   /// Metadata for a batch step: sequence i contributes its whole table and context length
   /// num_tokens(seqs[i]); its slot mapping lists its last num_new_tokens[i] positions (the
@@ -573,10 +592,11 @@ class KVCacheManager {
   AppendPlan plan_lookahead(const Sequence& s, int64_t n, int64_t k, const char* op) const;
   inline void plan_positional(const Sequence& s, int64_t n, AppendPlan& plan) const;
   std::optional<AppendResult> do_append(SeqId seq, int64_t n, std::span<const TokenId> ids,
-                                        const char* op);
+                                        bool slots, const char* op);
   inline void release_entries(Sequence& s, const std::vector<int32_t>& entries);
   inline void place_positional(Sequence& s, const AppendPlan& plan,
-                               const std::vector<BlockId>& fresh, int64_t n, AppendResult& result);
+                               const std::vector<BlockId>& fresh, int64_t n, bool slots,
+                               AppendResult& result);
   // kv_cache_manager_batch.cpp
   int64_t check_batch(std::span<const SeqId> seqs, std::span<const int64_t> num_new_tokens,
                       std::vector<const Sequence*>& rows) const;
