@@ -17,8 +17,14 @@ struct ManagerCorruptor {
   static PrefixCache& prefix(KVCacheManager& m) { return m.prefix_; }
 
   // ---- BlockAllocator ----
-  static void set_ref_count(BlockAllocator& a, BlockId b, int32_t count) { a.ref_[b] = count; }
-  static void set_cached_flag(BlockAllocator& a, BlockId b, bool cached) { a.cached_[b] = cached; }
+  static void set_ref_count(BlockAllocator& a, BlockId b, int32_t count) {
+    a.state_[b] = (a.state_[b] & BlockAllocator::kCachedBit) |
+                  (static_cast<uint32_t>(count) & ~BlockAllocator::kCachedBit);
+  }
+  static void set_cached_flag(BlockAllocator& a, BlockId b, bool cached) {
+    a.state_[b] = cached ? a.state_[b] | BlockAllocator::kCachedBit
+                         : a.state_[b] & ~BlockAllocator::kCachedBit;
+  }
   /// Entry k of the free list (k = 0 is the next block allocate() hands out).
   static void set_free_entry(BlockAllocator& a, int32_t k, BlockId b) {
     a.free_ring_[(a.free_head_ + k) % a.num_blocks()] = b;
