@@ -239,9 +239,10 @@ int32_t KVCacheManager::register_full_blocks(Sequence& s) {
   const auto first = static_cast<int64_t>(s.hashes.size());
   const int64_t last = s.committed / bs;  // full committed blocks: keys [first, last) are new
   if (last <= first) return 0;
-  // The keys first (a chain over the tokens, no lookups), each index cell prefetched as its key
-  // is known: a fresh key's cell is a cache miss, and a prefill chunk registers hundreds of
-  // blocks, so their misses overlap instead of following one another.
+  // The keys first (a chain over the tokens, no lookups), each index cell and block record
+  // prefetched as its key is known: a fresh key's cell and a reused block's record are cache
+  // misses, and a prefill chunk registers hundreds of blocks, so their misses overlap instead
+  // of following one another.
   // Room for both lists first (geometric, as push_back: commits come one decode block at a
   // time), so that a bad_alloc cannot leave keys without serials.
   for (auto* v : {&s.hashes, &s.serials}) {
@@ -254,6 +255,7 @@ int32_t KVCacheManager::register_full_blocks(Sequence& s) {
     std::span<const TokenId> tokens(s.token_ids.data() + j * bs, static_cast<size_t>(bs));
     s.hashes.push_back(block_hash(parent, tokens, s.extra_key));
     prefix_.prefetch_key(s.hashes.back());
+    prefix_.prefetch_block(s.blocks[j]);  // its record is read, then written by the insert
   }
   int32_t published = 0;
   for (int64_t j = first; j < last; ++j) {

@@ -221,6 +221,12 @@ void PrefixCache::prefetch_erase(std::span<const BlockId> blocks) const {
   }
 }
 
+void PrefixCache::prefetch_block(BlockId block) const {
+  if (block < 0 || static_cast<size_t>(block) >= records_.size()) return;
+  __builtin_prefetch(&records_[static_cast<size_t>(block)], 1);
+  __builtin_prefetch(row(block), 1);
+}
+
 void PrefixCache::unlink_parent(BlockId block) {
   Record& r = records_[static_cast<size_t>(block)];
   if (r.parent < 0) return;

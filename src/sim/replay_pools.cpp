@@ -33,10 +33,15 @@ uint64_t mix64(uint64_t x) {
 // An id in [3, vocab_size) from the hash: the high half of h x (vocab_size - 3) (Lemire, "Fast
 // random integer generation in an interval", TOMACS 2019), a multiply where `%` was a 64-bit
 // division (a third of a Mooncake prefix-16 replay).
-TokenId token_for(uint64_t key, int64_t position, int32_t vocab_size) {
-  const uint64_t h = mix64(key ^ mix64(static_cast<uint64_t>(position)));
+// `inner` is mix64(position).
+TokenId token_from_inner(uint64_t key, uint64_t inner, int32_t vocab_size) {
+  const uint64_t h = mix64(key ^ inner);
   const auto range = static_cast<unsigned __int128>(static_cast<uint64_t>(vocab_size - 3));
   return static_cast<TokenId>(3 + static_cast<uint64_t>((h * range) >> 64));
+}
+
+TokenId token_for(uint64_t key, int64_t position, int32_t vocab_size) {
+  return token_from_inner(key, mix64(static_cast<uint64_t>(position)), vocab_size);
 }
 
 /// Keys of unique content have the top bit set; hash-id keys never do (ids are < 2^63).
@@ -412,12 +417,19 @@ void replay_detail::synthesize_into(const Trace& trace, size_t index, int64_t be
   out.resize(static_cast<size_t>(end - begin));
   TokenId* dst = out.data();
   int64_t pos = begin;
+  // token_for(key, off) = mix(key ^ mix(off)): the inner mix of each offset of a hash block is
+  // the same in every block, so it is computed once per thread, not once per position.
+  static thread_local std::vector<uint64_t> inner;
+  if (shared_end > 0 && static_cast<int64_t>(inner.size()) != hb) {
+    inner.resize(static_cast<size_t>(hb));
+    for (int64_t off = 0; off < hb; ++off) inner[off] = mix64(static_cast<uint64_t>(off));
+  }
   while (pos < std::min(end, shared_end)) {
     const int64_t block = pos / hb;
     const auto key = static_cast<uint64_t>(hashes[static_cast<size_t>(block)]);
     const int64_t stop = std::min({end, shared_end, (block + 1) * hb});
     for (int64_t off = pos - block * hb; pos < stop; ++pos, ++off) {
-      *dst++ = token_for(key, off, vocab_size);
+      *dst++ = token_from_inner(key, inner[static_cast<size_t>(off)], vocab_size);
     }
   }
   const uint64_t own = own_key(index);

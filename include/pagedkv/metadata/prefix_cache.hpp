@@ -130,6 +130,9 @@ class PrefixCache {
   /// look first, for a caller that knows many keys before it looks them up (the keys of the
   /// blocks one commit registers).
   void prefetch_key(BlockHash hash) const { by_hash_.prefetch(hash); }
+  /// A hint, no change: starts loading `block`'s record and token row for an insert() (or an
+  /// entry() check) soon; a block beyond the records' cover or out of range is skipped.
+  void prefetch_block(BlockId block) const;
 
   /// Registered blocks.
   [[nodiscard]] int32_t size() const { return by_hash_.size(); }
