@@ -205,8 +205,8 @@ std::optional<HybridAppendResult> HybridKVCacheManager::do_append(SeqId seq, int
   PAGEDKV_CHECK(n >= 0, "{}: tokens must be >= 0, got {}", op, n);
   PAGEDKV_CHECK(n <= std::numeric_limits<int32_t>::max(),
                 "{}: at most 2^31 - 1 tokens per call, got {}", op, n);
-  (void)get_running(seq, op);
-  Sequence& s = get(seq, op);
+  // One lookup (an append runs once per sequence per decode step): get_running's checks.
+  auto& s = const_cast<Sequence&>(get_running(seq, op));
   const Plan pl = plan(s, n);
   const int64_t fresh_count = pl.new_blocks + static_cast<int64_t>(pl.cow.size());
   if (fresh_count - pl.freed > pool_.num_available()) return std::nullopt;

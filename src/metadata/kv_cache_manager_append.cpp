@@ -120,8 +120,8 @@ std::optional<AppendResult> KVCacheManager::append_tokens(SeqId seq,
 std::optional<AppendResult> KVCacheManager::do_append(SeqId seq, int64_t n,
                                                       std::span<const TokenId> ids, bool slots,
                                                       const char* op) {
-  get_running(seq, op);
-  Sequence& s = get(seq, op);
+  // One lookup (an append runs once per sequence per decode step): get_running's checks.
+  auto& s = const_cast<Sequence&>(get_running(seq, op));
   const AppendPlan plan = plan_append(s, n, op);
   if (int64_t{plan.fresh} > int64_t{allocator_.num_available()} + plan.freed) return std::nullopt;
 

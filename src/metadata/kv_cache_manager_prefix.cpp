@@ -186,6 +186,9 @@ std::optional<AddResult> KVCacheManager::add_sequence(SeqId seq, std::span<const
   s.blocks.insert(s.blocks.end(), ids->begin(), ids->end());
   s.placeholders.assign(s.blocks.size(), -1);
   s.num_tokens = plan.tokens;
+  // Room for the whole prompt and the tokens the request may generate: appends up to there do
+  // not copy the list again (it can be a long prompt's worth of ids).
+  s.token_ids.reserve(static_cast<size_t>(len + options.max_new_tokens));
   s.token_ids.assign(prompt.begin(), prompt.begin() + plan.tokens);
   s.hashes = std::move(match.hashes);
   s.serials = std::move(match.serials);

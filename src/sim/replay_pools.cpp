@@ -161,8 +161,11 @@ class PagedPool final : public Pool {
         break;
     }
     // No slots (kNoSlots): the replay writes no K/V.
-    const std::optional<AddResult> added =
-        manager_.add_sequence(seq(r), ids, AddOptions{.return_slots = false});
+    // max_new_tokens: the output still to come. It sizes the manager's id list (so decode
+    // appends do not copy a long prompt's ids again); its never-fits test cannot fire here,
+    // since group_blocks() above already holds prompt + output.
+    const std::optional<AddResult> added = manager_.add_sequence(
+        seq(r), ids, AddOptions{.max_new_tokens = r.output - r.generated, .return_slots = false});
     PAGEDKV_CHECK(added.has_value(), "replay: add_sequence failed after can_add_sequence kOk");
     r.cached = r.target;
     r.computed = added->num_computed_tokens;

@@ -103,7 +103,8 @@ struct AddOptions {
   /// Tokens the request may still generate after its prompt (the engine's max_tokens), >= 0:
   /// admission answers kNever when prompt + max_new_tokens can never fit (max_model_len, or
   /// blocks the sequence would hold at that length, after token eviction, beyond the pool).
-  /// Nothing is reserved for them. Units: tokens.
+  /// No block is reserved for them (only room in the sequence's list of token ids, so that
+  /// appends up to there do not copy it again). Units: tokens.
   int64_t max_new_tokens = 0;
   /// Chunked prefill: blocks are allocated now only for the prefix hits and this many prompt
   /// tokens after them (clamped to the prompt); the caller appends the rest of the prompt later
