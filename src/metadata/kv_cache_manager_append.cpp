@@ -122,11 +122,21 @@ std::optional<AppendResult> KVCacheManager::do_append(SeqId seq, int64_t n,
                                                       const char* op) {
   // One lookup (an append runs once per sequence per decode step): get_running's checks.
   auto& s = const_cast<Sequence&>(get_running(seq, op));
+  const int64_t t = s.num_tokens;
+  if (fills_last_block(s, n)) {
+    // 15 of 16 decode steps (block size 16): the tokens go into the last block, which this
+    // sequence alone holds; nothing is taken, released or copied. The plan below would say
+    // so too; this skips building it.
+    AppendResult result;
+    if (slots) append_position_slots(s.blocks, t, n, config_.block_size, result.slots);
+    s.num_tokens += n;
+    record_ids(s, n, ids);
+    return result;
+  }
   const AppendPlan plan = plan_append(s, n, op);
   if (int64_t{plan.fresh} > int64_t{allocator_.num_available()} + plan.freed) return std::nullopt;
 
   // Commit. Nothing below can fail for lack of blocks: the plan was checked against the pool.
-  const int64_t t = s.num_tokens;
   release_entries(s, plan.release);
   std::optional<std::vector<BlockId>> fresh = allocate_blocks(plan.fresh);
   PAGEDKV_CHECK(fresh.has_value(), "KVCacheManager::{}: internal: {} blocks not available", op,
@@ -143,18 +153,36 @@ std::optional<AppendResult> KVCacheManager::do_append(SeqId seq, int64_t n,
     place_positional(s, plan, *fresh, n, slots, result);
   }
   s.num_tokens += n;
-  if (n > 0) {
-    if (ids.empty()) {
-      // Unknown token ids: the sequence can no longer key its blocks.
-      s.ids_known = false;
-      s.token_ids.clear();
-      s.token_ids.shrink_to_fit();
-    } else if (s.ids_known) {
-      s.token_ids.insert(s.token_ids.end(), ids.begin(), ids.end());
-    }
-  }
+  record_ids(s, n, ids);
   // Nothing to publish: the new tokens' K/V are not written yet (commit() publishes).
   return result;
+}
+
+// An append of n >= 1 tokens that plan_append would plan as nothing: no eviction policy (no
+// release, no kept set), the tokens fit in the partly filled last block, which no other
+// sequence shares and the prefix cache does not hold (no copy-on-write), within max_model_len.
+inline bool KVCacheManager::fills_last_block(const Sequence& s, int64_t n) const {
+  const int64_t bs = config_.block_size;
+  const int64_t t = s.num_tokens;
+  if (config_.eviction.kind != EvictionKind::kNone || s.kept.sparse() || n < 1 || t % bs == 0 ||
+      t % bs + n > bs || (config_.max_model_len > 0 && t + n > config_.max_model_len)) {
+    return false;
+  }
+  const BlockId tail = s.blocks.back();
+  return tail != kNoBlock && allocator_.ref_count(tail) == 1 && !allocator_.is_cached(tail);
+}
+
+// The new tokens' ids: appended while all are known; unknown ones (an append without ids) stop
+// the sequence keying its blocks.
+inline void KVCacheManager::record_ids(Sequence& s, int64_t n, std::span<const TokenId> ids) {
+  if (n == 0) return;
+  if (ids.empty()) {
+    s.ids_known = false;
+    s.token_ids.clear();
+    s.token_ids.shrink_to_fit();
+  } else if (s.ids_known) {
+    s.token_ids.insert(s.token_ids.end(), ids.begin(), ids.end());
+  }
 }
 
 inline void KVCacheManager::release_entries(Sequence& s, const std::vector<int32_t>& entries) {
