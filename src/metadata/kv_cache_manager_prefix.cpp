@@ -272,7 +272,12 @@ int32_t KVCacheManager::register_full_blocks(Sequence& s) {
     // entry is still in the index: lookups walk from the root, so an entry below a gap (after
     // reset_prefix_cache, or once the parent entry was evicted) could never be reached, would
     // hold its key and would announce a parent that is gone. The chain stops there instead.
-    if ((j == 0 || (parent_serial != 0 && entry_alive(parent, parent_serial))) && b != kNoBlock) {
+    // Within this call nothing is erased, so the previous block's entry, registered or found by
+    // the previous iteration (parent_serial != 0), is still alive: only the first block's parent
+    // (from an earlier commit) is looked up.
+    const bool parent_alive =
+        j == 0 || (parent_serial != 0 && (j > first || entry_alive(parent, parent_serial)));
+    if (parent_alive && b != kNoBlock) {
       if (std::optional<BlockId> existing = prefix_.find(h)) {
         // Same key: the same content computed twice (keep the first, chain on it) or a
         // collision (stop the chain).
