@@ -44,6 +44,30 @@ TokenId token_for(uint64_t key, int64_t position, int32_t vocab_size) {
   return token_from_inner(key, mix64(static_cast<uint64_t>(position)), vocab_size);
 }
 
+// fill_ids runs per prompt position (145 M positions in a Mooncake replay): compiled once more
+// for AVX-512 and AVX2, chosen at load time by the CPU (GCC/Clang function multiversioning),
+// where its loop runs 8 or 4 positions at once. Not under sanitizers (ifunc resolvers run
+// before their runtime is up).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define PAGEDKV_SIM_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define PAGEDKV_SIM_VECTOR_CLONES
+#endif
+
+// out[i] = token_from_inner(key, inner[i], vocab_size) for i < n, in 64-bit lanes only: the
+// high half of h x range (range < 2^32) is (hi x range + (lo x range >> 32)) >> 32 with h = hi
+// 2^32 + lo, exactly (the dropped fraction of lo x range / 2^32 cannot carry into bit 64).
+PAGEDKV_SIM_VECTOR_CLONES void fill_ids(uint64_t key, const uint64_t* inner, int64_t n,
+                                        int32_t vocab_size, TokenId* out) {
+  const auto range = static_cast<uint64_t>(vocab_size - 3);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t h = mix64(key ^ inner[i]);
+    const uint64_t high = ((h >> 32) * range + (((h & 0xFFFFFFFFu) * range) >> 32)) >> 32;
+    out[i] = static_cast<TokenId>(3 + high);
+  }
+}
+
 /// Keys of unique content have the top bit set; hash-id keys never do (ids are < 2^63).
 uint64_t own_key(size_t index) { return (uint64_t{1} << 63) | static_cast<uint64_t>(index); }
 
@@ -431,9 +455,10 @@ void replay_detail::synthesize_into(const Trace& trace, size_t index, int64_t be
     const int64_t block = pos / hb;
     const auto key = static_cast<uint64_t>(hashes[static_cast<size_t>(block)]);
     const int64_t stop = std::min({end, shared_end, (block + 1) * hb});
-    for (int64_t off = pos - block * hb; pos < stop; ++pos, ++off) {
-      *dst++ = token_from_inner(key, inner[static_cast<size_t>(off)], vocab_size);
-    }
+    const int64_t off = pos - block * hb;
+    fill_ids(key, inner.data() + off, stop - pos, vocab_size, dst);
+    dst += stop - pos;
+    pos = stop;
   }
   const uint64_t own = own_key(index);
   for (; pos < end; ++pos) *dst++ = token_for(own, pos, vocab_size);
