@@ -75,13 +75,13 @@ HostKVCache::HostKVCache(const KVCacheConfig& config, std::span<const ExternalKV
                     "{}: layer {} {} ({}) is not aligned to its {}-byte dtype {}", kFn, l, name, p,
                     align, dtype_name(config_.dtype));
     }
-    const auto gap = reinterpret_cast<uintptr_t>(layers[l].v) -
-                     reinterpret_cast<uintptr_t>(layers[l].k);
-    PAGEDKV_CHECK(config_.placement != KVPlacement::kInterleaved ||
-                      gap == static_cast<uintptr_t>(per_block),
-                  "{}: layer {} is interleaved, so v must be k + {} bytes (one block of K), got "
-                  "k {} and v {}",
-                  kFn, l, per_block, layers[l].k, layers[l].v);
+    const auto gap =
+        reinterpret_cast<uintptr_t>(layers[l].v) - reinterpret_cast<uintptr_t>(layers[l].k);
+    PAGEDKV_CHECK(
+        config_.placement != KVPlacement::kInterleaved || gap == static_cast<uintptr_t>(per_block),
+        "{}: layer {} is interleaved, so v must be k + {} bytes (one block of K), got "
+        "k {} and v {}",
+        kFn, l, per_block, layers[l].k, layers[l].v);
     bases_.push_back({layers[l].k, layers[l].v});
   }
 }

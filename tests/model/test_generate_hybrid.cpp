@@ -155,7 +155,10 @@ TEST(LayerPattern, ErrorsNameTheValue) {
   EXPECT_THAT(err("", 2, 0, 0, 0), HasSubstr("empty"));
   EXPECT_THAT(err("SXF", 2, 4, 0, 0), HasSubstr("letter 'X' at index 1"));
   // A UTF-8 letter (e acute, bytes C3 A9): its first byte by value, not a raw byte.
-  EXPECT_THAT(err("S\xC3\xA9" "F", 2, 4, 0, 0), HasSubstr("letter byte 0xC3 at index 1"));
+  EXPECT_THAT(err("S\xC3\xA9"
+                  "F",
+                  2, 4, 0, 0),
+              HasSubstr("letter byte 0xC3 at index 1"));
   EXPECT_THAT(err("S F", 2, 4, 0, 0), HasSubstr("letter ' ' at index 1"));
   EXPECT_THAT(err("SF", 2, 0, 0, 0), HasSubstr("S layers need a window >= 1, got 0"));
   EXPECT_THAT(err("CF", 2, 0, 0, -1), HasSubstr("C layers need a chunk >= 1, got -1"));
