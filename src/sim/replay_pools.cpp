@@ -50,7 +50,8 @@ TokenId token_for(uint64_t key, int64_t position, int32_t vocab_size) {
 // before their runtime is up).
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && \
     !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-#define PAGEDKV_SIM_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define PAGEDKV_SIM_VECTOR_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define PAGEDKV_SIM_VECTOR_CLONES
 #endif
