@@ -238,7 +238,7 @@ void PrefixCache::unlink_parent(BlockId block) {
   if (r.next_sibling >= 0) {
     records_[static_cast<size_t>(r.next_sibling)].prev_sibling = r.prev_sibling;
   }
-  r.parent = r.next_sibling = r.prev_sibling = -1;
+  // r's own links are left: erase(), the only caller, resets the whole record.
 }
 
 void PrefixCache::children(BlockId block, std::vector<BlockId>& out) const {
@@ -257,6 +257,8 @@ void PrefixCache::check_invariants() const {
                 "invariant: prefix records cover {} blocks of a pool of {}, with {} token ids",
                 covered, num_blocks_, tokens_.size());
   int32_t num_registered = 0;
+  int32_t with_parent = 0;  // records that name a parent
+  int32_t listed = 0;       // records found in their parent's child list
   for (BlockId b = 0; b < covered; ++b) {
     const Record& r = records_[static_cast<size_t>(b)];
     if (r.entry.serial == 0) {
@@ -265,6 +267,7 @@ void PrefixCache::check_invariants() const {
       continue;
     }
     ++num_registered;
+    with_parent += r.parent >= 0 ? 1 : 0;
     const BlockId found = by_hash_.find(r.entry.hash);
     PAGEDKV_CHECK(found == b, "invariant: prefix key {:#018x} of block {} finds block {}",
                   r.entry.hash, b, found < 0 ? -1 : found);
@@ -279,8 +282,15 @@ void PrefixCache::check_invariants() const {
                     "invariant: block {} in the child list of block {} (after {}) is not a "
                     "registered child linked back to it",
                     c, b, prev);
+      ++listed;
     }
   }
+  // Every child list holds only blocks that name its owner (above), so a record that names a
+  // parent without being in its list makes the two counts differ.
+  PAGEDKV_CHECK(listed == with_parent,
+                "invariant: {} prefix entries name a parent block, {} are in their parent's child "
+                "list",
+                with_parent, listed);
   PAGEDKV_CHECK(num_registered == by_hash_.size(),
                 "invariant: {} blocks hold a prefix entry, the key index {} keys", num_registered,
                 by_hash_.size());

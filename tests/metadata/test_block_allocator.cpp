@@ -178,6 +178,17 @@ TEST(BlockAllocator, AllocateManyReportsEveryEvictionInLruOrder) {
   EXPECT_EQ(a.allocate(), 3);
   EXPECT_EQ(a.num_cached(), 0);
   expect_conserved(a);
+  // allocate(n) without a list: the free blocks first, then the LRU head, in that order.
+  for (BlockId id : {3, 1}) {
+    a.set_cached(id, true);
+    a.release(id);
+  }
+  a.release(2);  // free (not cached)
+  EXPECT_THAT(a.allocate(2), ::testing::Optional(ElementsAre(2, 3)));
+  EXPECT_THAT(a.cached_lru(), ElementsAre(1));
+  EXPECT_FALSE(a.is_cached(3));
+  EXPECT_EQ(a.ref_count(3), 1);
+  a.check_invariants();
 }
 
 TEST(BlockAllocator, EvictAllCachedAndUncache) {

@@ -146,6 +146,30 @@ TEST(PrefixCache, RecordsGrowToTheHighestBlockAndKeepEveryEntry) {
   c.check_invariants();
 }
 
+TEST(PrefixCache, BlockZeroIsAChildLikeAnyOther) {
+  // Block ids start at 0: a child in block 0 is listed, unlinked and detached like any other.
+  PrefixCache c(4, 1);
+  const uint64_t sp = c.insert(3, {.hash = 10}, std::vector<TokenId>{1});
+  (void)c.insert(0, {.hash = 20, .parent_hash = 10, .parent_serial = sp}, std::vector<TokenId>{2});
+  (void)c.insert(2, {.hash = 30, .parent_hash = 10, .parent_serial = sp}, std::vector<TokenId>{3});
+  std::vector<BlockId> kids;
+  c.children(3, kids);
+  EXPECT_THAT(kids, ::testing::UnorderedElementsAre(0, 2));
+  c.check_invariants();
+  ASSERT_TRUE(c.erase(0));
+  kids.clear();
+  c.children(3, kids);
+  EXPECT_THAT(kids, ElementsAre(2));
+  c.check_invariants();
+  (void)c.insert(0, {.hash = 40, .parent_hash = 10, .parent_serial = sp}, std::vector<TokenId>{4});
+  ASSERT_TRUE(c.erase(3));  // both children lose their parent link
+  c.check_invariants();
+  kids.clear();
+  c.children(0, kids);
+  c.children(2, kids);
+  EXPECT_THAT(kids, IsEmpty());
+}
+
 TEST(PrefixCache, PrefetchEraseChangesNothing) {
   PrefixCache empty(8, 2);
   empty.prefetch_erase(std::vector<BlockId>{-1, 0, 7, 8});  // nothing allocated yet
@@ -173,6 +197,7 @@ TEST(PrefixCache, EraseDetachesChildrenSoAReusedParentBlockKeepsItsNewChildren) 
   c.children(1, kids);
   ASSERT_THAT(kids, ElementsAre(2));
   ASSERT_TRUE(c.erase(1));
+  c.check_invariants();  // block 2 names no parent any more
   const BlockHash hc = block_hash(kRootBlockHash, tc, 0);
   const uint64_t sc = c.insert(1, {.hash = hc, .parent_hash = kRootBlockHash}, tc);
   c.insert(3, {.hash = block_hash(hc, td, 0), .parent_hash = hc, .parent_serial = sc}, td);
