@@ -21,6 +21,7 @@
 #include "pagedkv/types.hpp"
 
 // Metadata: block ids, tables, prefix caching, eviction, the block manager (host-only).
+#include "pagedkv/metadata/append_result.hpp"
 #include "pagedkv/metadata/batch_metadata.hpp"
 #include "pagedkv/metadata/block_allocator.hpp"
 #include "pagedkv/metadata/eviction_policy.hpp"

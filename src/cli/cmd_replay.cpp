@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -117,6 +119,43 @@ class ProgressBar {
   bool drawn_ = false;
 };
 
+/// Sweep progress on stderr, one report per finished run: on a terminal a bar redrawn in place
+/// (cleared at the end), otherwise a plain line per run (logs keep a record of the runs).
+class SweepProgress {
+ public:
+  SweepProgress(bool enabled, std::chrono::steady_clock::time_point start)
+      : enabled_(enabled), tty_(isatty(STDERR_FILENO) != 0), start_(start) {}
+  [[nodiscard]] bool enabled() const { return enabled_; }
+  void operator()(int done, int total, const sim::SweepPoint& p) {
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    const std::string run =
+        fmt::format("{} x{} ({:.2f} s)", p.result.strategy, p.rate_scale, p.result.wall_seconds);
+    if (!tty_) {
+      fmt::print(stderr, "pagedkv replay: sweep {}/{} runs, {:.1f} s: {} done\n", done, total,
+                 elapsed, run);
+      return;
+    }
+    constexpr int kWidth = 30;
+    const int filled = total > 0 ? done * kWidth / total : kWidth;
+    fmt::print(stderr, "\rsweep [{}{}] {}/{} runs, {:.1f} s, last {}\x1b[K",
+               std::string(filled, '#'), std::string(kWidth - filled, '.'), done, total, elapsed,
+               run);
+    std::fflush(stderr);
+    drawn_ = true;
+  }
+  void clear() {
+    if (drawn_) fmt::print(stderr, "\r\x1b[K");
+    drawn_ = false;
+  }
+
+ private:
+  bool enabled_;
+  bool tty_;
+  std::chrono::steady_clock::time_point start_;
+  bool drawn_ = false;
+};
+
 /// --hardware (roofline), --preemption and --host-link into the config.
 void set_time_model(const Options& o, const sim::ModelPreset& model, sim::ReplayConfig& config) {
   const sim::HardwarePreset* hw = o.hardware.empty() ? nullptr : &sim::find_hardware(o.hardware);
@@ -182,11 +221,12 @@ void run_sweep(const Options& o, const sim::ModelPreset& model, const sim::Repla
   const int threads = o.threads > 0
                           ? o.threads
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  const bool bar = !o.no_progress && !o.json && isatty(STDERR_FILENO) != 0;
-  const auto points = sim::sweep(trace, config, strategies, o.rates, threads, [&](int d, int n) {
-    if (bar) fmt::print(stderr, "\rsweep: {}/{} runs", d, n);
-  });
-  if (bar) fmt::print(stderr, "\r{:40}\r", "");
+  const auto t0 = std::chrono::steady_clock::now();
+  SweepProgress progress(!o.no_progress, t0);
+  const auto points = sim::sweep(
+      trace, config, strategies, o.rates, threads,
+      progress.enabled() ? sim::SweepProgressFn(std::ref(progress)) : sim::SweepProgressFn());
+  progress.clear();
   warn_rejected(trace, model, points.front().result.rejected_too_long, config.max_context);
   const double span_s = trace.requests.back().arrival_ms / 1000.0;
   const double base_rps = span_s > 0 ? static_cast<double>(trace.requests.size()) / span_s : 0.0;

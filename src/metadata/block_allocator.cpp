@@ -10,10 +10,9 @@ namespace pagedkv {
 BlockAllocator::BlockAllocator(int32_t num_blocks) {
   PAGEDKV_CHECK(num_blocks >= 1 && num_blocks <= (1 << 30),
                 "BlockAllocator: num_blocks must be in [1, 2^30], got {}", num_blocks);
-  ref_.assign(num_blocks, 0);
+  state_.assign(num_blocks, 0);
   prev_.assign(num_blocks, -1);
   next_.assign(num_blocks, -1);
-  cached_.assign(num_blocks, 0);
   free_ring_.resize(num_blocks);
   for (BlockId id = 0; id < num_blocks; ++id) push_free(id);
 }
@@ -70,7 +69,14 @@ BlockId BlockAllocator::pop_free() {
 inline BlockId BlockAllocator::evict_lru() {
   const BlockId id = lru_.head;
   unlink(lru_, id);
-  cached_[id] = 0;
+  state_[id] = 0;  // ref 0, no longer cached
+  return id;
+}
+
+// One block for an allocation the caller has checked: a free one, else the LRU head.
+inline BlockId BlockAllocator::take() {
+  const BlockId id = free_size_ > 0 ? pop_free() : evict_lru();
+  state_[id] = 1;
   return id;
 }
 
@@ -83,7 +89,7 @@ std::optional<BlockId> BlockAllocator::allocate() {
   } else {
     return std::nullopt;
   }
-  ref_[id] = 1;
+  state_[id] = 1;
   return id;
 }
 
@@ -98,7 +104,7 @@ std::optional<BlockId> BlockAllocator::allocate(std::vector<BlockId>& evicted) {
   } else {
     return std::nullopt;
   }
-  ref_[id] = 1;
+  state_[id] = 1;
   return id;
 }
 
@@ -107,7 +113,7 @@ std::optional<std::vector<BlockId>> BlockAllocator::allocate(int32_t n) {
   if (n > num_available()) return std::nullopt;
   std::vector<BlockId> ids;
   ids.reserve(n);
-  for (int32_t i = 0; i < n; ++i) ids.push_back(*allocate());
+  for (int32_t i = 0; i < n; ++i) ids.push_back(take());
   return ids;
 }
 
@@ -121,10 +127,10 @@ std::optional<std::vector<BlockId>> BlockAllocator::allocate(int32_t n,
   std::vector<BlockId> ids;
   ids.reserve(n);
   if (from_lru > 0) evicted.reserve(evicted.size() + static_cast<size_t>(from_lru));
-  for (int32_t i = from_lru; i < n; ++i) ids.push_back(*allocate());
+  for (int32_t i = from_lru; i < n; ++i) ids.push_back(take());
   for (int32_t i = 0; i < from_lru; ++i) {
     const BlockId id = evict_lru();
-    ref_[id] = 1;
+    state_[id] = 1;
     evicted.push_back(id);
     ids.push_back(id);
   }
@@ -133,36 +139,68 @@ std::optional<std::vector<BlockId>> BlockAllocator::allocate(int32_t n,
 
 void BlockAllocator::retain(BlockId id) {
   check_id(id, "retain");
-  if (ref_[id] == 0) {
-    PAGEDKV_CHECK(cached_[id], "BlockAllocator::retain: block {} is free (not allocated)", id);
+  if (ref(id) == 0) {
+    PAGEDKV_CHECK(cached(id), "BlockAllocator::retain: block {} is free (not allocated)", id);
     unlink(lru_, id);  // prefix-cache hit on an evictable block: back into use
   }
-  ++ref_[id];
+  ++state_[id];
 }
 
-bool BlockAllocator::release(BlockId id) {
-  check_id(id, "release");
-  PAGEDKV_CHECK(ref_[id] > 0, "BlockAllocator::release: block {} is not allocated (double free?)",
-                id);
-  if (--ref_[id] > 0) return false;
-  if (cached_[id]) {
-    push_back(lru_, id);
+inline bool BlockAllocator::release_unchecked(BlockId id) {
+  const uint32_t state = --state_[id];
+  if ((state & ~kCachedBit) != 0) return false;
+  if (state != 0) {
+    push_back(lru_, id);  // cached
   } else {
     push_free(id);
   }
   return true;
 }
 
+bool BlockAllocator::release(BlockId id) {
+  check_id(id, "release");
+  PAGEDKV_CHECK(ref(id) > 0, "BlockAllocator::release: block {} is not allocated (double free?)",
+                id);
+  return release_unchecked(id);
+}
+
+int32_t BlockAllocator::release_table(std::span<const BlockId> table) {
+  int32_t reached_zero = 0;
+  for (size_t k = table.size(); k-- > 0;) {
+    const BlockId id = table[k];
+    if (id < 0) continue;
+    if (id >= num_blocks() || ref(id) <= 0) {
+      // Undo, newest first: a block that reached 0 here is the last one pushed on its list.
+      for (size_t u = k + 1; u < table.size(); ++u) {
+        const BlockId done = table[u];
+        if (done < 0) continue;
+        if (ref(done) == 0) {
+          if (cached(done)) {
+            unlink(lru_, done);
+          } else {
+            --free_size_;
+          }
+        }
+        ++state_[done];
+      }
+      check_id(id, "release");
+      detail::fail("BlockAllocator::release: block {} is not allocated (double free?)", id);
+    }
+    reached_zero += release_unchecked(id) ? 1 : 0;
+  }
+  return reached_zero;
+}
+
 void BlockAllocator::set_cached(BlockId id, bool cached) {
   check_id(id, "set_cached");
-  PAGEDKV_CHECK(ref_[id] > 0 || cached_[id],
+  PAGEDKV_CHECK(ref(id) > 0 || this->cached(id),
                 "BlockAllocator::set_cached: block {} is free (not allocated)", id);
-  if (static_cast<bool>(cached_[id]) == cached) return;
-  if (ref_[id] == 0) {  // cached with ref 0 -> uncache: move from the LRU to the free list
+  if (this->cached(id) == cached) return;
+  if (ref(id) == 0) {  // cached with ref 0 -> uncache: move from the LRU to the free list
     unlink(lru_, id);
     push_free(id);
   }
-  cached_[id] = cached ? 1 : 0;
+  state_[id] = cached ? state_[id] | kCachedBit : state_[id] & ~kCachedBit;
 }
 
 std::vector<BlockId> BlockAllocator::evict_all_cached() {
@@ -187,17 +225,17 @@ void BlockAllocator::shuffle_free_list(uint64_t seed) {
 
 int32_t BlockAllocator::ref_count(BlockId id) const {
   check_id(id, "ref_count");
-  return ref_[id];
+  return ref(id);
 }
 
 bool BlockAllocator::is_free(BlockId id) const {
   check_id(id, "is_free");
-  return ref_[id] == 0 && !cached_[id];
+  return state_[id] == 0;
 }
 
 bool BlockAllocator::is_cached(BlockId id) const {
   check_id(id, "is_cached");
-  return cached_[id] != 0;
+  return cached(id);
 }
 
 std::vector<BlockId> BlockAllocator::free_list() const {
@@ -227,9 +265,9 @@ void BlockAllocator::check_invariants() const {
     PAGEDKV_CHECK(id >= 0 && id < n, "invariant: free-list entry {} is block id {} out of range", k,
                   id);
     PAGEDKV_CHECK(!listed[id], "invariant: block {} is on the free list twice (entry {})", id, k);
-    PAGEDKV_CHECK(ref_[id] == 0 && !cached_[id],
+    PAGEDKV_CHECK(state_[id] == 0,
                   "invariant: free-list entry {} is block {} with ref count {} and cached flag {}",
-                  k, id, ref_[id], cached_[id] != 0);
+                  k, id, ref(id), cached(id));
     listed[id] = 1;
   }
   BlockId prev = -1;
@@ -243,20 +281,20 @@ void BlockAllocator::check_invariants() const {
                   id, listed[id] == 1 ? "free" : "LRU");
     PAGEDKV_CHECK(prev_[id] == prev, "invariant: LRU block {} links back to {} but follows {}", id,
                   prev_[id], prev);
-    PAGEDKV_CHECK(ref_[id] == 0 && cached_[id],
-                  "invariant: LRU block {} has ref count {} and cached flag {}", id, ref_[id],
-                  cached_[id] != 0);
+    PAGEDKV_CHECK(state_[id] == kCachedBit,
+                  "invariant: LRU block {} has ref count {} and cached flag {}", id, ref(id),
+                  cached(id));
     listed[id] = 2;
   }
   PAGEDKV_CHECK(count == lru_.size && prev == lru_.tail,
                 "invariant: LRU list walks {} blocks to tail {}, but records size {} and tail {}",
                 count, prev, lru_.size, lru_.tail);
   for (BlockId id = 0; id < n; ++id) {
-    PAGEDKV_CHECK(ref_[id] >= 0, "invariant: block {} has ref count {}", id, ref_[id]);
-    PAGEDKV_CHECK(ref_[id] > 0 || listed[id],
+    PAGEDKV_CHECK(ref(id) >= 0, "invariant: block {} has ref count {}", id, ref(id));
+    PAGEDKV_CHECK(ref(id) > 0 || listed[id],
                   "invariant: block {} has ref count 0 but is on neither the free nor the LRU list "
                   "(cached flag {})",
-                  id, cached_[id] != 0);
+                  id, cached(id));
   }
 }
 

@@ -146,7 +146,6 @@ HybridKVCacheManager::Plan HybridKVCacheManager::plan(const Sequence& s, int64_t
   const int64_t p = s.num_tokens;
   const int32_t bs = config_.block_size;
   Plan out;
-  out.release.resize(config_.groups.size());
   for (size_t g = 0; g < config_.groups.size(); ++g) {
     const KVCacheGroupSpec& spec = config_.groups[g];
     const std::vector<BlockId>& table = s.tables[g];
@@ -155,7 +154,7 @@ HybridKVCacheManager::Plan HybridKVCacheManager::plan(const Sequence& s, int64_t
     for (int64_t e = std::max(sink_blocks(spec), s.released_to[g]); e < end; ++e) {
       const BlockId b = table[static_cast<size_t>(e)];
       if (b == kNullBlock) continue;
-      out.release[g].push_back(e);
+      out.release.emplace_back(static_cast<int32_t>(g), e);
       out.freed += pool_.ref_count(b) == 1;
     }
     // A published block may be the last one again after a truncate: its cached content must
@@ -180,22 +179,34 @@ bool HybridKVCacheManager::can_append(SeqId seq, int64_t n) const {
 }
 
 std::optional<HybridAppendResult> HybridKVCacheManager::append_slots(SeqId seq, int64_t n) {
-  return do_append(seq, n, {}, false, "append_slots");
+  return do_append(seq, n, {}, false, true, "append_slots");
+}
+
+std::optional<HybridAppendResult> HybridKVCacheManager::append_slots(SeqId seq, int64_t n,
+                                                                     const AppendOptions& options) {
+  return do_append(seq, n, {}, false, options.return_slots, "append_slots");
+}
+
+std::optional<HybridAppendResult> HybridKVCacheManager::append_tokens(
+    SeqId seq, std::span<const TokenId> tokens, const AppendOptions& options) {
+  return do_append(seq, static_cast<int64_t>(tokens.size()), tokens, true, options.return_slots,
+                   "append_tokens");
 }
 
 std::optional<HybridAppendResult> HybridKVCacheManager::append_tokens(
     SeqId seq, std::span<const TokenId> tokens) {
-  return do_append(seq, static_cast<int64_t>(tokens.size()), tokens, true, "append_tokens");
+  return do_append(seq, static_cast<int64_t>(tokens.size()), tokens, true, true, "append_tokens");
 }
 
 std::optional<HybridAppendResult> HybridKVCacheManager::do_append(SeqId seq, int64_t n,
                                                                   std::span<const TokenId> ids,
-                                                                  bool record_ids, const char* op) {
+                                                                  bool record_ids, bool slots,
+                                                                  const char* op) {
   PAGEDKV_CHECK(n >= 0, "{}: tokens must be >= 0, got {}", op, n);
   PAGEDKV_CHECK(n <= std::numeric_limits<int32_t>::max(),
                 "{}: at most 2^31 - 1 tokens per call, got {}", op, n);
-  (void)get_running(seq, op);
-  Sequence& s = get(seq, op);
+  // One lookup (an append runs once per sequence per decode step): get_running's checks.
+  auto& s = const_cast<Sequence&>(get_running(seq, op));
   const Plan pl = plan(s, n);
   const int64_t fresh_count = pl.new_blocks + static_cast<int64_t>(pl.cow.size());
   if (fresh_count - pl.freed > pool_.num_available()) return std::nullopt;
@@ -206,15 +217,15 @@ std::optional<HybridAppendResult> HybridKVCacheManager::do_append(SeqId seq, int
 
   HybridAppendResult r;
   r.released.resize(config_.groups.size());
-  r.slots.resize(config_.groups.size());
-  for (size_t g = 0; g < pl.release.size(); ++g) {
-    for (int64_t e : pl.release[g]) {
-      BlockId& entry = s.tables[g][static_cast<size_t>(e)];
-      r.released[g].push_back(entry);
-      (void)pool_.release(entry);
-      entry = kNullBlock;
-    }
-    // Every entry of [sink blocks, release_end) is released now: the next scan starts there.
+  if (slots) r.slots.resize(config_.groups.size());
+  for (const auto& [g, e] : pl.release) {
+    BlockId& entry = s.tables[static_cast<size_t>(g)][static_cast<size_t>(e)];
+    r.released[static_cast<size_t>(g)].push_back(entry);
+    (void)pool_.release(entry);
+    entry = kNullBlock;
+  }
+  // Every entry of [sink blocks, release_end) is released now: the next scan starts there.
+  for (size_t g = 0; g < s.tables.size(); ++g) {
     s.released_to[g] = std::max(s.released_to[g], release_end(s, g));
   }
   // Enough blocks are available now (checked above, the releases came first).
@@ -234,7 +245,7 @@ std::optional<HybridAppendResult> HybridKVCacheManager::do_append(SeqId seq, int
     while (static_cast<int64_t>(table.size()) < blocks_for_tokens(p + n, bs)) {
       table.push_back(fresh[next++]);
     }
-    append_position_slots(table, p, n, bs, r.slots[g]);
+    if (slots) append_position_slots(table, p, n, bs, r.slots[g]);
   }
   s.num_tokens = p + n;
   if (n > 0 && !record_ids && s.ids_known) {

@@ -193,7 +193,7 @@ std::optional<HybridAddResult> HybridKVCacheManager::add_sequence(SeqId seq,
     }
   }
   std::optional<HybridAppendResult> append =
-      do_append(seq, len - h, prompt.subspan(static_cast<size_t>(h)), true, "add_sequence");
+      do_append(seq, len - h, prompt.subspan(static_cast<size_t>(h)), true, true, "add_sequence");
   // The pool was checked above against the hits' retains and every fresh block.
   PAGEDKV_CHECK(append.has_value(), "add_sequence: internal: {} blocks not available", need);
   if (config_.enable_prefix_caching) {
@@ -253,11 +253,10 @@ uint64_t HybridKVCacheManager::publish_block(Sequence& s, size_t g, int64_t j, B
   }
   const BlockId b = s.tables[g][static_cast<size_t>(j)];
   if (b == kNullBlock || pc.entry(b) != nullptr) return 0;  // released before its commit
-  const uint64_t serial = pc.insert(b, {.hash = h,
-                                        .parent_hash = parent,
-                                        .parent_serial = parent_serial,
-                                        .extra_key = s.extra_key,
-                                        .tokens = {tokens.begin(), tokens.end()}});
+  const uint64_t serial = pc.insert(
+      b,
+      {.hash = h, .parent_hash = parent, .parent_serial = parent_serial, .extra_key = s.extra_key},
+      tokens);
   pool_.set_cached(b, true);
   ++published;
   // Events are off by default: copy the tokens for one only when it is kept.
@@ -299,6 +298,8 @@ std::vector<BlockId> HybridKVCacheManager::allocate_evicting(int32_t n) {
   evicted_.clear();
   std::optional<std::vector<BlockId>> ids = pool_.allocate(n, evicted_);
   PAGEDKV_CHECK(ids.has_value(), "hybrid manager: internal: {} blocks not available", n);
+  // LRU victims are the coldest blocks of all: load their prefix state in one pass first.
+  for (const PrefixCache& pc : prefix_) pc.prefetch_erase(evicted_);
   for (BlockId b : evicted_) drop_evicted(b);
   evicted_.clear();
   return std::move(*ids);

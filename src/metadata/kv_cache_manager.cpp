@@ -147,11 +147,9 @@ void KVCacheManager::add_sequence(SeqId seq) {
 void KVCacheManager::free_sequence(SeqId seq) {
   Sequence& s = get(seq, "free_sequence");
   BlockAllocator& pool = s.swapped ? *host_ : allocator_;
-  // Tail blocks first: if they become cached, they are evicted before the head blocks that
-  // other prompts are more likely to share.
-  for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) {
-    if (*it != kNoBlock) pool.release(*it);
-  }
+  // Tail blocks first (release_table): if they become cached, they are evicted before the
+  // head blocks that other prompts are more likely to share. kNoBlock entries are skipped.
+  pool.release_table(s.blocks);
   seqs_.erase(seq);
 }
 

@@ -97,51 +97,92 @@ Admission KVCacheManager::append_admission(SeqId seq, int64_t n,
 }
 
 std::optional<AppendResult> KVCacheManager::append_slots(SeqId seq, int64_t n) {
-  return do_append(seq, n, {}, "append_slots");
+  return do_append(seq, n, {}, true, "append_slots");
+}
+
+std::optional<AppendResult> KVCacheManager::append_slots(SeqId seq, int64_t n,
+                                                         const AppendOptions& options) {
+  return do_append(seq, n, {}, options.return_slots, "append_slots");
 }
 
 std::optional<AppendResult> KVCacheManager::append_tokens(SeqId seq,
                                                           std::span<const TokenId> tokens) {
-  return do_append(seq, static_cast<int64_t>(tokens.size()), tokens, "append_tokens");
+  return do_append(seq, static_cast<int64_t>(tokens.size()), tokens, true, "append_tokens");
+}
+
+std::optional<AppendResult> KVCacheManager::append_tokens(SeqId seq,
+                                                          std::span<const TokenId> tokens,
+                                                          const AppendOptions& options) {
+  return do_append(seq, static_cast<int64_t>(tokens.size()), tokens, options.return_slots,
+                   "append_tokens");
 }
 
 std::optional<AppendResult> KVCacheManager::do_append(SeqId seq, int64_t n,
-                                                      std::span<const TokenId> ids,
+                                                      std::span<const TokenId> ids, bool slots,
                                                       const char* op) {
-  get_running(seq, op);
-  Sequence& s = get(seq, op);
+  // One lookup (an append runs once per sequence per decode step): get_running's checks.
+  auto& s = const_cast<Sequence&>(get_running(seq, op));
+  const int64_t t = s.num_tokens;
+  if (fills_last_block(s, n)) {
+    // 15 of 16 decode steps (block size 16): the tokens go into the last block, which this
+    // sequence alone holds; nothing is taken, released or copied. The plan below would say
+    // so too; this skips building it.
+    AppendResult result;
+    if (slots) append_position_slots(s.blocks, t, n, config_.block_size, result.slots);
+    s.num_tokens += n;
+    record_ids(s, n, ids);
+    return result;
+  }
   const AppendPlan plan = plan_append(s, n, op);
   if (int64_t{plan.fresh} > int64_t{allocator_.num_available()} + plan.freed) return std::nullopt;
 
   // Commit. Nothing below can fail for lack of blocks: the plan was checked against the pool.
-  const int64_t t = s.num_tokens;
   release_entries(s, plan.release);
   std::optional<std::vector<BlockId>> fresh = allocate_blocks(plan.fresh);
   PAGEDKV_CHECK(fresh.has_value(), "KVCacheManager::{}: internal: {} blocks not available", op,
                 plan.fresh);
 
   AppendResult result;
-  result.slots.reserve(static_cast<size_t>(n));
   if (plan.refill) {
+    result.slots.reserve(static_cast<size_t>(n));
     counters_.evicted_tokens += static_cast<int64_t>(plan.victims.size());
     s.kept.place_refill(s.blocks, s.placeholders, plan, *fresh, config_.block_size, t, n,
                         result.slots);
+    if (!slots) result.slots = {};  // the refill places tokens slot by slot: computed anyway
   } else {
-    place_positional(s, plan, *fresh, n, result);
+    place_positional(s, plan, *fresh, n, slots, result);
   }
   s.num_tokens += n;
-  if (n > 0) {
-    if (ids.empty()) {
-      // Unknown token ids: the sequence can no longer key its blocks.
-      s.ids_known = false;
-      s.token_ids.clear();
-      s.token_ids.shrink_to_fit();
-    } else if (s.ids_known) {
-      s.token_ids.insert(s.token_ids.end(), ids.begin(), ids.end());
-    }
-  }
+  record_ids(s, n, ids);
   // Nothing to publish: the new tokens' K/V are not written yet (commit() publishes).
   return result;
+}
+
+// An append of n >= 1 tokens that plan_append would plan as nothing: no eviction policy (no
+// release, no kept set), the tokens fit in the partly filled last block, which no other
+// sequence shares and the prefix cache does not hold (no copy-on-write), within max_model_len.
+inline bool KVCacheManager::fills_last_block(const Sequence& s, int64_t n) const {
+  const int64_t bs = config_.block_size;
+  const int64_t t = s.num_tokens;
+  if (config_.eviction.kind != EvictionKind::kNone || s.kept.sparse() || n < 1 || t % bs == 0 ||
+      t % bs + n > bs || (config_.max_model_len > 0 && t + n > config_.max_model_len)) {
+    return false;
+  }
+  const BlockId tail = s.blocks.back();
+  return tail != kNoBlock && allocator_.ref_count(tail) == 1 && !allocator_.is_cached(tail);
+}
+
+// The new tokens' ids: appended while all are known; unknown ones (an append without ids) stop
+// the sequence keying its blocks.
+inline void KVCacheManager::record_ids(Sequence& s, int64_t n, std::span<const TokenId> ids) {
+  if (n == 0) return;
+  if (ids.empty()) {
+    s.ids_known = false;
+    s.token_ids.clear();
+    s.token_ids.shrink_to_fit();
+  } else if (s.ids_known) {
+    s.token_ids.insert(s.token_ids.end(), ids.begin(), ids.end());
+  }
 }
 
 inline void KVCacheManager::release_entries(Sequence& s, const std::vector<int32_t>& entries) {
@@ -159,7 +200,7 @@ inline void KVCacheManager::release_entries(Sequence& s, const std::vector<int32
 
 inline void KVCacheManager::place_positional(Sequence& s, const AppendPlan& plan,
                                              const std::vector<BlockId>& fresh, int64_t n,
-                                             AppendResult& result) {
+                                             bool slots, AppendResult& result) {
   const int64_t bs = config_.block_size;
   const int64_t t = s.num_tokens;
   auto next_fresh = fresh.begin();
@@ -174,7 +215,7 @@ inline void KVCacheManager::place_positional(Sequence& s, const AppendPlan& plan
     s.blocks.push_back(*next_fresh);
     s.placeholders.push_back(-1);
   }
-  append_position_slots(s.blocks, t, n, bs, result.slots);
+  if (slots) append_position_slots(s.blocks, t, n, bs, result.slots);
   s.kept.add_positional(t, n, config_.block_size);
 }
 

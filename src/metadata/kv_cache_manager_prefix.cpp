@@ -5,6 +5,7 @@
 // Source: vLLM automatic prefix caching (chained block hashes, LRU of unreferenced blocks).
 
 #include <algorithm>
+#include <array>
 #include <utility>
 
 #include "core/check.hpp"
@@ -20,14 +21,26 @@ namespace {
 template <typename OnHit>
 void walk_prefix(const PrefixCache& prefix, std::span<const TokenId> prompt, int64_t block_size,
                  uint64_t extra_key, int64_t max_blocks, OnHit&& on_hit) {
-  BlockHash parent = kRootBlockHash;
+  // Keys are a chain over the tokens alone, so they are computed kAhead blocks before their
+  // lookup, each index cell prefetched then: the probes' cache misses overlap.
+  constexpr int64_t kAhead = 8;
+  std::array<BlockHash, kAhead> keys{};
+  BlockHash chain = kRootBlockHash;
+  int64_t computed = 0;
+  const auto compute_to = [&](int64_t end) {
+    for (; computed < std::min(end, max_blocks); ++computed) {
+      chain = block_hash(chain, prompt.subspan(computed * block_size, block_size), extra_key);
+      keys[static_cast<size_t>(computed % kAhead)] = chain;
+      prefix.prefetch_key(chain);
+    }
+  };
   uint64_t parent_serial = 0;
   for (int64_t j = 0; j < max_blocks; ++j) {
-    auto tokens = prompt.subspan(j * block_size, block_size);
-    const BlockHash h = block_hash(parent, tokens, extra_key);
-    std::optional<BlockId> b = prefix.lookup(h, parent_serial, extra_key, tokens);
+    compute_to(j + kAhead);
+    const BlockHash h = keys[static_cast<size_t>(j % kAhead)];
+    std::optional<BlockId> b =
+        prefix.lookup(h, parent_serial, extra_key, prompt.subspan(j * block_size, block_size));
     if (!b) break;
-    parent = h;
     parent_serial = prefix.entry(*b)->serial;
     on_hit(*b, h, parent_serial);
   }
@@ -147,8 +160,15 @@ std::optional<AddResult> KVCacheManager::add_sequence(SeqId seq, std::span<const
                 seq);
   PAGEDKV_CHECK(!seqs_.contains(seq), "KVCacheManager::add_sequence: sequence {} already exists",
                 seq);
-  if (can_add_sequence(prompt, options) != Admission::kOk) return std::nullopt;
+  // can_add_sequence(prompt, options) == kOk, with one walk of the cached prefix for both.
+  check_options(options);
+  if (never_fits(static_cast<int64_t>(prompt.size()), options) == Admission::kNever) {
+    return std::nullopt;
+  }
   AddPlan plan = plan_add(prefix_, allocator_, config_, prompt, options, true);
+  if (int64_t{allocator_.num_available()} - plan.from_lru - plan.fresh < watermark_blocks_) {
+    return std::nullopt;
+  }
   PrefixMatch& match = plan.match;
   const int64_t len = static_cast<int64_t>(prompt.size());
   const int64_t bs = config_.block_size;
@@ -166,6 +186,9 @@ std::optional<AddResult> KVCacheManager::add_sequence(SeqId seq, std::span<const
   s.blocks.insert(s.blocks.end(), ids->begin(), ids->end());
   s.placeholders.assign(s.blocks.size(), -1);
   s.num_tokens = plan.tokens;
+  // Room for the whole prompt and the tokens the request may generate: appends up to there do
+  // not copy the list again (it can be a long prompt's worth of ids).
+  s.token_ids.reserve(static_cast<size_t>(len + options.max_new_tokens));
   s.token_ids.assign(prompt.begin(), prompt.begin() + plan.tokens);
   s.hashes = std::move(match.hashes);
   s.serials = std::move(match.serials);
@@ -175,8 +198,10 @@ std::optional<AddResult> KVCacheManager::add_sequence(SeqId seq, std::span<const
   AddResult result;
   result.num_computed_tokens = static_cast<int64_t>(s.hashes.size()) * bs;
   s.committed = result.num_computed_tokens;  // hit blocks hold written K/V
-  append_position_slots(s.blocks, result.num_computed_tokens,
-                        plan.tokens - result.num_computed_tokens, bs, result.append.slots);
+  if (options.return_slots) {
+    append_position_slots(s.blocks, result.num_computed_tokens,
+                          plan.tokens - result.num_computed_tokens, bs, result.append.slots);
+  }
   if (config_.enable_prefix_caching) {
     const auto hits = static_cast<int64_t>(s.hashes.size());
     counters_.prefix_query_tokens += len;
@@ -214,19 +239,45 @@ int32_t KVCacheManager::register_full_blocks(Sequence& s) {
     return 0;
   }
   const int64_t bs = config_.block_size;
+  const auto first = static_cast<int64_t>(s.hashes.size());
+  const int64_t last = s.committed / bs;  // full committed blocks: keys [first, last) are new
+  if (last <= first) return 0;
+  // The keys first (a chain over the tokens, no lookups), each index cell and block record
+  // prefetched as its key is known: a fresh key's cell and a reused block's record are cache
+  // misses, and a prefill chunk registers hundreds of blocks, so their misses overlap instead
+  // of following one another.
+  // Room for both lists first (geometric, as push_back: commits come one decode block at a
+  // time), so that a bad_alloc cannot leave keys without serials.
+  for (auto* v : {&s.hashes, &s.serials}) {
+    if (v->capacity() < static_cast<size_t>(last)) {
+      v->reserve(std::max(static_cast<size_t>(last), 2 * v->capacity()));
+    }
+  }
+  for (int64_t j = first; j < last; ++j) {
+    const BlockHash parent = j == 0 ? kRootBlockHash : s.hashes[j - 1];
+    std::span<const TokenId> tokens(s.token_ids.data() + j * bs, static_cast<size_t>(bs));
+    s.hashes.push_back(block_hash(parent, tokens, s.extra_key));
+    prefix_.prefetch_key(s.hashes.back());
+    prefix_.prefetch_block(s.blocks[j]);  // its record is read, then written by the insert
+  }
   int32_t published = 0;
-  for (int64_t j = static_cast<int64_t>(s.hashes.size()); (j + 1) * bs <= s.committed; ++j) {
+  for (int64_t j = first; j < last; ++j) {
     const BlockHash parent = j == 0 ? kRootBlockHash : s.hashes[j - 1];
     const uint64_t parent_serial = j == 0 ? 0 : s.serials[j - 1];
     std::span<const TokenId> tokens(s.token_ids.data() + j * bs, static_cast<size_t>(bs));
-    const BlockHash h = block_hash(parent, tokens, s.extra_key);
+    const BlockHash h = s.hashes[j];
     uint64_t serial = 0;
     const BlockId b = s.blocks[j];
     // A block is registered only under the very parent entry its chain recorded, while that
     // entry is still in the index: lookups walk from the root, so an entry below a gap (after
     // reset_prefix_cache, or once the parent entry was evicted) could never be reached, would
     // hold its key and would announce a parent that is gone. The chain stops there instead.
-    if ((j == 0 || (parent_serial != 0 && entry_alive(parent, parent_serial))) && b != kNoBlock) {
+    // Within this call nothing is erased, so the previous block's entry, registered or found by
+    // the previous iteration (parent_serial != 0), is still alive: only the first block's parent
+    // (from an earlier commit) is looked up.
+    const bool parent_alive =
+        j == 0 || (parent_serial != 0 && (j > first || entry_alive(parent, parent_serial)));
+    if (parent_alive && b != kNoBlock) {
       if (std::optional<BlockId> existing = prefix_.find(h)) {
         // Same key: the same content computed twice (keep the first, chain on it) or a
         // collision (stop the chain).
@@ -234,11 +285,12 @@ int32_t KVCacheManager::register_full_blocks(Sequence& s) {
           serial = prefix_.entry(*existing)->serial;
         }
       } else if (prefix_.entry(b) == nullptr) {
-        serial = prefix_.insert(b, {.hash = h,
-                                    .parent_hash = parent,
-                                    .parent_serial = parent_serial,
-                                    .extra_key = s.extra_key,
-                                    .tokens = {tokens.begin(), tokens.end()}});
+        serial = prefix_.insert(b,
+                                {.hash = h,
+                                 .parent_hash = parent,
+                                 .parent_serial = parent_serial,
+                                 .extra_key = s.extra_key},
+                                tokens);
         allocator_.set_cached(b, true);
         ++published;
         // Events are off by default: copy the tokens for one only when it is kept.
@@ -252,7 +304,6 @@ int32_t KVCacheManager::register_full_blocks(Sequence& s) {
         }
       }
     }
-    s.hashes.push_back(h);
     s.serials.push_back(serial);
   }
   return published;
@@ -262,6 +313,8 @@ std::optional<std::vector<BlockId>> KVCacheManager::allocate_evicting(int32_t n)
   // A member list, so that its capacity is kept: an eviction costs no heap allocation.
   evicted_.clear();
   std::optional<std::vector<BlockId>> ids = allocator_.allocate(n, evicted_);
+  // LRU victims are the coldest blocks of all: load their prefix state in one pass first.
+  prefix_.prefetch_erase(evicted_);
   for (BlockId b : evicted_) drop_evicted(b);
   evicted_.clear();
   return ids;

@@ -38,11 +38,9 @@ BlockHash block_hash(BlockHash parent, std::span<const TokenId> tokens, uint64_t
 // table plus one array read, and registering or forgetting a block allocates nothing beyond
 // the entry's tokens.
 
-std::optional<BlockId> PrefixCache::KeyIndex::find(BlockHash hash) const {
-  if (size_ == 0) return std::nullopt;
-  const Cell& c = cells_[position(hash)];
-  if (c.block < 0) return std::nullopt;
-  return c.block;
+BlockId PrefixCache::KeyIndex::find(BlockHash hash) const {
+  if (size_ == 0) return -1;
+  return cells_[position(hash)].block;
 }
 
 size_t PrefixCache::KeyIndex::home(BlockHash hash) const {
@@ -92,15 +90,9 @@ void PrefixCache::KeyIndex::grow() {
   }
 }
 
-namespace {
-
-/// Makes room for one more element, growing geometrically (as push_back would).
-template <typename T>
-void reserve_one_more(std::vector<T>& v) {
-  if (v.size() == v.capacity()) v.reserve(std::max<size_t>(16, 2 * v.capacity()));
+void PrefixCache::KeyIndex::prefetch(BlockHash hash) const {
+  if (!cells_.empty()) __builtin_prefetch(&cells_[home(hash)]);
 }
-
-}  // namespace
 
 PrefixCache::PrefixCache(int32_t num_blocks, int32_t block_size)
     : num_blocks_(num_blocks), block_size_(block_size) {
@@ -108,168 +100,200 @@ PrefixCache::PrefixCache(int32_t num_blocks, int32_t block_size)
   PAGEDKV_CHECK(block_size >= 1, "PrefixCache: block_size must be >= 1, got {}", block_size);
 }
 
-int32_t PrefixCache::entry_index(BlockId block) const {
-  return entry_of_.empty() ? -1 : entry_of_[block];
-}
-
 void PrefixCache::check_block(BlockId block, const char* op) const {
   PAGEDKV_CHECK(block >= 0 && block < num_blocks_,
                 "PrefixCache::{}: block id {} out of range [0, {})", op, block, num_blocks_);
 }
 
+const PrefixCache::Record* PrefixCache::registered(BlockId block) const {
+  if (static_cast<size_t>(block) >= records_.size()) return nullptr;
+  const Record& r = records_[static_cast<size_t>(block)];
+  return r.entry.serial != 0 ? &r : nullptr;
+}
+
+void PrefixCache::cover(BlockId block) {
+  const auto need = static_cast<size_t>(block) + 1;
+  if (need <= records_.size()) return;
+  const size_t n =
+      std::min(std::max({need, 2 * records_.size(), size_t{64}}), static_cast<size_t>(num_blocks_));
+  std::vector<Record> records(n);
+  std::vector<TokenId> tokens(n * static_cast<size_t>(block_size_));
+  std::copy(records_.begin(), records_.end(), records.begin());
+  std::copy(tokens_.begin(), tokens_.end(), tokens.begin());
+  records_ = std::move(records);
+  tokens_ = std::move(tokens);
+}
+
 std::optional<BlockId> PrefixCache::lookup(BlockHash hash, uint64_t parent_serial,
                                            uint64_t extra_key,
                                            std::span<const TokenId> tokens) const {
-  const std::optional<BlockId> block = by_hash_.find(hash);
-  if (!block) return std::nullopt;
-  const Entry& e = entries_[entry_of_[*block]];
+  const BlockId block = by_hash_.find(hash);
+  if (block < 0) return std::nullopt;
+  const Entry& e = records_[static_cast<size_t>(block)].entry;
   // Confirm the content: a 64-bit key can collide, a wrong share would corrupt a sequence.
   if (e.parent_serial != parent_serial || e.extra_key != extra_key ||
-      !std::equal(tokens.begin(), tokens.end(), e.tokens.begin(), e.tokens.end())) {
+      tokens.size() != static_cast<size_t>(block_size_) ||
+      !std::equal(tokens.begin(), tokens.end(), row(block))) {
     return std::nullopt;
   }
   return block;
 }
 
-uint64_t PrefixCache::insert(BlockId block, Entry entry) {
+uint64_t PrefixCache::insert(BlockId block, const Entry& entry, std::span<const TokenId> tokens) {
   check_block(block, "insert");
-  PAGEDKV_CHECK(entry_index(block) < 0, "PrefixCache::insert: block {} already registered", block);
-  const std::optional<BlockId> holder = by_hash_.find(entry.hash);
-  PAGEDKV_CHECK(!holder, "PrefixCache::insert: key {:#018x} already registered (block {})",
-                entry.hash, holder.value_or(-1));
-  PAGEDKV_CHECK(static_cast<int64_t>(entry.tokens.size()) == block_size_,
-                "PrefixCache::insert: {} tokens, expected a full block of {}", entry.tokens.size(),
+  PAGEDKV_CHECK(registered(block) == nullptr, "PrefixCache::insert: block {} already registered",
+                block);
+  const BlockId holder = by_hash_.find(entry.hash);
+  PAGEDKV_CHECK(holder < 0, "PrefixCache::insert: key {:#018x} already registered (block {})",
+                entry.hash, holder);
+  PAGEDKV_CHECK(static_cast<int64_t>(tokens.size()) == block_size_,
+                "PrefixCache::insert: {} tokens, expected a full block of {}", tokens.size(),
                 block_size_);
-  // Everything that can run out of memory happens before the first change (the index's own
-  // growth keeps the old table until the new one is built), so a bad_alloc leaves the cache as
-  // it was; the pushes below then fit in reserved capacity and cannot throw.
-  if (entry_of_.empty()) {
-    const auto n = static_cast<size_t>(num_blocks_);
-    std::vector<int32_t> entry_of(n, -1), parent_of(n, -1), first(n, -1), next(n, -1), prev(n, -1);
-    entry_of_ = std::move(entry_of);
-    parent_of_ = std::move(parent_of);
-    first_child_ = std::move(first);
-    next_sibling_ = std::move(next);
-    prev_sibling_ = std::move(prev);
-  }
-  reserve_one_more(entries_);
-  reserve_one_more(block_of_);
+  // Everything that can run out of memory happens before the first change (cover() and the
+  // index's growth keep the old arrays until the new ones are built), so a bad_alloc leaves
+  // the cache as it was.
+  cover(block);
   // The parent link, when the entry's parent is the registered entry of that key.
   BlockId parent = -1;
   if (entry.parent_serial != 0) {
-    if (const std::optional<BlockId> p = by_hash_.find(entry.parent_hash);
-        p && entries_[entry_of_[*p]].serial == entry.parent_serial) {
-      parent = *p;
+    if (const BlockId p = by_hash_.find(entry.parent_hash);
+        p >= 0 && records_[static_cast<size_t>(p)].entry.serial == entry.parent_serial) {
+      parent = p;
     }
   }
   by_hash_.insert(entry.hash, block);
   const uint64_t serial = next_serial_++;
-  entry.serial = serial;
-  parent_of_[block] = parent;
+  Record& r = records_[static_cast<size_t>(block)];
+  r.entry = entry;
+  r.entry.serial = serial;
+  r.parent = parent;
+  r.first_child = -1;
+  r.prev_sibling = -1;
+  r.next_sibling = -1;
   if (parent >= 0) {
-    next_sibling_[block] = first_child_[parent];
-    prev_sibling_[block] = -1;
-    if (first_child_[parent] >= 0) prev_sibling_[first_child_[parent]] = block;
-    first_child_[parent] = block;
+    Record& p = records_[static_cast<size_t>(parent)];
+    r.next_sibling = p.first_child;
+    if (p.first_child >= 0) records_[static_cast<size_t>(p.first_child)].prev_sibling = block;
+    p.first_child = block;
   }
-  entry_of_[block] = static_cast<int32_t>(entries_.size());
-  entries_.push_back(std::move(entry));
-  block_of_.push_back(block);
+  std::copy(tokens.begin(), tokens.end(),
+            tokens_.begin() + static_cast<std::ptrdiff_t>(block) * block_size_);
   return serial;
 }
 
 std::optional<PrefixCache::Entry> PrefixCache::erase(BlockId block) {
   check_block(block, "erase");
-  const int32_t i = entry_index(block);
-  if (i < 0) return std::nullopt;
-  std::optional<Entry> e = std::move(entries_[i]);
-  by_hash_.erase(e->hash);
+  if (registered(block) == nullptr) return std::nullopt;
+  Record& r = records_[static_cast<size_t>(block)];
+  const Entry e = r.entry;
+  by_hash_.erase(e.hash);
   unlink_parent(block);
-  for (BlockId c = first_child_[block]; c >= 0;) {
-    const BlockId next = next_sibling_[c];
-    parent_of_[c] = next_sibling_[c] = prev_sibling_[c] = -1;
+  for (BlockId c = r.first_child; c >= 0;) {
+    Record& child = records_[static_cast<size_t>(c)];
+    const BlockId next = child.next_sibling;
+    child.parent = child.next_sibling = child.prev_sibling = -1;
     c = next;
   }
-  first_child_[block] = -1;
-  // Keep entries_ dense: the last entry takes the freed place.
-  const int32_t last = static_cast<int32_t>(entries_.size()) - 1;
-  if (i != last) {
-    entries_[i] = std::move(entries_[last]);
-    block_of_[i] = block_of_[last];
-    entry_of_[block_of_[i]] = i;
-  }
-  entries_.pop_back();
-  block_of_.pop_back();
-  entry_of_[block] = -1;
+  r = Record{};
   return e;
 }
 
 const PrefixCache::Entry* PrefixCache::entry(BlockId block) const {
   check_block(block, "entry");
-  const int32_t i = entry_index(block);
-  return i < 0 ? nullptr : &entries_[i];
+  const Record* r = registered(block);
+  return r == nullptr ? nullptr : &r->entry;
 }
 
-std::optional<BlockId> PrefixCache::find(BlockHash hash) const { return by_hash_.find(hash); }
+std::span<const TokenId> PrefixCache::tokens(BlockId block) const {
+  check_block(block, "tokens");
+  if (registered(block) == nullptr) return {};
+  return {row(block), static_cast<size_t>(block_size_)};
+}
+
+void PrefixCache::prefetch_erase(std::span<const BlockId> blocks) const {
+  // Two passes: all the records first, then (their keys known by then) the index cells, so
+  // the misses of each pass overlap instead of following one another block by block.
+  for (BlockId b : blocks) {
+    if (b >= 0 && static_cast<size_t>(b) < records_.size()) __builtin_prefetch(&records_[b]);
+  }
+  for (BlockId b : blocks) {
+    if (const Record* r = b >= 0 ? registered(b) : nullptr) by_hash_.prefetch(r->entry.hash);
+  }
+}
+
+void PrefixCache::prefetch_block(BlockId block) const {
+  if (block < 0 || static_cast<size_t>(block) >= records_.size()) return;
+  __builtin_prefetch(&records_[static_cast<size_t>(block)], 1);
+  __builtin_prefetch(row(block), 1);
+}
 
 void PrefixCache::unlink_parent(BlockId block) {
-  const BlockId parent = parent_of_[block];
-  if (parent < 0) return;
-  const BlockId prev = prev_sibling_[block];
-  const BlockId next = next_sibling_[block];
-  if (prev >= 0) {
-    next_sibling_[prev] = next;
+  Record& r = records_[static_cast<size_t>(block)];
+  if (r.parent < 0) return;
+  if (r.prev_sibling >= 0) {
+    records_[static_cast<size_t>(r.prev_sibling)].next_sibling = r.next_sibling;
   } else {
-    first_child_[parent] = next;
+    records_[static_cast<size_t>(r.parent)].first_child = r.next_sibling;
   }
-  if (next >= 0) prev_sibling_[next] = prev;
-  parent_of_[block] = next_sibling_[block] = prev_sibling_[block] = -1;
+  if (r.next_sibling >= 0) {
+    records_[static_cast<size_t>(r.next_sibling)].prev_sibling = r.prev_sibling;
+  }
+  // r's own links are left: erase(), the only caller, resets the whole record.
 }
 
 void PrefixCache::children(BlockId block, std::vector<BlockId>& out) const {
   check_block(block, "children");
-  if (entry_index(block) < 0) return;
-  for (BlockId c = first_child_[block]; c >= 0; c = next_sibling_[c]) out.push_back(c);
+  const Record* r = registered(block);
+  if (r == nullptr) return;
+  for (BlockId c = r->first_child; c >= 0; c = records_[static_cast<size_t>(c)].next_sibling) {
+    out.push_back(c);
+  }
 }
 
 void PrefixCache::check_invariants() const {
-  const auto num_entries = static_cast<int32_t>(entries_.size());
-  PAGEDKV_CHECK(
-      static_cast<int32_t>(block_of_.size()) == num_entries && by_hash_.size() == num_entries,
-      "invariant: prefix index has {} entries, {} entry blocks and {} keys", num_entries,
-      block_of_.size(), by_hash_.size());
-  for (int32_t i = 0; i < num_entries; ++i) {
-    const BlockId b = block_of_[i];
-    const Entry& e = entries_[i];
-    PAGEDKV_CHECK(b >= 0 && b < num_blocks_ && entry_of_[b] == i,
-                  "invariant: prefix entry {} is recorded for block {}, which maps to entry {}", i,
-                  b, b >= 0 && b < num_blocks_ ? entry_of_[b] : -1);
-    const std::optional<BlockId> found = by_hash_.find(e.hash);
-    PAGEDKV_CHECK(found == b, "invariant: prefix key {:#018x} of block {} finds block {}", e.hash,
-                  b, found.value_or(-1));
-    PAGEDKV_CHECK(static_cast<int64_t>(e.tokens.size()) == block_size_ && e.serial >= 1 &&
-                      e.serial < next_serial_,
-                  "invariant: prefix entry of block {} has {} tokens (block size {}) and serial {} "
-                  "(next {})",
-                  b, e.tokens.size(), block_size_, e.serial, next_serial_);
-  }
-  const auto mapped =
-      std::count_if(entry_of_.begin(), entry_of_.end(), [](int32_t i) { return i >= 0; });
-  PAGEDKV_CHECK(mapped == num_entries, "invariant: {} blocks map to a prefix entry, {} entries",
-                mapped, num_entries);
-  for (BlockId p = 0; p < static_cast<BlockId>(first_child_.size()); ++p) {
+  const auto covered = static_cast<BlockId>(records_.size());
+  PAGEDKV_CHECK(covered <= num_blocks_ &&
+                    tokens_.size() == records_.size() * static_cast<size_t>(block_size_),
+                "invariant: prefix records cover {} blocks of a pool of {}, with {} token ids",
+                covered, num_blocks_, tokens_.size());
+  int32_t num_registered = 0;
+  int32_t with_parent = 0;  // records that name a parent
+  int32_t listed = 0;       // records found in their parent's child list
+  for (BlockId b = 0; b < covered; ++b) {
+    const Record& r = records_[static_cast<size_t>(b)];
+    if (r.entry.serial == 0) {
+      PAGEDKV_CHECK(r.parent < 0 && r.first_child < 0,
+                    "invariant: unregistered block {} has a parent or children", b);
+      continue;
+    }
+    ++num_registered;
+    with_parent += r.parent >= 0 ? 1 : 0;
+    const BlockId found = by_hash_.find(r.entry.hash);
+    PAGEDKV_CHECK(found == b, "invariant: prefix key {:#018x} of block {} finds block {}",
+                  r.entry.hash, b, found < 0 ? -1 : found);
+    PAGEDKV_CHECK(r.entry.serial < next_serial_,
+                  "invariant: prefix entry of block {} has serial {} (next {})", b, r.entry.serial,
+                  next_serial_);
     BlockId prev = -1;
     int32_t steps = 0;
-    for (BlockId c = first_child_[p]; c >= 0; prev = c, c = next_sibling_[c]) {
-      PAGEDKV_CHECK(c < num_blocks_ && ++steps <= num_entries && parent_of_[c] == p &&
-                        prev_sibling_[c] == prev && entry_of_[c] >= 0,
+    for (BlockId c = r.first_child; c >= 0; prev = c, c = records_[c].next_sibling) {
+      PAGEDKV_CHECK(c < covered && ++steps <= covered && records_[c].parent == b &&
+                        records_[c].prev_sibling == prev && records_[c].entry.serial != 0,
                     "invariant: block {} in the child list of block {} (after {}) is not a "
                     "registered child linked back to it",
-                    c, p, prev);
+                    c, b, prev);
+      ++listed;
     }
-    PAGEDKV_CHECK(first_child_[p] < 0 || entry_of_[p] >= 0,
-                  "invariant: unregistered block {} has children", p);
   }
+  // Every child list holds only blocks that name its owner (above), so a record that names a
+  // parent without being in its list makes the two counts differ.
+  PAGEDKV_CHECK(listed == with_parent,
+                "invariant: {} prefix entries name a parent block, {} are in their parent's child "
+                "list",
+                with_parent, listed);
+  PAGEDKV_CHECK(num_registered == by_hash_.size(),
+                "invariant: {} blocks hold a prefix entry, the key index {} keys", num_registered,
+                by_hash_.size());
 }
 
 }  // namespace pagedkv

@@ -2,6 +2,8 @@
 // (stats, dump, events, batch_metadata).
 
 #include <algorithm>
+#include <span>
+#include <vector>
 
 #include "ops/ops_internal.hpp"
 
@@ -61,7 +63,8 @@ json prefix_index_json(const KVCacheManager& m, const std::vector<BlockId>& cand
     const PrefixCache::Entry* e = index.entry(b);
     if (e == nullptr) continue;
     json x{{"block", b}, {"hash", hex(e->hash)}, {"parent", hex(e->parent_hash)}};
-    x["tokens"] = e->tokens;
+    const std::span<const TokenId> tokens = index.tokens(b);
+    x["tokens"] = std::vector<TokenId>(tokens.begin(), tokens.end());
     if (e->extra_key != 0) x["extra"] = e->extra_key;
     entries.push_back(std::move(x));
   }

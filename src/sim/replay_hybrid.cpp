@@ -21,6 +21,9 @@ using replay_detail::Active;
 using replay_detail::Admit;
 using replay_detail::Pool;
 
+/// The replay writes no K/V: no slots (the pages and counts are the same either way).
+constexpr AppendOptions kNoSlots{.return_slots = false};
+
 /// Live and reserved are counted in layer-positions (one position of one layer): live = what
 /// the real layers need (needed_layer_positions), reserved = the pages in use x block_size x G,
 /// padded layer slots included. So util = needed / reserved bytes, dtype- and layer-aware.
@@ -61,7 +64,7 @@ class HybridPool final : public Pool {
   }
 
   bool append_one(Active& r) override {
-    if (!manager_.append_slots(seq(r), 1)) return false;
+    if (!manager_.append_slots(seq(r), 1, kNoSlots)) return false;
     live_ +=
         needed_layer_positions(model_, r.cached + 1) - needed_layer_positions(model_, r.cached);
     r.members = 1;
@@ -97,13 +100,13 @@ class HybridPool final : public Pool {
   /// end holding what the last (largest) piece's queries read. False when the pool is short.
   bool append_prompt(SeqId s, int64_t tokens) {
     if (local_spec() == nullptr || tokens <= piece_) {
-      return manager_.append_slots(s, tokens).has_value();
+      return manager_.append_slots(s, tokens, kNoSlots).has_value();
     }
     int64_t done = 0;
     while (done < tokens) {
       const int64_t rest = (tokens - done) % piece_;
       const int64_t n = rest > 0 ? rest : piece_;
-      if (!manager_.append_slots(s, n)) return false;
+      if (!manager_.append_slots(s, n, kNoSlots)) return false;
       done += n;
     }
     return true;

@@ -33,10 +33,40 @@ uint64_t mix64(uint64_t x) {
 // An id in [3, vocab_size) from the hash: the high half of h x (vocab_size - 3) (Lemire, "Fast
 // random integer generation in an interval", TOMACS 2019), a multiply where `%` was a 64-bit
 // division (a third of a Mooncake prefix-16 replay).
-TokenId token_for(uint64_t key, int64_t position, int32_t vocab_size) {
-  const uint64_t h = mix64(key ^ mix64(static_cast<uint64_t>(position)));
+// `inner` is mix64(position).
+TokenId token_from_inner(uint64_t key, uint64_t inner, int32_t vocab_size) {
+  const uint64_t h = mix64(key ^ inner);
   const auto range = static_cast<unsigned __int128>(static_cast<uint64_t>(vocab_size - 3));
   return static_cast<TokenId>(3 + static_cast<uint64_t>((h * range) >> 64));
+}
+
+TokenId token_for(uint64_t key, int64_t position, int32_t vocab_size) {
+  return token_from_inner(key, mix64(static_cast<uint64_t>(position)), vocab_size);
+}
+
+// fill_ids runs per prompt position (145 M positions in a Mooncake replay): compiled once more
+// for AVX-512 and AVX2, chosen at load time by the CPU (GCC/Clang function multiversioning),
+// where its loop runs 8 or 4 positions at once. Not under sanitizers (ifunc resolvers run
+// before their runtime is up).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define PAGEDKV_SIM_VECTOR_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define PAGEDKV_SIM_VECTOR_CLONES
+#endif
+
+// out[i] = token_from_inner(key, inner[i], vocab_size) for i < n, in 64-bit lanes only: the
+// high half of h x range (range < 2^32) is (hi x range + (lo x range >> 32)) >> 32 with h = hi
+// 2^32 + lo, exactly (the dropped fraction of lo x range / 2^32 cannot carry into bit 64).
+PAGEDKV_SIM_VECTOR_CLONES void fill_ids(uint64_t key, const uint64_t* inner, int64_t n,
+                                        int32_t vocab_size, TokenId* out) {
+  const auto range = static_cast<uint64_t>(vocab_size - 3);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t h = mix64(key ^ inner[i]);
+    const uint64_t high = ((h >> 32) * range + (((h & 0xFFFFFFFFu) * range) >> 32)) >> 32;
+    out[i] = static_cast<TokenId>(3 + high);
+  }
 }
 
 /// Keys of unique content have the top bit set; hash-id keys never do (ids are < 2^63).
@@ -54,6 +84,10 @@ TokenId token_at(const Trace& trace, size_t index, int64_t pos, int32_t vocab_si
 }
 
 // ---- memory strategies -------------------------------------------------------------------------
+
+/// The replay writes no K/V, so it asks the managers for no slots (8 bytes per token it would
+/// never read): only the blocks and counts, which are the same either way.
+constexpr AppendOptions kNoSlots{.return_slots = false};
 
 class ContiguousPool final : public Pool {
  public:
@@ -151,7 +185,12 @@ class PagedPool final : public Pool {
       case Admission::kOk:
         break;
     }
-    const std::optional<AddResult> added = manager_.add_sequence(seq(r), ids);
+    // No slots (kNoSlots): the replay writes no K/V.
+    // max_new_tokens: the output still to come. It sizes the manager's id list (so decode
+    // appends do not copy a long prompt's ids again); its never-fits test cannot fire here,
+    // since group_blocks() above already holds prompt + output.
+    const std::optional<AddResult> added = manager_.add_sequence(
+        seq(r), ids, AddOptions{.max_new_tokens = r.output - r.generated, .return_slots = false});
     PAGEDKV_CHECK(added.has_value(), "replay: add_sequence failed after can_add_sequence kOk");
     r.cached = r.target;
     r.computed = added->num_computed_tokens;
@@ -168,9 +207,9 @@ class PagedPool final : public Pool {
     if (prefix_) {
       // Generated tokens are recorded too, so a recomputed request can hit its own blocks.
       const std::array<TokenId, 1> id = {token_at(trace_, r.index, r.cached, vocab_size_)};
-      appended = manager_.append_tokens(seq(r), id);
+      appended = manager_.append_tokens(seq(r), id, kNoSlots);
     } else {
-      appended = manager_.append_slots(seq(r), 1);
+      appended = manager_.append_slots(seq(r), 1, kNoSlots);
     }
     if (!appended) return false;
     waste_ += waste(r.cached + 1) - waste(r.cached);
@@ -343,8 +382,8 @@ bool PagedPool::append_group(Active& r) {
   }
   const std::array<TokenId, 1> id = {token_at(trace_, r.index, r.cached, vocab_size_)};
   for (SeqId m : g) {
-    const bool ok = prefix_ ? manager_.append_tokens(m, id).has_value()
-                            : manager_.append_slots(m, 1).has_value();
+    const bool ok = prefix_ ? manager_.append_tokens(m, id, kNoSlots).has_value()
+                            : manager_.append_slots(m, 1, kNoSlots).has_value();
     PAGEDKV_CHECK(ok, "replay: internal: group member {} could not append", m);
   }
   waste_ += width_ * waste(r.cached + 1) - int64_t{r.members} * waste(r.cached);
@@ -408,13 +447,21 @@ void replay_detail::synthesize_into(const Trace& trace, size_t index, int64_t be
   out.resize(static_cast<size_t>(end - begin));
   TokenId* dst = out.data();
   int64_t pos = begin;
+  // token_for(key, off) = mix(key ^ mix(off)): the inner mix of each offset of a hash block is
+  // the same in every block, so it is computed once per thread, not once per position.
+  static thread_local std::vector<uint64_t> inner;
+  if (shared_end > 0 && static_cast<int64_t>(inner.size()) != hb) {
+    inner.resize(static_cast<size_t>(hb));
+    for (int64_t off = 0; off < hb; ++off) inner[off] = mix64(static_cast<uint64_t>(off));
+  }
   while (pos < std::min(end, shared_end)) {
     const int64_t block = pos / hb;
     const auto key = static_cast<uint64_t>(hashes[static_cast<size_t>(block)]);
     const int64_t stop = std::min({end, shared_end, (block + 1) * hb});
-    for (int64_t off = pos - block * hb; pos < stop; ++pos, ++off) {
-      *dst++ = token_for(key, off, vocab_size);
-    }
+    const int64_t off = pos - block * hb;
+    fill_ids(key, inner.data() + off, stop - pos, vocab_size, dst);
+    dst += stop - pos;
+    pos = stop;
   }
   const uint64_t own = own_key(index);
   for (; pos < end; ++pos) *dst++ = token_for(own, pos, vocab_size);

@@ -33,7 +33,7 @@ std::string Slo::describe() const {
 
 std::vector<SweepPoint> sweep(const Trace& trace, const ReplayConfig& config,
                               std::span<const Strategy> strategies, std::span<const double> rates,
-                              int threads, const std::function<void(int, int)>& progress) {
+                              int threads, const SweepProgressFn& progress) {
   PAGEDKV_CHECK(!rates.empty(), "sweep: no rate given");
   for (double r : rates) {
     PAGEDKV_CHECK(r > 0 && std::isfinite(r), "sweep: rate {} must be > 0 and finite", r);
@@ -51,11 +51,11 @@ std::vector<SweepPoint> sweep(const Trace& trace, const ReplayConfig& config,
   }
   const int total = static_cast<int>(points.size());
   std::atomic<int> next{0};
-  std::atomic<int> done{0};
-  std::mutex error_mutex;
+  int done = 0;      // guarded by mutex
+  std::mutex mutex;  // done, error, and the progress calls
   std::exception_ptr error;
   // Takes runs until none is left; the first error is kept and rethrown on the calling thread.
-  const auto work = [&](bool report) {
+  const auto work = [&] {
     for (int i = next++; i < total; i = next++) {
       const auto k = static_cast<size_t>(i);
       try {
@@ -63,18 +63,23 @@ std::vector<SweepPoint> sweep(const Trace& trace, const ReplayConfig& config,
         c.rate_scale = points[k].rate_scale;
         points[k].result = replay(trace, c, strategies[k / rates.size()]);
       } catch (...) {
-        const std::lock_guard<std::mutex> lock(error_mutex);
+        const std::lock_guard<std::mutex> lock(mutex);
         if (!error) error = std::current_exception();
       }
+      const std::lock_guard<std::mutex> lock(mutex);
       ++done;
-      if (report && progress) progress(done.load(), total);
+      if (!progress || error) continue;
+      try {
+        progress(done, total, points[k]);
+      } catch (...) {  // from a worker thread too: rethrown on the calling one
+        error = std::current_exception();
+      }
     }
   };
   std::vector<std::thread> pool;
-  for (int t = 1; t < std::max(1, std::min(threads, total)); ++t) pool.emplace_back(work, false);
-  work(true);  // the calling thread works too, and reports progress between its runs
+  for (int t = 1; t < std::max(1, std::min(threads, total)); ++t) pool.emplace_back(work);
+  work();  // the calling thread works too
   for (std::thread& t : pool) t.join();
-  if (progress) progress(total, total);
   if (error) std::rethrow_exception(error);
   return points;
 }

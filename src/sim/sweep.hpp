@@ -34,16 +34,21 @@ struct SweepPoint {
   ReplayResult result;
 };
 
+/// Called once per finished run of a sweep: (runs finished so far, 1..total, runs in all, the
+/// run's point: its rate and result, wall_seconds included). Called from the thread that ran
+/// it, one call at a time (the sweep serializes them), `done` counting up by one per call.
+using SweepProgressFn = std::function<void(int done, int total, const SweepPoint& finished)>;
+
 /// Replays `trace` for every rate in `rates` (config.rate_scale replaced) and every strategy,
 /// on up to `threads` threads (each run is independent and deterministic, so the result does
 /// not depend on the thread count). Returns points in (strategy, rate) order: strategy-major,
-/// rates as given. `progress(done, total)` is called after each run, from the calling thread.
+/// rates as given. `progress` is called after each run (SweepProgressFn).
 /// Errors: throws pagedkv::Error if rates is empty or holds a rate that is not > 0 and finite
 /// (naming it), or as replay() does.
 [[nodiscard]] std::vector<SweepPoint> sweep(const Trace& trace, const ReplayConfig& config,
                                             std::span<const Strategy> strategies,
                                             std::span<const double> rates, int threads,
-                                            const std::function<void(int, int)>& progress = {});
+                                            const SweepProgressFn& progress = {});
 
 /// Per strategy, the highest swept rate whose run meets `slo` (0 when none does), in the order
 /// of the strategies' first appearance in `points`.

@@ -17,8 +17,14 @@ struct ManagerCorruptor {
   static PrefixCache& prefix(KVCacheManager& m) { return m.prefix_; }
 
   // ---- BlockAllocator ----
-  static void set_ref_count(BlockAllocator& a, BlockId b, int32_t count) { a.ref_[b] = count; }
-  static void set_cached_flag(BlockAllocator& a, BlockId b, bool cached) { a.cached_[b] = cached; }
+  static void set_ref_count(BlockAllocator& a, BlockId b, int32_t count) {
+    a.state_[b] = (a.state_[b] & BlockAllocator::kCachedBit) |
+                  (static_cast<uint32_t>(count) & ~BlockAllocator::kCachedBit);
+  }
+  static void set_cached_flag(BlockAllocator& a, BlockId b, bool cached) {
+    a.state_[b] = cached ? a.state_[b] | BlockAllocator::kCachedBit
+                         : a.state_[b] & ~BlockAllocator::kCachedBit;
+  }
   /// Entry k of the free list (k = 0 is the next block allocate() hands out).
   static void set_free_entry(BlockAllocator& a, int32_t k, BlockId b) {
     a.free_ring_[(a.free_head_ + k) % a.num_blocks()] = b;
@@ -29,21 +35,20 @@ struct ManagerCorruptor {
   // ---- PrefixCache ----
   /// Changes the key stored in block b's entry (the key index still maps the old key).
   static void set_entry_hash(PrefixCache& p, BlockId b, BlockHash hash) {
-    p.entries_[p.entry_of_[b]].hash = hash;
+    p.records_[static_cast<size_t>(b)].entry.hash = hash;
   }
-  /// Points entry i at another block in the entry -> block map only.
-  static void set_entry_block(PrefixCache& p, int32_t i, BlockId b) { p.block_of_[i] = b; }
+  /// Points the key index's cell of `hash` at block b (the records stay as they were).
+  static void set_key_block(PrefixCache& p, BlockHash hash, BlockId b) {
+    p.by_hash_.cells_[p.by_hash_.position(hash)].block = b;
+  }
   static void set_entry_serial(PrefixCache& p, BlockId b, uint64_t serial) {
-    p.entries_[p.entry_of_[b]].serial = serial;
+    p.records_[static_cast<size_t>(b)].entry.serial = serial;
   }
-  static void resize_entry_tokens(PrefixCache& p, BlockId b, size_t n) {
-    p.entries_[p.entry_of_[b]].tokens.resize(n);
-  }
-  /// The index of block b's entry (-1: none), what set_entry_block takes.
-  static int32_t entry_index(const PrefixCache& p, BlockId b) { return p.entry_of_[b]; }
   /// The serial the next insert hands out (every registered serial is below it).
   static uint64_t next_serial(const PrefixCache& p) { return p.next_serial_; }
-  static void set_parent_of(PrefixCache& p, BlockId b, BlockId parent) { p.parent_of_[b] = parent; }
+  static void set_parent_of(PrefixCache& p, BlockId b, BlockId parent) {
+    p.records_[static_cast<size_t>(b)].parent = parent;
+  }
 
   // ---- KVCacheManager ----
   static void set_table_entry(KVCacheManager& m, SeqId s, size_t j, BlockId b) {

@@ -72,7 +72,7 @@ inline std::string observable(const KVCacheManager& m) {
     if (e == nullptr) continue;
     os << "entry " << b << ' ' << e->hash << ' ' << e->parent_hash << ' ' << e->serial << ' '
        << e->parent_serial << ' ' << e->extra_key << ':';
-    for (TokenId t : e->tokens) os << ' ' << t;
+    for (TokenId t : p.tokens(b)) os << ' ' << t;
     os << '\n';
   }
   const KVCacheStats st = m.stats();

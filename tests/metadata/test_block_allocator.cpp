@@ -27,6 +27,50 @@ void expect_conserved(const BlockAllocator& a) {
 #define EXPECT_ERROR(stmt, needle) \
   EXPECT_THAT([&] { stmt; }, ::testing::ThrowsMessage<Error>(HasSubstr(needle)))
 
+TEST(BlockAllocator, ReleaseTableGoesLastEntryFirstAndSkipsEmptyEntries) {
+  // Blocks 0..5; a table {0, 1, -1, 2, 3} where 1 and 3 are cached and 2 is shared (ref 2):
+  // released 3, 2, 1, 0, so 3 then 1 join the LRU, 0 the free list, and 2 stays in use.
+  BlockAllocator a(6);
+  ASSERT_TRUE(a.allocate(6));
+  for (BlockId b : {4, 5}) ASSERT_TRUE(a.release(b));
+  a.retain(2);
+  a.set_cached(1, true);
+  a.set_cached(3, true);
+  const std::vector<BlockId> table{0, 1, -1, 2, 3};
+  EXPECT_EQ(a.release_table(table), 3);
+  EXPECT_THAT(a.free_list(), ElementsAre(4, 5, 0));
+  EXPECT_THAT(a.cached_lru(), ElementsAre(3, 1));
+  EXPECT_EQ(a.ref_count(2), 1);
+  EXPECT_EQ(a.num_used(), 1);
+  EXPECT_EQ(a.release_table(std::vector<BlockId>{}), 0);
+  expect_conserved(a);
+  a.check_invariants();
+}
+
+TEST(BlockAllocator, FailedReleaseTableChangesNothing) {
+  // {0, 1, 0}: released 0, 1, then 0 again (now free): the call throws and undoes both
+  // releases, so the free list, the LRU and the ref counts are as before.
+  BlockAllocator a(4);
+  ASSERT_TRUE(a.allocate(3));
+  a.set_cached(1, true);
+  const std::vector<BlockId> free_before = a.free_list();
+  EXPECT_ERROR(a.release_table(std::vector<BlockId>{0, 1, 0}),
+               "BlockAllocator::release: block 0 is not allocated (double free?)");
+  EXPECT_EQ(a.free_list(), free_before);
+  EXPECT_TRUE(a.cached_lru().empty());
+  EXPECT_EQ(a.ref_count(0), 1);
+  EXPECT_EQ(a.ref_count(1), 1);
+  EXPECT_TRUE(a.is_cached(1));
+  a.check_invariants();
+  EXPECT_ERROR(a.release_table(std::vector<BlockId>{4, 2}),
+               "BlockAllocator::release: block id 4 out of range [0, 4)");
+  EXPECT_ERROR(a.release_table(std::vector<BlockId>{3, 2}),
+               "BlockAllocator::release: block 3 is not allocated (double free?)");
+  EXPECT_EQ(a.ref_count(2), 1);
+  EXPECT_EQ(a.num_used(), 3);
+  a.check_invariants();
+}
+
 TEST(BlockAllocator, HandWorkedSequenceGivesExactIds) {
   BlockAllocator a(3);
   EXPECT_EQ(a.allocate(), 0);
@@ -134,6 +178,17 @@ TEST(BlockAllocator, AllocateManyReportsEveryEvictionInLruOrder) {
   EXPECT_EQ(a.allocate(), 3);
   EXPECT_EQ(a.num_cached(), 0);
   expect_conserved(a);
+  // allocate(n) without a list: the free blocks first, then the LRU head, in that order.
+  for (BlockId id : {3, 1}) {
+    a.set_cached(id, true);
+    a.release(id);
+  }
+  a.release(2);  // free (not cached)
+  EXPECT_THAT(a.allocate(2), ::testing::Optional(ElementsAre(2, 3)));
+  EXPECT_THAT(a.cached_lru(), ElementsAre(1));
+  EXPECT_FALSE(a.is_cached(3));
+  EXPECT_EQ(a.ref_count(3), 1);
+  a.check_invariants();
 }
 
 TEST(BlockAllocator, EvictAllCachedAndUncache) {

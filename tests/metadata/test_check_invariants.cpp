@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <string>
 
@@ -51,6 +52,13 @@ Facts facts(const KVCacheManager& m) {
 }
 
 std::string s(int64_t v) { return std::to_string(v); }
+
+/// A prefix key as the checks print it: {:#018x}.
+std::string fmt_key(BlockHash key) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(key));
+  return buf;
+}
 
 /// Runs `corrupt` on a fresh healthy manager; it returns what check_invariants must then say.
 void expect_fires(const std::function<std::string(KVCacheManager&, const Facts&)>& corrupt) {
@@ -184,71 +192,66 @@ TEST(CheckInvariants, AnEntryWhoseKeyFindsNothing) {
   });
 }
 
-TEST(CheckInvariants, AnEntryRecordedForTheWrongBlock) {
-  expect_fires([](KVCacheManager& m, const Facts& f) {
-    C::set_entry_block(C::prefix(m), 0, f.free[0]);
-    return "prefix entry 0 is recorded for block " + s(f.free[0]) + ", which maps to entry -1";
-  });
-}
-
-TEST(CheckInvariants, AnEntryRecordedForAnotherRegisteredBlock) {
+TEST(CheckInvariants, AKeyThatFindsAnUnregisteredBlock) {
   expect_fires([](KVCacheManager& m, const Facts& f) {
     PrefixCache& p = C::prefix(m);
-    BlockId other = -1;  // a registered block (not id 0) whose entry is not entry 0
-    for (BlockId b : {f.table2[0], f.table2[1], f.lru[0], f.lru[1]}) {
-      if (other < 0 && b != 0 && C::entry_index(p, b) != 0) other = b;
-    }
-    const int32_t its_entry = C::entry_index(p, other);
-    C::set_entry_block(p, 0, other);
-    return "prefix entry 0 is recorded for block " + s(other) + ", which maps to entry " +
-           s(its_entry);
+    const BlockHash key = p.entry(f.lru[0])->hash;
+    C::set_key_block(p, key, f.free[0]);
+    return "prefix key " + fmt_key(key) + " of block " + s(f.lru[0]) + " finds block " +
+           s(f.free[0]);
   });
 }
 
-TEST(CheckInvariants, AnEntryRecordedForBlockZero) {
+TEST(CheckInvariants, AKeyThatFindsAnotherRegisteredBlock) {
   expect_fires([](KVCacheManager& m, const Facts& f) {
     PrefixCache& p = C::prefix(m);
-    const int32_t zero_entry = C::entry_index(p, 0);
-    EXPECT_GE(zero_entry, 0) << "block 0 is registered in the healthy state";
-    int32_t moved = -1;  // the entry of another registered block
-    for (BlockId b : {f.table2[0], f.table2[1], f.lru[0], f.lru[1]}) {
-      if (moved < 0 && b != 0) moved = C::entry_index(p, b);
-    }
-    C::set_entry_block(p, moved, 0);
-    return "prefix entry " + s(moved) + " is recorded for block 0, which maps to entry " +
-           s(zero_entry);
+    const BlockHash key = p.entry(f.lru[0])->hash;
+    C::set_key_block(p, key, f.table2[0]);
+    return "prefix key " + fmt_key(key) + " of block " + s(f.lru[0]) + " finds block " +
+           s(f.table2[0]);
   });
 }
 
-TEST(CheckInvariants, AnEntryRecordedForABlockOutOfRange) {
+TEST(CheckInvariants, AKeyThatFindsABlockOutOfRange) {
+  // A negative block reads as an empty cell: the key finds nothing.
   for (const BlockId bad : {-5, -1, 10, 11}) {
-    expect_fires([bad](KVCacheManager& m, const Facts&) {
-      C::set_entry_block(C::prefix(m), 0, bad);
-      return "prefix entry 0 is recorded for block " + s(bad) + ", which maps to entry -1";
+    expect_fires([bad](KVCacheManager& m, const Facts& f) {
+      PrefixCache& p = C::prefix(m);
+      const BlockHash key = p.entry(f.lru[0])->hash;
+      C::set_key_block(p, key, bad);
+      return "prefix key " + fmt_key(key) + " of block " + s(f.lru[0]) + " finds block " +
+             s(bad < 0 ? -1 : bad);
     });
   }
 }
 
 TEST(CheckInvariants, AnEntrySerialNotHandedOut) {
   for (const uint64_t past_next : {uint64_t{0}, uint64_t{5}}) {  // 0 = the next serial itself
-    for (const bool zero : {false, true}) {
-      expect_fires([=](KVCacheManager& m, const Facts& f) {
-        const uint64_t next = C::next_serial(C::prefix(m));
-        const uint64_t serial = zero ? 0 : next + past_next;
-        C::set_entry_serial(C::prefix(m), f.lru[0], serial);
-        return "prefix entry of block " + s(f.lru[0]) + " has 2 tokens (block size 2) and serial " +
-               std::to_string(serial) + " (next " + std::to_string(next) + ")";
-      });
-    }
+    expect_fires([=](KVCacheManager& m, const Facts& f) {
+      const uint64_t next = C::next_serial(C::prefix(m));
+      C::set_entry_serial(C::prefix(m), f.lru[0], next + past_next);
+      return "prefix entry of block " + s(f.lru[0]) + " has serial " +
+             std::to_string(next + past_next) + " (next " + std::to_string(next) + ")";
+    });
   }
 }
 
-TEST(CheckInvariants, AnEntryWithoutAFullBlockOfTokens) {
+TEST(CheckInvariants, AChildWhoseSerialSaysUnregistered) {
+  // Serial 0 marks a block unregistered: lru[0] (block 3) hangs under lru[1] (block 2), whose
+  // child list then holds a block that is not a registered child.
   expect_fires([](KVCacheManager& m, const Facts& f) {
-    C::resize_entry_tokens(C::prefix(m), f.lru[0], 1);
-    const uint64_t serial = m.prefix_cache().entry(f.lru[0])->serial;
-    return "prefix entry of block " + s(f.lru[0]) + " has 1 tokens (block size 2) and serial " +
-           std::to_string(serial) + " (next " + std::to_string(C::next_serial(C::prefix(m))) + ")";
+    EXPECT_EQ(m.prefix_cache().entry(f.lru[0])->parent_hash,
+              m.prefix_cache().entry(f.lru[1])->hash);
+    C::set_entry_serial(C::prefix(m), f.lru[0], 0);
+    return "block " + s(f.lru[0]) + " in the child list of block " + s(f.lru[1]) +
+           " (after -1) is not a registered child linked back to it";
+  });
+}
+
+TEST(CheckInvariants, AnUnregisteredBlockWithAParentLink) {
+  expect_fires([](KVCacheManager& m, const Facts& f) {
+    C::set_parent_of(C::prefix(m), f.free[0], f.lru[1]);
+    return "unregistered block " + s(f.free[0]) + " has a parent or children";
   });
 }
 

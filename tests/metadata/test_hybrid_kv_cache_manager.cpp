@@ -21,6 +21,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 
 using testing::N;
 
@@ -159,6 +160,38 @@ TEST(HybridKVCacheManager, ForkCopiesOnWritePerGroup) {
   m.free_sequence(1);
   m.free_sequence(2);
   EXPECT_EQ(m.num_free_blocks(), 15);
+  m.check_invariants();
+}
+
+TEST(HybridKVCacheManager, AppendWithoutSlotsReleasesAndCopiesTheSame) {
+  // ForkCopiesOnWritePerGroup and a window release with AppendOptions::return_slots = false:
+  // the same blocks, copies and released ids, no slots.
+  const AppendOptions no_slots{.return_slots = false};
+  HybridKVCacheManager m({.num_blocks = 16, .block_size = 4, .groups = {full(), window(8)}});
+  m.add_sequence(1);
+  auto r = m.append_slots(1, 6, no_slots);
+  ASSERT_TRUE(r);
+  EXPECT_THAT(r->slots, IsEmpty());
+  m.fork(1, 2);
+  r = m.append_slots(2, 1, no_slots);
+  ASSERT_TRUE(r);
+  EXPECT_THAT(r->copies, ElementsAre(BlockCopy{2, 5}, BlockCopy{4, 6}));
+  EXPECT_THAT(r->copy_groups, ElementsAre(0, 1));
+  EXPECT_THAT(r->slots, IsEmpty());
+  EXPECT_THAT(m.block_table(2, 0), ElementsAre(1, 5));
+  EXPECT_THAT(m.block_table(2, 1), ElementsAre(3, 6));
+  // Sequence 1 grows to 13 tokens: its window-8 group drops block 3 (positions 0..3) at the
+  // append of position 12 (the query at 12 sees 5..12).
+  r = m.append_tokens(1, std::vector<TokenId>{1, 2, 3, 4, 5, 6}, no_slots);
+  ASSERT_TRUE(r);
+  EXPECT_THAT(r->slots, IsEmpty());
+  r = m.append_slots(1, 1, no_slots);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->released.size(), 2u);
+  EXPECT_THAT(r->released[0], IsEmpty());
+  EXPECT_THAT(r->released[1], ElementsAre(3));
+  EXPECT_THAT(r->slots, IsEmpty());
+  EXPECT_EQ(m.num_tokens(1), 13);
   m.check_invariants();
 }
 

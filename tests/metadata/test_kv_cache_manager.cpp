@@ -60,6 +60,43 @@ TEST(KVCacheManager, DocExampleSlotsAndCopyOnWrite) {
   m.check_invariants();
 }
 
+TEST(KVCacheManager, AppendWithoutSlotsTakesTheSameBlocksAndReportsCopies) {
+  // The doc example again with AppendOptions::return_slots = false: the same tables, ref counts
+  // and copy, but no slots.
+  const AppendOptions no_slots{.return_slots = false};
+  KVCacheManager m({.num_blocks = 8, .block_size = 4, .enable_prefix_caching = true});
+  m.add_sequence(7);
+  auto r = m.append_slots(7, 6, no_slots);
+  ASSERT_TRUE(r);
+  EXPECT_THAT(r->slots, IsEmpty());
+  EXPECT_THAT(table_of(m, 7), ElementsAre(0, 1));
+  r = m.append_tokens(7, std::vector<TokenId>{9}, no_slots);
+  ASSERT_TRUE(r);
+  EXPECT_THAT(r->slots, IsEmpty());
+  m.fork(7, 8);
+  r = m.append_slots(8, 1, no_slots);
+  ASSERT_TRUE(r);
+  EXPECT_THAT(r->copies, ElementsAre(BlockCopy{1, 2}));
+  EXPECT_THAT(r->slots, IsEmpty());
+  EXPECT_THAT(table_of(m, 8), ElementsAre(0, 2));
+  EXPECT_EQ(m.allocator().ref_count(1), 1);
+  EXPECT_EQ(m.num_tokens(8), 8);
+  // A prompt: the hits and the blocks are those of the default, the slots are not built.
+  const std::vector<TokenId> p{1, 2, 3, 4, 5, 6, 7, 8, 9};
+  auto added = m.add_sequence(3, p, AddOptions{.return_slots = false});
+  ASSERT_TRUE(added);
+  EXPECT_EQ(added->num_computed_tokens, 0);
+  EXPECT_THAT(added->append.slots, IsEmpty());
+  EXPECT_THAT(table_of(m, 3), ElementsAre(3, 4, 5));
+  m.commit(3, 9);
+  added = m.add_sequence(4, p, AddOptions{.return_slots = false});
+  ASSERT_TRUE(added);
+  EXPECT_EQ(added->num_computed_tokens, 8);
+  EXPECT_THAT(added->append.slots, IsEmpty());
+  EXPECT_THAT(table_of(m, 4), ElementsAre(3, 4, 6));
+  m.check_invariants();
+}
+
 TEST(KVCacheManager, ForkAtExactBlockMultipleNeverCopiesFullBlocks) {
   KVCacheManager m({.num_blocks = 4, .block_size = 4});
   m.add_sequence(1);

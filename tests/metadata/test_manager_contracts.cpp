@@ -217,6 +217,22 @@ TEST(ManagerLookahead, TheAppendQueriesCountTheSameLookahead) {
   EXPECT_EQ(m.append_admission(1, 1), Admission::kOk);
 }
 
+TEST(ManagerNever, AppendInsideTheLastBlockStillStopsAtMaxModelLen) {
+  // 6 tokens in blocks of 4: one more fits the last block but not max_model_len 6. The append
+  // that only fills the last block must check the limit like any other, and change nothing.
+  KVCacheManager m({.num_blocks = 4, .block_size = 4, .max_model_len = 6});
+  m.add_sequence(1);
+  ASSERT_TRUE(m.append_slots(1, 5));
+  ASSERT_TRUE(m.append_slots(1, 1));  // 6 tokens: in the last block, at the limit
+  EXPECT_THAT([&] { (void)m.append_slots(1, 1); },
+              ThrowsMessage<Error>(HasSubstr("6 + 1 tokens exceed max_model_len 6")));
+  EXPECT_THAT([&] { (void)m.append_tokens(1, std::vector<TokenId>{9}); },
+              ThrowsMessage<Error>(HasSubstr("6 + 1 tokens exceed max_model_len 6")));
+  EXPECT_EQ(m.num_tokens(1), 6);
+  EXPECT_EQ(m.num_free_blocks(), 2);
+  m.check_invariants();
+}
+
 TEST(ManagerNever, AppendPastMaxModelLenIsNeverForTheQueryAndAnErrorForTheAppend) {
   KVCacheManager m({.num_blocks = 16, .block_size = 2, .max_model_len = 8});
   m.add_sequence(1);

@@ -61,7 +61,7 @@ TEST(PrefixCache, ConstructorRejectsAnEmptyPoolOrBlock) {
 TEST(PrefixCache, LookupConfirmsContentOnKeyMatch) {
   PrefixCache c(4, 2);
   const std::vector<TokenId> t{10, 11};
-  const uint64_t s = c.insert(3, {.hash = 42, .parent_hash = kRootBlockHash, .tokens = t});
+  const uint64_t s = c.insert(3, {.hash = 42, .parent_hash = kRootBlockHash}, t);
   EXPECT_GE(s, 1u);
   EXPECT_EQ(c.lookup(42, 0, 0, t), std::optional<BlockId>(3));
   // Same key, different content: a collision must be a miss, never a wrong share.
@@ -70,11 +70,11 @@ TEST(PrefixCache, LookupConfirmsContentOnKeyMatch) {
   EXPECT_EQ(c.lookup(42, 99, 0, t), std::nullopt);  // other parent entry
   EXPECT_EQ(c.lookup(43, 0, 0, t), std::nullopt);
   EXPECT_EQ(c.size(), 1);
-  EXPECT_THAT([&] { c.insert(1, {.hash = 42, .tokens = t}); },
+  EXPECT_THAT([&] { c.insert(1, {.hash = 42}, t); },
               ThrowsMessage<Error>(HasSubstr("already registered")));
-  EXPECT_THAT([&] { c.insert(3, {.hash = 7, .tokens = t}); },
+  EXPECT_THAT([&] { c.insert(3, {.hash = 7}, t); },
               ThrowsMessage<Error>(HasSubstr("block 3 already registered")));
-  EXPECT_THAT([&] { c.insert(1, {.hash = 7, .tokens = {1}}); },
+  EXPECT_THAT([&] { c.insert(1, {.hash = 7}, std::vector<TokenId>{1}); },
               ThrowsMessage<Error>(HasSubstr("1 tokens, expected a full block of 2")));
   EXPECT_THAT([&] { (void)c.entry(4); },
               ThrowsMessage<Error>(HasSubstr("block id 4 out of range")));
@@ -84,7 +84,104 @@ TEST(PrefixCache, LookupConfirmsContentOnKeyMatch) {
   EXPECT_EQ(c.lookup(42, 0, 0, t), std::nullopt);
   EXPECT_EQ(c.erase(3), std::nullopt);
   // Serials are never reused.
-  EXPECT_GT(c.insert(3, {.hash = 42, .tokens = t}), s);
+  EXPECT_GT(c.insert(3, {.hash = 42}, t), s);
+}
+
+TEST(PrefixCache, WorkedExampleOfTheHeader) {
+  PrefixCache c(4, 2);
+  EXPECT_EQ(c.insert(3, {.hash = 42, .parent_hash = kRootBlockHash}, std::vector<TokenId>{10, 11}),
+            1u);
+  EXPECT_EQ(c.lookup(42, 0, 0, std::vector<TokenId>{10, 11}), std::optional<BlockId>(3));
+  EXPECT_EQ(c.lookup(42, 0, 0, std::vector<TokenId>{10, 12}), std::nullopt);
+  EXPECT_THAT(c.tokens(3), ElementsAre(10, 11));
+  EXPECT_THAT(c.tokens(2), IsEmpty());
+  const std::optional<PrefixCache::Entry> e = c.erase(3);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->serial, 1u);
+  EXPECT_EQ(e->hash, 42u);
+  EXPECT_EQ(e->parent_hash, kRootBlockHash);
+  EXPECT_EQ(c.entry(3), nullptr);
+  EXPECT_THAT(c.tokens(3), IsEmpty());
+  EXPECT_THAT([&] { (void)c.tokens(4); },
+              ThrowsMessage<Error>(HasSubstr("PrefixCache::tokens: block id 4 out of range")));
+  c.check_invariants();
+}
+
+TEST(PrefixCache, RecordsGrowToTheHighestBlockAndKeepEveryEntry) {
+  // The records and token rows cover block ids up to the highest registered one: a low block
+  // first (64 records), then one past that (grown), then the last block of the pool (capped at
+  // num_blocks). Every entry, link and token row must survive each growth.
+  PrefixCache c(1000, 3);
+  const std::vector<TokenId> t0{1, 2, 3}, t1{4, 5, 6}, t2{7, 8, 9};
+  const uint64_t s0 = c.insert(5, {.hash = 100, .parent_hash = kRootBlockHash}, t0);
+  const uint64_t s1 =
+      c.insert(70, {.hash = 200, .parent_hash = 100, .parent_serial = s0, .extra_key = 9}, t1);
+  const uint64_t s2 = c.insert(999, {.hash = 300, .parent_hash = 200, .parent_serial = s1}, t2);
+  EXPECT_EQ(std::vector<uint64_t>({s0, s1, s2}), std::vector<uint64_t>({1, 2, 3}));
+  EXPECT_THAT(c.tokens(5), ElementsAre(1, 2, 3));
+  EXPECT_THAT(c.tokens(70), ElementsAre(4, 5, 6));
+  EXPECT_THAT(c.tokens(999), ElementsAre(7, 8, 9));
+  EXPECT_EQ(c.lookup(200, s0, 9, t1), std::optional<BlockId>(70));
+  EXPECT_EQ(c.lookup(300, s1, 0, t2), std::optional<BlockId>(999));
+  std::vector<BlockId> kids;
+  c.children(5, kids);
+  c.children(70, kids);
+  EXPECT_THAT(kids, ElementsAre(70, 999));
+  EXPECT_EQ(c.entry(998), nullptr);
+  EXPECT_EQ(c.size(), 3);
+  c.check_invariants();
+  // A failed insert (block already registered, key taken, short block) changes nothing.
+  EXPECT_THROW(c.insert(70, {.hash = 400}, t0), Error);
+  EXPECT_THROW(c.insert(6, {.hash = 300}, t0), Error);
+  EXPECT_THROW(c.insert(6, {.hash = 400}, std::vector<TokenId>{1, 2}), Error);
+  EXPECT_EQ(c.size(), 3);
+  EXPECT_EQ(c.entry(6), nullptr);
+  EXPECT_EQ(c.insert(6, {.hash = 400}, t0), 4u);  // the next serial was not used up
+  // Erasing the middle entry detaches its child; the first entry's child list empties.
+  ASSERT_TRUE(c.erase(70));
+  kids.clear();
+  c.children(5, kids);
+  EXPECT_THAT(kids, IsEmpty());
+  EXPECT_EQ(c.lookup(300, s1, 0, t2), std::optional<BlockId>(999));  // still registered
+  c.check_invariants();
+}
+
+TEST(PrefixCache, BlockZeroIsAChildLikeAnyOther) {
+  // Block ids start at 0: a child in block 0 is listed, unlinked and detached like any other.
+  PrefixCache c(4, 1);
+  const uint64_t sp = c.insert(3, {.hash = 10}, std::vector<TokenId>{1});
+  (void)c.insert(0, {.hash = 20, .parent_hash = 10, .parent_serial = sp}, std::vector<TokenId>{2});
+  (void)c.insert(2, {.hash = 30, .parent_hash = 10, .parent_serial = sp}, std::vector<TokenId>{3});
+  std::vector<BlockId> kids;
+  c.children(3, kids);
+  EXPECT_THAT(kids, ::testing::UnorderedElementsAre(0, 2));
+  c.check_invariants();
+  ASSERT_TRUE(c.erase(0));
+  kids.clear();
+  c.children(3, kids);
+  EXPECT_THAT(kids, ElementsAre(2));
+  c.check_invariants();
+  (void)c.insert(0, {.hash = 40, .parent_hash = 10, .parent_serial = sp}, std::vector<TokenId>{4});
+  ASSERT_TRUE(c.erase(3));  // both children lose their parent link
+  c.check_invariants();
+  kids.clear();
+  c.children(0, kids);
+  c.children(2, kids);
+  EXPECT_THAT(kids, IsEmpty());
+}
+
+TEST(PrefixCache, PrefetchEraseChangesNothing) {
+  PrefixCache empty(8, 2);
+  empty.prefetch_erase(std::vector<BlockId>{-1, 0, 7, 8});  // nothing allocated yet
+  EXPECT_EQ(empty.size(), 0);
+  PrefixCache c(8, 2);
+  const std::vector<TokenId> t{5, 6};
+  (void)c.insert(2, {.hash = 77}, t);
+  c.prefetch_erase(std::vector<BlockId>{-3, 2, 3, 8, 1000});
+  EXPECT_EQ(c.size(), 1);
+  EXPECT_EQ(c.find(77), std::optional<BlockId>(2));
+  EXPECT_THAT(c.tokens(2), ElementsAre(5, 6));
+  c.check_invariants();
 }
 
 TEST(PrefixCache, EraseDetachesChildrenSoAReusedParentBlockKeepsItsNewChildren) {
@@ -94,17 +191,16 @@ TEST(PrefixCache, EraseDetachesChildrenSoAReusedParentBlockKeepsItsNewChildren) 
   PrefixCache c(4, 2);
   const std::vector<TokenId> ta{1, 2}, tb{3, 4}, tc{5, 6}, td{7, 8};
   const BlockHash ha = block_hash(kRootBlockHash, ta, 0);
-  const uint64_t sa = c.insert(1, {.hash = ha, .parent_hash = kRootBlockHash, .tokens = ta});
-  c.insert(2,
-           {.hash = block_hash(ha, tb, 0), .parent_hash = ha, .parent_serial = sa, .tokens = tb});
+  const uint64_t sa = c.insert(1, {.hash = ha, .parent_hash = kRootBlockHash}, ta);
+  c.insert(2, {.hash = block_hash(ha, tb, 0), .parent_hash = ha, .parent_serial = sa}, tb);
   std::vector<BlockId> kids;
   c.children(1, kids);
   ASSERT_THAT(kids, ElementsAre(2));
   ASSERT_TRUE(c.erase(1));
+  c.check_invariants();  // block 2 names no parent any more
   const BlockHash hc = block_hash(kRootBlockHash, tc, 0);
-  const uint64_t sc = c.insert(1, {.hash = hc, .parent_hash = kRootBlockHash, .tokens = tc});
-  c.insert(3,
-           {.hash = block_hash(hc, td, 0), .parent_hash = hc, .parent_serial = sc, .tokens = td});
+  const uint64_t sc = c.insert(1, {.hash = hc, .parent_hash = kRootBlockHash}, tc);
+  c.insert(3, {.hash = block_hash(hc, td, 0), .parent_hash = hc, .parent_serial = sc}, td);
   ASSERT_TRUE(c.erase(2));
   kids.clear();
   c.children(1, kids);
@@ -132,7 +228,7 @@ TEST(PrefixCache, RandomInsertEraseMatchesAMapModel) {
       const bool key_taken =
           std::any_of(model.begin(), model.end(), [&](const auto& kv) { return kv.second == key; });
       if (model.contains(block) || key_taken) continue;
-      (void)c.insert(block, {.hash = key, .tokens = {token}});
+      (void)c.insert(block, {.hash = key}, std::vector<TokenId>{token});
       model[block] = key;
     } else {
       const std::optional<PrefixCache::Entry> e = c.erase(block);
@@ -197,21 +293,22 @@ TEST(PrefixCache, KeysSharingOneHomeCellMatchAMapModel) {
       const size_t k = rng() % kKeys;
       if (model.contains(block) || key_used[k]) continue;
       const uint64_t serial = c.insert(
-          block,
-          {.hash = keys[k], .parent_serial = k, .extra_key = k % 3, .tokens = tokens_of(keys[k])});
+          block, {.hash = keys[k], .parent_serial = k, .extra_key = k % 3}, tokens_of(keys[k]));
       ASSERT_GT(serial, last_serial) << "serials must never repeat";
       last_serial = serial;
       model[block] = k;
       serials[block] = serial;
       key_used[k] = true;
     } else {
+      const std::vector<TokenId> held(c.tokens(block).begin(), c.tokens(block).end());
       const std::optional<PrefixCache::Entry> e = c.erase(block);
       ASSERT_EQ(e.has_value(), model.contains(block)) << "step " << step;
+      EXPECT_THAT(c.tokens(block), IsEmpty());
       if (e) {
         const size_t k = model[block];
         EXPECT_EQ(e->hash, keys[k]);
         EXPECT_EQ(e->serial, serials[block]);
-        EXPECT_EQ(e->tokens, tokens_of(keys[k]));
+        EXPECT_EQ(held, tokens_of(keys[k]));
         key_used[k] = false;
         model.erase(block);
         serials.erase(block);

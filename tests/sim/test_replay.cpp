@@ -296,6 +296,47 @@ TEST(SynthesizeTokens, EqualHashIdsGiveEqualTokens) {
   EXPECT_TRUE(std::equal(mid.begin(), mid.end(), a.begin() + 500));
 }
 
+// The ids' formula written out independently (replay.hpp, synthesize_tokens): splitmix64's
+// finalizer, id = 3 + high half of mix(key ^ mix(offset)) x (vocab - 3); hash-id keys for the
+// shared blocks (offset within the 512-token block), the request's own key (top bit | index)
+// with the absolute position past them.
+uint64_t splitmix_finalizer(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+TokenId expected_id(uint64_t key, uint64_t offset, int32_t vocab) {
+  const uint64_t h = splitmix_finalizer(key ^ splitmix_finalizer(offset));
+  return static_cast<TokenId>(
+      3 + static_cast<uint64_t>((static_cast<unsigned __int128>(h) * (vocab - 3)) >> 64));
+}
+
+TEST(SynthesizeTokens, IdsFollowTheFormulaExactly) {
+  // Two hash blocks (ids 7 and 123456789) and 88 own positions, for vocab sizes from the
+  // smallest to Llama 3's, over sub-ranges that start and end inside blocks (the vectorized
+  // fill handles any length and alignment).
+  const Trace t = make_trace({{0, 1112, 1, {7, 123456789, 5}}}, 512);
+  for (const int32_t vocab : {4, 32000, 128256, 1 << 30}) {
+    const std::vector<TokenId> all = synthesize_tokens(t, 0, 0, 1200, vocab);
+    ASSERT_EQ(all.size(), 1200u);
+    for (int64_t p = 0; p < 1200; ++p) {
+      const TokenId want = p < 512    ? expected_id(7, p, vocab)
+                           : p < 1024 ? expected_id(123456789, p - 512, vocab)
+                           : p < 1112 ? expected_id(5, p - 1024, vocab)
+                                      : expected_id(uint64_t{1} << 63, p, vocab);
+      ASSERT_EQ(all[static_cast<size_t>(p)], want) << "position " << p << " vocab " << vocab;
+    }
+    for (const auto& [begin, end] :
+         {std::pair<int64_t, int64_t>{3, 517}, {511, 513}, {1000, 1150}}) {
+      const std::vector<TokenId> part = synthesize_tokens(t, 0, begin, end, vocab);
+      EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + begin)) << begin;
+    }
+  }
+  // Vocab 4 leaves one id: 3.
+  EXPECT_EQ(synthesize_tokens(t, 0, 0, 1, 4), std::vector<TokenId>{3});
+}
+
 // A real trace slice: invariants hold for every strategy, and the orderings that the memory
 // arithmetic guarantees: exact reservation never queues longer than max reservation, and paged
 // utilization falls as the block size grows.

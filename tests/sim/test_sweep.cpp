@@ -4,7 +4,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
+#include <utility>
 
 #include "pagedkv/error.hpp"
 #include "sim/replay.hpp"
@@ -14,6 +16,7 @@
 namespace pagedkv::sim {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using testing::one_byte_per_token;
 
@@ -142,6 +145,32 @@ TEST(Sweep, ThreadCountDoesNotChangeResults) {
     EXPECT_EQ(a[i].result.preemptions, b[i].result.preemptions);
     EXPECT_DOUBLE_EQ(a[i].result.ttft_p99_ms, b[i].result.ttft_p99_ms);
   }
+}
+
+TEST(Sweep, ProgressReportsEveryRunOnceCountingUp) {
+  const Trace t = four_requests();
+  const std::vector<Strategy> strategies = {{StrategyKind::kPaged, 2}, {StrategyKind::kPaged, 4}};
+  const std::vector<double> rates = {0.7, 1.3, 3};
+  for (int threads : {1, 3}) {
+    std::vector<int> dones;
+    std::set<std::pair<std::string, double>> runs;
+    const auto points = sweep(t, one_byte_per_token(8), strategies, rates, threads,
+                              [&](int done, int total, const SweepPoint& p) {
+                                EXPECT_EQ(total, 6);
+                                dones.push_back(done);
+                                runs.emplace(p.result.strategy, p.rate_scale);
+                                EXPECT_GT(p.result.steps, 0);  // the finished run's result
+                              });
+    EXPECT_THAT(dones, ElementsAre(1, 2, 3, 4, 5, 6)) << threads << " threads";
+    EXPECT_EQ(runs.size(), 6u);
+    EXPECT_TRUE(runs.contains({"paged-2", 0.7}));
+    EXPECT_TRUE(runs.contains({"paged-4", 3.0}));
+    EXPECT_EQ(points.size(), 6u);
+  }
+  // An exception from the callback reaches the caller, from any thread.
+  EXPECT_THROW((void)sweep(t, one_byte_per_token(8), strategies, rates, 2,
+                           [](int, int, const SweepPoint&) { throw Error("stop"); }),
+               Error);
 }
 
 TEST(Sweep, BadRatesThrowNamingThem) {

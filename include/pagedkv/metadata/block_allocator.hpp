@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "pagedkv/types.hpp"
@@ -74,6 +75,14 @@ class BlockAllocator {
   /// or already has ref count 0 (double release / release of a free block).
   bool release(BlockId id);
 
+  /// release() of every id of a block table, last entry first (so that blocks becoming cached
+  /// reach the LRU in that order: a table's tail is evicted before its head, which later prompts
+  /// are likelier to share), skipping negative ids (entries that hold no block). Returns how
+  /// many blocks reached ref count 0. Same result as the release() calls, in one pass.
+  /// Errors: throws pagedkv::Error as release() does for the first bad id (in release order),
+  /// after undoing the releases before it: a failed call changes nothing.
+  int32_t release_table(std::span<const BlockId> table);
+
   /// Marks whether a block's contents are cached (reusable). A cached block whose ref count
   /// drops to 0 is kept (state cached) instead of freed. Unmarking a cached block with ref
   /// count 0 frees it. Errors: throws pagedkv::Error if id is out of range or the block is free.
@@ -96,7 +105,7 @@ class BlockAllocator {
   [[nodiscard]] bool is_cached(BlockId id) const;
 
   /// Pool size: valid ids are [0, num_blocks()).
-  [[nodiscard]] int32_t num_blocks() const { return static_cast<int32_t>(ref_.size()); }
+  [[nodiscard]] int32_t num_blocks() const { return static_cast<int32_t>(state_.size()); }
   /// Blocks on the free list.
   [[nodiscard]] int32_t num_free() const { return free_size_; }
   /// Cached blocks with ref count 0 (evictable).
@@ -132,10 +141,17 @@ class BlockAllocator {
   BlockId pop_free();
   inline BlockId evict_lru();  // defined in block_allocator.cpp, its only user (-fPIC: inlinable)
 
-  std::vector<int32_t> ref_;
+  // Per block, one word: the ref count in the low 31 bits (read sign-extended, so that a corrupt
+  // negative count stays visible to check_invariants) and the cached flag in the top bit, so a
+  // release, which reads both, touches one cache line of the pool instead of two.
+  static constexpr uint32_t kCachedBit = uint32_t{1} << 31;
+  [[nodiscard]] int32_t ref(BlockId id) const { return static_cast<int32_t>(state_[id] << 1) >> 1; }
+  [[nodiscard]] bool cached(BlockId id) const { return (state_[id] & kCachedBit) != 0; }
+  inline bool release_unchecked(BlockId id);  // block_allocator.cpp; precondition: ref(id) > 0
+  inline BlockId take();  // block_allocator.cpp; precondition: num_available() > 0
+  std::vector<uint32_t> state_;
   std::vector<BlockId> prev_;  // LRU links
   std::vector<BlockId> next_;
-  std::vector<uint8_t> cached_;
   // The free list needs no removal from the middle, so it is a ring rather than a linked list:
   // allocate and release touch only the ring's two ends, never a neighbouring block's links.
   std::vector<BlockId> free_ring_;  // [num_blocks]; the free list is free_size_ ids from free_head_

@@ -29,6 +29,7 @@
 #include <optional>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "pagedkv/metadata/batch_metadata.hpp"
@@ -227,6 +228,14 @@ class HybridKVCacheManager {
   /// can be published by commit(). Errors: as append_slots.
   [[nodiscard]] std::optional<HybridAppendResult> append_tokens(SeqId seq,
                                                                 std::span<const TokenId> tokens);
+  /// append_slots(seq, n) with `options`: AppendOptions::return_slots = false leaves the
+  /// result's slots empty (no per-group lists; copies and released blocks are still reported).
+  [[nodiscard]] std::optional<HybridAppendResult> append_slots(SeqId seq, int64_t n,
+                                                               const AppendOptions& options);
+  /// append_tokens(seq, tokens) with `options`, as append_slots(seq, n, options).
+  [[nodiscard]] std::optional<HybridAppendResult> append_tokens(SeqId seq,
+                                                                std::span<const TokenId> tokens,
+                                                                const AppendOptions& options);
   /// Publish after write: positions [0, num_tokens) of `seq` have their K/V written. Each full
   /// block inside them whose ids are known is published in every group whose table still holds
   /// it (prefix caching on), in position order; a full group publishes a block only under its
@@ -355,10 +364,10 @@ class HybridKVCacheManager {
     std::vector<std::vector<uint64_t>> serials;  // [num_groups][hashes.size()]
   };
   struct Plan {
-    std::vector<std::vector<int64_t>> release;  // [group] logical entries to release
-    std::vector<int32_t> cow;                   // groups whose last block needs a private copy
-    int64_t new_blocks = 0;                     // fresh blocks for new entries
-    int64_t freed = 0;                          // released blocks whose ref count reaches 0
+    std::vector<std::pair<int32_t, int64_t>> release;  // (group, logical entry) to release
+    std::vector<int32_t> cow;  // groups whose last block needs a private copy
+    int64_t new_blocks = 0;    // fresh blocks for new entries
+    int64_t freed = 0;         // released blocks whose ref count reaches 0
   };
   struct Hit;  // hybrid_kv_cache_manager_prefix.cpp
   [[nodiscard]] const Sequence& get(SeqId seq, const char* op) const;
@@ -372,7 +381,7 @@ class HybridKVCacheManager {
   [[nodiscard]] int64_t sink_blocks(const KVCacheGroupSpec& g) const;
   [[nodiscard]] int64_t first_live_entry(const KVCacheGroupSpec& g, int64_t pos) const;
   std::optional<HybridAppendResult> do_append(SeqId seq, int64_t n, std::span<const TokenId> ids,
-                                              bool record_ids, const char* op);
+                                              bool record_ids, bool slots, const char* op);
   static void release_tables(const std::vector<std::vector<BlockId>>& tables, BlockAllocator& pool);
   // hybrid_kv_cache_manager_prefix.cpp
   [[nodiscard]] Hit find_hit(std::span<const TokenId> prompt, uint64_t extra_key) const;

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "pagedkv/metadata/append_result.hpp"
 #include "pagedkv/metadata/batch_metadata.hpp"
 #include "pagedkv/metadata/block_allocator.hpp"
 #include "pagedkv/metadata/eviction_policy.hpp"
@@ -58,50 +59,6 @@ enum class Admission : uint8_t {
 
 /// "ok", "later", "never".
 [[nodiscard]] std::string_view admission_name(Admission admission);
-
-/// What an append produced (append_slots, append_tokens): where the new tokens go and which
-/// blocks the storage must copy first.
-/// Shapes: slots [n] for an append of n tokens; copies [0 or 1] (only the last block, the one
-/// written into, can need a private copy).
-struct AppendResult {
-  /// [n] int64 slot of each new token, in position order: block_id * block_size + offset.
-  std::vector<Slot> slots;
-  /// (src, dst) block pairs the storage must copy (all layers) BEFORE writing the slots:
-  /// copy-on-write of a shared, partially filled last block. Empty when nothing is shared.
-  std::vector<BlockCopy> copies;
-};
-
-/// What a prompt add produced.
-/// num_computed_tokens: leading prompt tokens already in the cache (prefix hits), a multiple of
-/// block_size, always <= prompt length - 1 so the model has at least one token to run.
-/// append.slots [prompt length - num_computed_tokens]: slots of positions
-/// num_computed_tokens .. prompt length - 1, which the prefill must write. append.copies is
-/// always empty (hit blocks are full, never written).
-struct AddResult {
-  /// Leading prompt tokens already cached (prefix hits, a multiple of block_size, at most
-  /// prompt length - 1): the prefill skips positions [0, num_computed_tokens).
-  int64_t num_computed_tokens = 0;
-  /// append.slots [prompt length - num_computed_tokens]: the slots of the positions the prefill
-  /// writes; append.copies is empty.
-  AppendResult append;
-};
-
-/// How add_sequence admits a prompt; the defaults admit the whole prompt at once.
-struct AddOptions {
-  /// Prefix-cache salt of every block key of the sequence (adapter id, cache salt; 0 = none).
-  uint64_t extra_key = 0;
-  /// Tokens the request may still generate after its prompt (the engine's max_tokens), >= 0:
-  /// admission answers kNever when prompt + max_new_tokens can never fit (max_model_len, or
-  /// blocks the sequence would hold at that length, after token eviction, beyond the pool).
-  /// Nothing is reserved for them. Units: tokens.
-  int64_t max_new_tokens = 0;
-  /// Chunked prefill: blocks are allocated now only for the prefix hits and this many prompt
-  /// tokens after them (clamped to the prompt); the caller appends the rest of the prompt later
-  /// with append_tokens, chunk by chunk as its token budget allows. The prefix hits are still
-  /// computed from the whole prompt (at most (len - 1) / block_size blocks). -1 (default): the
-  /// whole prompt. Units: tokens.
-  int64_t first_chunk_tokens = -1;
-};
 
 /// Answer of lookup_prefix(): what add_sequence would share now, computed without changing
 /// anything (no allocation, no LRU reordering, no reference count, no stats).
@@ -323,11 +280,18 @@ class KVCacheManager {
   /// kMaxTokensPerCall (naming the cap; nothing is allocated), or the sequence would pass
   /// max_model_len.
   [[nodiscard]] std::optional<AppendResult> append_slots(SeqId seq, int64_t n);
+  /// append_slots(seq, n) with `options` (AppendOptions::return_slots = false: no slots).
+  [[nodiscard]] std::optional<AppendResult> append_slots(SeqId seq, int64_t n,
+                                                         const AppendOptions& options);
 
   /// append_slots(seq, tokens.size()) that also records the token ids, so blocks that become
   /// full are registered in the prefix cache (prefix caching on). Errors: as append_slots.
   [[nodiscard]] std::optional<AppendResult> append_tokens(SeqId seq,
                                                           std::span<const TokenId> tokens);
+  /// append_tokens(seq, tokens) with `options` (AppendOptions::return_slots = false: no slots).
+  [[nodiscard]] std::optional<AppendResult> append_tokens(SeqId seq,
+                                                          std::span<const TokenId> tokens,
+                                                          const AppendOptions& options);
 
   /// Metadata for a batch step: sequence i contributes its whole table and context length
   /// num_tokens(seqs[i]); its slot mapping lists its last num_new_tokens[i] positions (the
@@ -573,10 +537,13 @@ class KVCacheManager {
   AppendPlan plan_lookahead(const Sequence& s, int64_t n, int64_t k, const char* op) const;
   inline void plan_positional(const Sequence& s, int64_t n, AppendPlan& plan) const;
   std::optional<AppendResult> do_append(SeqId seq, int64_t n, std::span<const TokenId> ids,
-                                        const char* op);
+                                        bool slots, const char* op);
   inline void release_entries(Sequence& s, const std::vector<int32_t>& entries);
+  [[nodiscard]] inline bool fills_last_block(const Sequence& s, int64_t n) const;
+  inline static void record_ids(Sequence& s, int64_t n, std::span<const TokenId> ids);
   inline void place_positional(Sequence& s, const AppendPlan& plan,
-                               const std::vector<BlockId>& fresh, int64_t n, AppendResult& result);
+                               const std::vector<BlockId>& fresh, int64_t n, bool slots,
+                               AppendResult& result);
   // kv_cache_manager_batch.cpp
   int64_t check_batch(std::span<const SeqId> seqs, std::span<const int64_t> num_new_tokens,
                       std::vector<const Sequence*>& rows) const;

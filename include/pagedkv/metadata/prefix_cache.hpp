@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <optional>
 #include <span>
-#include <unordered_map>
 #include <vector>
 
 #include "pagedkv/types.hpp"
@@ -54,21 +53,30 @@ inline constexpr BlockHash kRootBlockHash = 0x9E3779B97F4A7C15ull;
 /// left that a walk from the root cannot reach). erase() unlinks an entry's children (they stay
 /// registered, with no parent link).
 ///
-/// Every operation is O(1) expected (erase: plus O(children)): an open-addressing index over the
-/// keys, int32s per pool block naming its entry and its parent and sibling links, and the
-/// entries in one dense array.
+/// Every operation is O(1) expected (erase: plus O(children)). Layout, for the cache misses a
+/// prefix-caching workload pays (every full block is registered once and, as an LRU victim, the
+/// coldest state of all, erased once): one 64-byte record per pool block (the entry and its
+/// parent, child and sibling links: one cache line), the blocks' token ids in one
+/// [blocks, block_size] array (no allocation per entry), and an open-addressing index over the
+/// keys. The records and ids cover block ids up to the highest one registered so far (grown
+/// geometrically), so memory follows the part of the pool prefix caching has used: at most
+/// num_blocks x (64 + 4 x block_size) bytes, plus 16 bytes per index cell (at most 4 per entry).
+///
+/// Worked example (block_size 2): insert(3, {.hash = 42, .parent_hash = kRootBlockHash}, {10,
+/// 11}) -> serial 1; lookup(42, 0, 0, {10, 11}) -> 3; lookup(42, 0, 0, {10, 12}) -> empty (same
+/// key, other content); tokens(3) -> {10, 11}; erase(3) -> the entry with serial 1; entry(3) ->
+/// nullptr.
 ///
 /// Not internally synchronized.
 class PrefixCache {
  public:
-  /// One registered block.
+  /// One registered block's key and the identity of its parent entry (its token ids: tokens()).
   struct Entry {
-    BlockHash hash = 0;           ///< block_hash(parent_hash, tokens, extra_key): the content key
-    BlockHash parent_hash = 0;    ///< key of the previous block, kRootBlockHash for a first block
-    uint64_t serial = 0;          ///< unique id of this entry, >= 1
-    uint64_t parent_serial = 0;   ///< serial of the parent entry, 0 for a first block
-    uint64_t extra_key = 0;       ///< the salt the key was computed with (0 = none)
-    std::vector<TokenId> tokens;  ///< [block_size] token ids the block holds
+    BlockHash hash = 0;          ///< block_hash(parent_hash, tokens, extra_key): the content key
+    BlockHash parent_hash = 0;   ///< key of the previous block, kRootBlockHash for a first block
+    uint64_t serial = 0;         ///< unique id of this entry, >= 1 (insert() assigns it)
+    uint64_t parent_serial = 0;  ///< serial of the parent entry, 0 for a first block
+    uint64_t extra_key = 0;      ///< the salt the key was computed with (0 = none)
   };
 
   /// An empty index for a pool of `num_blocks` blocks of `block_size` tokens; allocates nothing
@@ -81,11 +89,12 @@ class PrefixCache {
                                               uint64_t extra_key,
                                               std::span<const TokenId> tokens) const;
 
-  /// Registers `block` as holding the content `entry` describes (entry.serial is assigned here
-  /// and returned). Errors: throws pagedkv::Error if the block id is out of range, the block is
-  /// already registered, the key is already taken, or tokens.size() != block_size; std::bad_alloc
-  /// when memory runs out. Either way the cache is left as it was.
-  uint64_t insert(BlockId block, Entry entry);
+  /// Registers `block` as holding `tokens` ([block_size] ids) under the key and parent `entry`
+  /// describes (entry.serial is ignored: the new serial is assigned here and returned).
+  /// Errors: throws pagedkv::Error if the block id is out of range, the block is already
+  /// registered, the key is already taken, or tokens.size() != block_size; std::bad_alloc when
+  /// memory runs out. Either way the cache is left as it was.
+  uint64_t insert(BlockId block, const Entry& entry, std::span<const TokenId> tokens);
 
   /// Unregisters `block`; returns its entry, or empty if it was not registered. Entries linked
   /// under it lose their parent link (they stay registered).
@@ -100,19 +109,40 @@ class PrefixCache {
   /// Entry of a registered block, or nullptr; the pointer is valid until the next insert() or
   /// erase(). Errors: throws if the id is out of range.
   [[nodiscard]] const Entry* entry(BlockId block) const;
+  /// Token ids of a registered block ([block_size]), empty when it is not registered; valid
+  /// until the next insert() or erase(). Errors: throws if the id is out of range.
+  [[nodiscard]] std::span<const TokenId> tokens(BlockId block) const;
   /// Block registered under `hash`, or empty.
-  [[nodiscard]] std::optional<BlockId> find(BlockHash hash) const;
+  [[nodiscard]] std::optional<BlockId> find(BlockHash hash) const {
+    // Inline: the optional is built in the caller's registers (returned from the library, GCC
+    // assembles it on the stack and reloads it whole, a store-forwarding stall per call).
+    const BlockId b = by_hash_.find(hash);
+    return b >= 0 ? std::optional<BlockId>(b) : std::nullopt;
+  }
+
+  /// A hint, no change: starts loading the state erase() will touch for each of `blocks` (their
+  /// records, then their keys' index cells), so that a caller about to erase many blocks (the
+  /// victims of one allocation) waits for those cache misses once, not once per block.
+  /// Blocks out of range or not registered are skipped.
+  void prefetch_erase(std::span<const BlockId> blocks) const;
+
+  /// A hint, no change: starts loading the index cell where find(hash) and insert() of `hash`
+  /// look first, for a caller that knows many keys before it looks them up (the keys of the
+  /// blocks one commit registers).
+  void prefetch_key(BlockHash hash) const { by_hash_.prefetch(hash); }
+  /// A hint, no change: starts loading `block`'s record and token row for an insert() (or an
+  /// entry() check) soon; a block beyond the records' cover or out of range is skipped.
+  void prefetch_block(BlockId block) const;
 
   /// Registered blocks.
-  [[nodiscard]] int32_t size() const { return static_cast<int32_t>(by_hash_.size()); }
+  [[nodiscard]] int32_t size() const { return by_hash_.size(); }
   /// Tokens per block: the length of every entry's tokens.
   [[nodiscard]] int32_t block_size() const { return block_size_; }
 
-  /// Checks the index's own structure: each entry's block maps back to it, its key finds its
-  /// block, its tokens fill a block and its serial was handed out; as many keys and blocks as
-  /// entries; each child list runs both ways and holds only blocks whose parent is that list's
-  /// owner. O(num_blocks + entries). Errors: throws pagedkv::Error naming the block (or key) of
-  /// the first violation.
+  /// Checks the index's own structure: each registered block's key finds it and its serial was
+  /// handed out; as many keys as registered blocks; each child list runs both ways and holds
+  /// only registered blocks whose parent is that list's owner. O(num_blocks + index cells).
+  /// Errors: throws pagedkv::Error naming the block (or key) of the first violation.
   void check_invariants() const;
 
  private:
@@ -121,12 +151,14 @@ class PrefixCache {
   /// shifts the following run back, so there are no tombstones and probes stay short.
   class KeyIndex {
    public:
-    [[nodiscard]] std::optional<BlockId> find(BlockHash hash) const;
-    void insert(BlockHash hash, BlockId block);  // precondition: hash absent
-    void erase(BlockHash hash);                  // precondition: hash present
+    [[nodiscard]] BlockId find(BlockHash hash) const;  // -1: absent
+    void insert(BlockHash hash, BlockId block);        // precondition: hash absent
+    void erase(BlockHash hash);                        // precondition: hash present
+    void prefetch(BlockHash hash) const;               // the home cell of hash
     [[nodiscard]] int32_t size() const { return size_; }
 
    private:
+    friend struct test_hooks::ManagerCorruptor;
     struct Cell {
       BlockHash hash = 0;
       BlockId block = -1;  // -1 = empty cell
@@ -140,24 +172,33 @@ class PrefixCache {
     int shift_ = 64;  // 64 - log2(capacity): home() takes the top bits of a Fibonacci product
   };
 
+  /// One pool block's prefix state, one cache line: its entry (serial 0 = not registered) and
+  /// its links, -1 = none: the block of the parent entry, the first child, and the doubly
+  /// linked list of siblings.
+  struct alignas(64) Record {
+    Entry entry;
+    BlockId parent = -1;
+    BlockId first_child = -1;
+    BlockId next_sibling = -1;
+    BlockId prev_sibling = -1;
+  };
+
   void check_block(BlockId block, const char* op) const;
-  [[nodiscard]] int32_t entry_index(BlockId block) const;  // -1: not registered
-  void unlink_parent(BlockId block);                       // from its parent's child list
+  /// The record of `block` when it is registered, else nullptr (block in range).
+  [[nodiscard]] const Record* registered(BlockId block) const;
+  /// Grows records_ and tokens_ to cover `block` (geometrically, up to num_blocks_); the old
+  /// arrays stay until the new ones exist, so a bad_alloc changes nothing.
+  void cover(BlockId block);
+  void unlink_parent(BlockId block);  // from its parent's child list
+  [[nodiscard]] const TokenId* row(BlockId block) const {
+    return tokens_.data() + static_cast<size_t>(block) * static_cast<size_t>(block_size_);
+  }
 
   int32_t num_blocks_;
   int32_t block_size_;
   uint64_t next_serial_ = 1;
-  // Memory: 4 bytes per pool block from the first insert on (none while prefix caching is
-  // unused); the entries and the key index follow the registered blocks.
-  std::vector<int32_t> entry_of_;  // [num_blocks] or empty: index into entries_, -1 = none
-  std::vector<Entry> entries_;     // registered entries, dense (erase moves the last one in)
-  std::vector<BlockId> block_of_;  // [entries_.size()]: the block of each entry
-  // Parent links, [num_blocks] each (or empty, like entry_of_), -1 = none: the block of the
-  // parent entry, the first child, and the doubly linked list of siblings.
-  std::vector<BlockId> parent_of_;
-  std::vector<BlockId> first_child_;
-  std::vector<BlockId> next_sibling_;
-  std::vector<BlockId> prev_sibling_;
+  std::vector<Record> records_;  // [covered blocks]: blocks [0, records_.size())
+  std::vector<TokenId> tokens_;  // [records_.size(), block_size]: each registered block's ids
   KeyIndex by_hash_;
 };
 
