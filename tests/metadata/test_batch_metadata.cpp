@@ -112,6 +112,9 @@ TEST(BatchMetadata, SlotForPositionIsBlockTimesSizePlusOffset) {
   EXPECT_EQ(slot_for_position(table, 9, 4), 13);
   // block_size 1: the slot is the block id itself.
   EXPECT_EQ(slot_for_position(table, 2, 1), 3);
+  // Positions before the table's first token are refused, not read from its first block.
+  EXPECT_THAT([&] { (void)slot_for_position(table, -1, 4); },
+              ThrowsMessage<Error>(HasSubstr("position -1 outside a table of 3 blocks")));
   // int64: block 2^30 - 1 with block_size 128 is past 2^31.
   std::vector<BlockId> big{(1 << 30) - 1};
   EXPECT_EQ(slot_for_position(big, 127, 128), int64_t{(1 << 30) - 1} * 128 + 127);

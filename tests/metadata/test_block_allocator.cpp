@@ -64,6 +64,9 @@ TEST(BlockAllocator, FailedReleaseTableChangesNothing) {
   a.check_invariants();
   EXPECT_ERROR(a.release_table(std::vector<BlockId>{4, 2}),
                "BlockAllocator::release: block id 4 out of range [0, 4)");
+  // Far out of range: refused by the range check, never read as a ref count.
+  EXPECT_ERROR(a.release_table(std::vector<BlockId>{1 << 28}),
+               "BlockAllocator::release: block id 268435456 out of range [0, 4)");
   EXPECT_ERROR(a.release_table(std::vector<BlockId>{3, 2}),
                "BlockAllocator::release: block 3 is not allocated (double free?)");
   EXPECT_EQ(a.ref_count(2), 1);

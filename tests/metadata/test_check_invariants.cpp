@@ -381,6 +381,17 @@ TEST(CheckInvariants, APositionalKeptTokenAtAHigherOffset) {
       ThrowsMessage<Error>(HasSubstr("positional sequence 1 keeps position 0 off its slot")));
 }
 
+TEST(CheckInvariants, AHeldBlockWithNoKeptToken) {
+  // Kept 1 (entry 0), 3 (entry 1), 5 (entry 0): without position 3, entry 1's block is held
+  // for nothing; the check must look at every entry, not only the first.
+  KVCacheManager m = sparse_h2o();
+  const BlockId held = m.block_table(1)[1];
+  C::erase_kept_token(m, 1, 1);
+  EXPECT_THAT([&] { m.check_invariants(); },
+              ThrowsMessage<Error>(HasSubstr("sequence 1 holds block " + std::to_string(held) +
+                                             " with no kept token")));
+}
+
 TEST(CheckInvariants, AKeptTokenOutsideItsBlock) {
   for (const int32_t offset : {-1, 2, 3}) {  // block_size 2: offsets 0 and 1 only
     KVCacheManager m = sparse_h2o();

@@ -505,6 +505,40 @@ TEST(KVCacheManager, SwapInAdmissionCountsBlocksTheLookAheadAppendReleases) {
   m.check_invariants();
 }
 
+TEST(KVCacheManager, SwapInNeedsEveryLiveBlockBeforeTheAppendReleasesAny) {
+  // As above (9 tokens in 5 blocks; the look-ahead append releases 3 and takes none): the
+  // swap-in itself needs all 5 blocks at once, before that append releases anything, so with 4
+  // available it is kLater, whatever the append would release afterwards.
+  KVCacheManager m({.num_blocks = 6,
+                    .block_size = 2,
+                    .num_host_blocks = 5,
+                    .watermark = 0,
+                    .eviction = {.kind = EvictionKind::kSlidingWindow, .window = 4}});
+  m.add_sequence(1);
+  ASSERT_TRUE(m.append_slots(1, 9));
+  ASSERT_TRUE(m.swap_out(1));
+  m.add_sequence(2);
+  ASSERT_TRUE(m.append_slots(2, 4));  // 2 blocks held, 4 free
+  EXPECT_EQ(m.swap_in_admission(1, 1), Admission::kLater);
+  EXPECT_FALSE(m.swap_in(1, 1));
+  m.free_sequence(2);
+  EXPECT_EQ(m.swap_in_admission(1, 1), Admission::kOk);
+  m.check_invariants();
+}
+
+TEST(KVCacheManager, AddSequenceTakesMoreNewTokensThanItsPrompt) {
+  // max_new_tokens sizes the token-id list ahead (prompt + new tokens) and counts in admission
+  // (3 + 6 tokens: 5 of the 8 blocks); a budget larger than the prompt is the common case.
+  KVCacheManager m({.num_blocks = 8, .block_size = 2, .enable_prefix_caching = true});
+  const std::vector<TokenId> prompt{1, 2, 3};
+  const auto added = m.add_sequence(1, prompt, AddOptions{.max_new_tokens = 6});
+  ASSERT_TRUE(added);
+  EXPECT_EQ(m.num_tokens(1), 3);
+  ASSERT_TRUE(m.append_slots(1, 1));
+  EXPECT_EQ(m.num_tokens(1), 4);
+  m.check_invariants();
+}
+
 TEST(KVCacheManager, SwapInAdmissionDoesNotCountEntriesReleasedBefore) {
   // As above, then one more token: 10 tokens, entries 0..2 released (kNoBlock), blocks in
   // entries 3, 4 only. The next append's dead range (positions < 7) is logical blocks 0..2 again,
