@@ -194,7 +194,11 @@ HWY_NOINLINE void AttendTile(DF df, ItemState<T>& st, int32_t hh, const T* const
     const bool first = idx == 0;
     const PrefetchPlan<T> pf_k{first ? pk : nullptr, nullptr, poff, first ? pn : 0, st.row_bytes};
     const PrefetchPlan<T> pf_v{nullptr, first ? pv : nullptr, poff, first ? pn : 0, st.row_bytes};
-    ScoresRows<kPaired>(df, nr, q, kt, off, n, D, s, pf_k);
+    // The first block of rows carries the prefetch.
+    ForRowBlocks(df, nr, [&](auto rows, int32_t r0) {
+      ScoresBlock<decltype(rows)::value, kPaired>(df, q + r0, kt, off, n, D, s + r0,
+                                                  r0 == 0 ? pf_k : PrefetchPlan<T>{});
+    });
     uint32_t active = 0;
     for (int32_t u = 0; u < nr; ++u) {
       MaskScores(st, s[u], ts, kk, n, (idx + u) / G);
@@ -203,7 +207,10 @@ HWY_NOINLINE void AttendTile(DF df, ItemState<T>& st, int32_t hh, const T* const
       }
     }
     if (active == (1u << nr) - 1) {
-      AccumulateRows<kPaired>(df, nr, s, vt, off, n, D, acc, pf_v);
+      ForRowBlocks(df, nr, [&](auto rows, int32_t r0) {
+        AccumulateBlock<decltype(rows)::value, kPaired>(df, s + r0, vt, off, n, D, acc + r0,
+                                                        r0 == 0 ? pf_v : PrefetchPlan<T>{});
+      });
       continue;
     }
     // Rows without a visible key in this tile (prefill masks) hold -inf scores, not
@@ -211,8 +218,8 @@ HWY_NOINLINE void AttendTile(DF df, ItemState<T>& st, int32_t hh, const T* const
     bool prefetched = false;
     for (int32_t u = 0; u < nr; ++u) {
       if ((active >> u & 1u) == 0) continue;
-      AccumulateRows<kPaired>(df, 1, s + u, vt, off, n, D, acc + u,
-                              prefetched ? PrefetchPlan<T>{} : pf_v);
+      AccumulateBlock<1, kPaired>(df, s + u, vt, off, n, D, acc + u,
+                                  prefetched ? PrefetchPlan<T>{} : pf_v);
       prefetched = true;
     }
     if (!prefetched) pf_v.rows(0, std::max(pf_v.n, n));

@@ -295,44 +295,22 @@ HWY_INLINE void AccumulateBlock(DF df, const float* const* HWY_RESTRICT p, const
   if (d < D) AccumulateChunk<kR, 1, kPaired>(df, p, v, off, n, d, acc, plan);
 }
 
-/// ScoresBlock over nr in [1, kRowBlock] rows: blocks of 4, 2 and 1 (the prefetch with the
-/// first).
-template <bool kPaired, typename T, class DF>
-HWY_INLINE void ScoresRows(DF df, int32_t nr, const float* const* q, const T* const* k, int64_t off,
-                           int32_t n, int64_t D, float* const* s, const PrefetchPlan<T>& pf) {
+/// Calls block(rows, r0) for the nr in [1, kRowBlock] rows of a head in register blocks of 4,
+/// 2 and 1 rows (rows: std::integral_constant of the block's row count, r0 its first row); with
+/// 1-lane vectors (odd head_dim) the rows go one by one, which compiles less code.
+template <class DF, class Fn>
+HWY_INLINE void ForRowBlocks(DF, int32_t nr, Fn&& block) {
   static_assert(kRowBlock == 4, "blocks of 4, 2 and 1 rows");
-  if constexpr (hn::MaxLanes(DF()) == 1) {  // odd head_dim: rows one by one, less code
-    ScoresBlock<1, kPaired>(df, q, k, off, n, D, s, pf);
-    for (int32_t r = 1; r < nr; ++r) {
-      ScoresBlock<1, kPaired>(df, q + r, k, off, n, D, s + r, PrefetchPlan<T>{});
-    }
+  using One = std::integral_constant<int, 1>;
+  if constexpr (hn::MaxLanes(DF()) == 1) {
+    for (int32_t r = 0; r < nr; ++r) block(One(), r);
   } else if (nr == 4) {
-    ScoresBlock<4, kPaired>(df, q, k, off, n, D, s, pf);
+    block(std::integral_constant<int, 4>(), 0);
   } else if (nr == 1) {
-    ScoresBlock<1, kPaired>(df, q, k, off, n, D, s, pf);
+    block(One(), 0);
   } else {
-    ScoresBlock<2, kPaired>(df, q, k, off, n, D, s, pf);
-    if (nr == 3) ScoresBlock<1, kPaired>(df, q + 2, k, off, n, D, s + 2, PrefetchPlan<T>{});
-  }
-}
-
-/// AccumulateBlock over nr in [1, kRowBlock] rows, as ScoresRows.
-template <bool kPaired, typename T, class DF>
-HWY_INLINE void AccumulateRows(DF df, int32_t nr, const float* const* p, const T* const* v,
-                               int64_t off, int32_t n, int64_t D, float* const* acc,
-                               const PrefetchPlan<T>& pf) {
-  if constexpr (hn::MaxLanes(DF()) == 1) {  // as ScoresRows
-    AccumulateBlock<1, kPaired>(df, p, v, off, n, D, acc, pf);
-    for (int32_t r = 1; r < nr; ++r) {
-      AccumulateBlock<1, kPaired>(df, p + r, v, off, n, D, acc + r, PrefetchPlan<T>{});
-    }
-  } else if (nr == 4) {
-    AccumulateBlock<4, kPaired>(df, p, v, off, n, D, acc, pf);
-  } else if (nr == 1) {
-    AccumulateBlock<1, kPaired>(df, p, v, off, n, D, acc, pf);
-  } else {
-    AccumulateBlock<2, kPaired>(df, p, v, off, n, D, acc, pf);
-    if (nr == 3) AccumulateBlock<1, kPaired>(df, p + 2, v, off, n, D, acc + 2, PrefetchPlan<T>{});
+    block(std::integral_constant<int, 2>(), 0);
+    if (nr == 3) block(One(), 2);
   }
 }
 
