@@ -38,7 +38,8 @@ from pathlib import Path
 # The core sources and, for each, the test executables that exercise it. The lists are kept
 # short so that a mutant costs seconds (one object, one archive, a few relinks), and cover the
 # tests written against that file's behaviour plus the manager-level tests that reach it.
-MANAGER_TESTS = ["test_kv_cache_manager", "test_manager_contracts", "test_manager_lifecycle",
+MANAGER_TESTS = ["test_kv_cache_manager", "test_kv_cache_manager_admission",
+                 "test_manager_contracts", "test_manager_lifecycle",
                  "test_abort_safety", "test_synchronized_manager"]
 CPU_TESTS = ["test_attention", "test_attention_spans"]
 TARGETS: dict[str, list[str]] = {
