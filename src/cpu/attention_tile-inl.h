@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "cpu/attention_prefetch-inl.h"
+#include "pagedkv/dtype.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace pagedkv::detail::fast {
@@ -41,12 +42,33 @@ inline constexpr int kVectorRegisters = 32;
 /// (a GQA group of 4, or half of a group of 8) x 4 keys = 16 accumulators with AVX-512.
 inline constexpr int32_t kRowBlock = 4;
 
+/// fp16 bit patterns (uint16 lanes) to fp32, exact: vcvtph2ps on x86. Highway 1.0.3's SCALAR
+/// and EMU128 promotions map exponent 31 (inf, NaN) to finite values, so those targets decode
+/// each lane with dtype.hpp's f16_to_f32 instead.
+template <class DF, class VU>
+HWY_INLINE hn::Vec<DF> PromoteF16(DF df, VU bits) {
+#if HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
+  const hn::Rebind<uint16_t, DF> du;
+  HWY_ALIGN uint16_t in[hn::MaxLanes(du)];
+  HWY_ALIGN float out[hn::MaxLanes(du)];
+  hn::Store(bits, du, in);
+  for (size_t i = 0; i < hn::Lanes(du); ++i) out[i] = f16_to_f32(in[i]);
+  return hn::Load(df, out);
+#else
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  return hn::PromoteTo(df, hn::BitCast(dh, bits));
+#endif
+}
+
 /// Loads Lanes(df) K/V elements as fp32: fp16/bf16 are widened in registers (vcvtph2ps, or a
 /// 16-bit shift for bf16), so the cache is read at its storage size. The 8-bit formats widen
 /// too, before their scale (applied per head outside the loop): int8 through int32; fp8 e5m2
-/// is the top byte of the fp16 of equal value; fp8 e4m3's sign, exponent and mantissa shifted
-/// into fp16's fields give its value times 2^-8 (kLoadFactor), subnormals included, with its
-/// one NaN code S.1111.111 mapped to an fp16 NaN.
+/// is the top byte of the fp16 of equal value; fp8 e4m3 is sign-extended to 16 bits and
+/// shifted left by 7, which puts its sign at fp16's bit 15, a copy of the sign at bit 14
+/// (cleared) and its exponent and mantissa at fp16's low exponent and top mantissa bits: the
+/// fp16 of its value times 2^-8 (kLoadFactor), subnormals included. Its NaN code S.1111.111
+/// would land on a finite fp16 and is replaced by an fp16 NaN (compare and blend).
+/// Instructions per vector (AVX-512, 16 elements): e4m3 7, e5m2 3, int8 2, bf16 1 (LoadPair).
 template <typename T, class DF>
 HWY_INLINE hn::Vec<DF> LoadF32(DF df, const T* HWY_RESTRICT p) {
   if constexpr (std::is_same_v<T, float>) {
@@ -55,20 +77,22 @@ HWY_INLINE hn::Vec<DF> LoadF32(DF df, const T* HWY_RESTRICT p) {
     const hn::Rebind<int8_t, DF> d8;
     const hn::Rebind<int32_t, DF> d32;
     return hn::ConvertTo(df, hn::PromoteTo(d32, hn::LoadU(d8, p)));
-  } else if constexpr (std::is_same_v<T, Fp8E4M3> || std::is_same_v<T, Fp8E5M2>) {
+  } else if constexpr (std::is_same_v<T, Fp8E5M2>) {
     const hn::Rebind<uint8_t, DF> d8;
     const hn::Rebind<uint16_t, DF> d16;
-    const hn::Rebind<hwy::float16_t, DF> dh;
     const auto b = hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const uint8_t*>(p)));
-    if constexpr (std::is_same_v<T, Fp8E5M2>) {
-      return hn::PromoteTo(df, hn::BitCast(dh, hn::ShiftLeft<8>(b)));
-    } else {
-      const auto sign = hn::ShiftLeft<8>(hn::And(b, hn::Set(d16, 0x80)));
-      const auto em = hn::And(b, hn::Set(d16, 0x7F));
-      const auto nan = hn::Eq(em, hn::Set(d16, 0x7F));
-      const auto bits = hn::IfThenElse(nan, hn::Set(d16, 0x7E00), hn::ShiftLeft<7>(em));
-      return hn::PromoteTo(df, hn::BitCast(dh, hn::Or(sign, bits)));
-    }
+    return PromoteF16(df, hn::ShiftLeft<8>(b));
+  } else if constexpr (std::is_same_v<T, Fp8E4M3>) {
+    const hn::Rebind<int8_t, DF> d8;
+    const hn::Rebind<int16_t, DF> d16;
+    const hn::Rebind<uint16_t, DF> du;
+    const auto s = hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const int8_t*>(p)));
+    const auto bits = hn::And(hn::ShiftLeft<7>(hn::BitCast(du, s)), hn::Set(du, 0xBFFF));
+    const auto nan = hn::Eq(hn::And(s, hn::Set(d16, 0x7F)), hn::Set(d16, 0x7F));
+    return PromoteF16(df, hn::IfThenElse(hn::RebindMask(du, nan), hn::Set(du, 0x7E00), bits));
+  } else if constexpr (std::is_same_v<T, hwy::float16_t>) {
+    const hn::Rebind<uint16_t, DF> du;
+    return PromoteF16(df, hn::LoadU(du, reinterpret_cast<const uint16_t*>(p)));
   } else {
     const hn::Rebind<T, DF> dh;
     return hn::PromoteTo(df, hn::LoadU(dh, p));

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -191,6 +192,73 @@ TEST_P(FastPerTarget, MatchesPlain) {
     for (const Variant& v : kVariants) {
       SCOPED_TRACE(v.name);
       EXPECT_LE(max_abs_diff(run_fast(s, v.config), plain), kAttentionMaxAbs);
+    }
+  }
+}
+
+/// Every code of each 8-bit format through every target's widening, and fp16's specials: one
+/// key, so each query row's output is that key's V exactly (softmax weight 1). V holds the 256
+/// codes as raw bytes (8-bit: the subnormals, both zeros, the largest finite codes and the NaN
+/// codes; fp16: code << 8, so inf, NaN and subnormals too); the expected values are dtype.hpp's
+/// decoders times a power-of-two scale, compared bit for bit (NaN where the code is NaN). A NaN
+/// code in K must change its kv head's rows as the reference does.
+TEST_P(FastPerTarget, EveryCodeWidensAsTheDecoder) {
+  ASSERT_TRUE(detail::force_fast_attention_target(GetParam()));
+  for (DType dtype : {DType::kFP8E4M3, DType::kFP8E5M2, DType::kInt8, DType::kF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const AttentionCase c{.dtype = dtype,
+                          .head_dim = 256,
+                          .block_size = 16,
+                          .num_kv_heads = 2,
+                          .group = 4,
+                          .context = 1};
+    PagedScenario s = testing::scenario_from_case(c, {{1, 1}}, 3);
+    const bool quantized = dtype_is_quantized(dtype);
+    const std::vector<float> k_scale{0.25f, 0.5f}, v_scale{0.5f, 2.0f};
+    if (quantized) s.cache->set_scales(PagedScenario::kLayer, k_scale, v_scale);
+    const auto esize = static_cast<size_t>(dtype_size(dtype));
+    // codes[i]: code i in the dtype's bytes (fp16: the bits i << 8, little-endian).
+    std::vector<uint8_t> codes(256 * esize, 0);
+    for (size_t i = 0; i < 256; ++i) codes[i * esize + esize - 1] = static_cast<uint8_t>(i);
+    const KVLayerView layer = s.layer();
+    const auto element = [&](void* pool, int32_t h, int32_t d) {
+      return static_cast<uint8_t*>(pool) +
+             (layer.offset(s.tables[0][0], h, 0) + d) * static_cast<int64_t>(esize);
+    };
+    const auto code_of = [](int32_t h, int32_t d) { return (d + 17 * h) % 256; };
+    for (int32_t h = 0; h < 2; ++h) {
+      for (int32_t d = 0; d < 256; ++d) {
+        std::copy_n(&codes[code_of(h, d) * esize], esize, element(layer.v, h, d));
+      }
+    }
+    const std::vector<float> out = run_fast(s, {.num_threads = 1});
+    for (int32_t row = 0; row < 8; ++row) {
+      const int32_t h = row / 4;
+      for (int32_t d = 0; d < 256; ++d) {
+        const float want = load_as_f32(codes.data(), dtype, code_of(h, d)) *
+                           (quantized ? v_scale[static_cast<size_t>(h)] : 1.0f);
+        const float got = out[static_cast<size_t>(row * 256 + d)];
+        SCOPED_TRACE("row " + std::to_string(row) + " code " + std::to_string(code_of(h, d)));
+        EXPECT_EQ(std::isnan(got), std::isnan(want));
+        if (!std::isnan(want)) EXPECT_EQ(got, want);
+      }
+    }
+    if (dtype == DType::kInt8) continue;                              // int8 has no NaN
+    const int32_t nan_code = dtype == DType::kFP8E4M3 ? 0xFF : 0xFE;  // negative NaNs
+    ASSERT_TRUE(std::isnan(load_as_f32(codes.data(), dtype, nan_code)));
+    std::copy_n(&codes[static_cast<size_t>(nan_code) * esize], esize, element(layer.k, 1, 100));
+    // With one key any finite score gives it weight 1 and leaves the output at V: a NaN code
+    // widened to a finite value would change nothing. Widened to NaN, kv head 1's rows follow
+    // the reference's treatment of a NaN score; kv head 0's rows are untouched.
+    const std::vector<float> poisoned = run_fast(s, {.num_threads = 1});
+    const std::vector<float> ref = s.reference(/*rounded=*/true);
+    for (int32_t i = 0; i < 8 * 256; ++i) {
+      const auto e = static_cast<size_t>(i);
+      const float want = i < 4 * 256 ? out[e] : ref[e];
+      SCOPED_TRACE("element " + std::to_string(i));
+      EXPECT_EQ(std::isnan(poisoned[e]), std::isnan(want));
+      if (!std::isnan(want)) EXPECT_EQ(poisoned[e], want);
+      if (i >= 4 * 256 && out[e] != 0.0f && std::isfinite(out[e])) EXPECT_NE(poisoned[e], out[e]);
     }
   }
 }
