@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <limits>
 #include <optional>
 #include <random>
 #include <set>
@@ -421,6 +422,9 @@ TEST(BlockAllocator, EveryOperationMatchesAQueueModel) {
 TEST(BlockAllocator, ErrorsNameTheValue) {
   EXPECT_ERROR(BlockAllocator(0), "got 0");
   EXPECT_ERROR(BlockAllocator(-5), "got -5");
+  // Past the 2^30 cap: refused before any metadata is allocated (16 bytes a block).
+  EXPECT_ERROR(BlockAllocator((1 << 30) + 1), "got 1073741825");
+  EXPECT_ERROR(BlockAllocator(std::numeric_limits<int32_t>::max()), "got 2147483647");
   BlockAllocator a(4);
   EXPECT_ERROR(a.release(7), "block id 7 out of range");
   EXPECT_ERROR(a.release(-1), "block id -1 out of range");
