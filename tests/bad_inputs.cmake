@@ -166,6 +166,13 @@ pagedkv_bad_input(replay.all_rows_bad LAST_LINE STDOUT_EMPTY
   REGEX "^pagedkv replay: [^\n]*no valid request[^\n]*\n$")
 
 # Sharing workloads: a width out of range, and a sweep they would silently replace.
+# Byte counts past int64: wrapped to negative / 0 bytes, then the contiguous fit divided by 0
+# (SIGFPE). Now refused before any table is printed.
+pagedkv_bad_input(memory.bytes_overflow_int64 STDOUT_EMPTY
+  ARGS memory --kv-heads 65536 --head-dim 65536 --max-context 4294967296 --kv-memory 1GiB
+       --no-measure
+  REGEX "^pagedkv memory: growth table: [^\n]*overflows a 64-bit byte count\n$")
+
 pagedkv_bad_input(replay.beam_width_zero STDOUT_EMPTY
   ARGS replay --trace ${_ok}/azure.csv --beam-width 2,0 --no-progress
   REGEX "--beam-width: Value 0 not in range 1 to 64")

@@ -65,14 +65,7 @@ Any to_array(const char* name, nb::handle obj, bool fast = false) {
     }
     if (nb::try_cast<Any>(torch.to_dlpack(obj), a)) return a;
   }
-  if (!nb::try_cast<Any>(obj, a)) {
-    throw nb::type_error((std::string(name) +
-                          ": expected an array (numpy, torch, any object "
-                          "with __dlpack__), got " +
-                          nb::type_name(obj.type()).c_str())
-                             .c_str());
-  }
-  return a;
+  return array_arg(name, obj);
 }
 
 /// A per-layer argument that is None, one array for every layer, or a list of one per layer.
@@ -83,9 +76,9 @@ std::optional<Any> per_layer(nb::handle obj, size_t layer, size_t num_layers, co
       bad(std::string(name) + ": a list of " + std::to_string(nb::len(obj)) + " for " +
           std::to_string(num_layers) + " layers of pools");
     }
-    return nb::cast<Any>(obj[layer]);
+    return array_arg(std::string(name) + "[" + std::to_string(layer) + "]", obj[layer]);
   }
-  return nb::cast<Any>(obj);
+  return array_arg(name, obj);
 }
 
 class KVPools {
@@ -109,9 +102,9 @@ class KVPools {
         const nb::tuple kv = nb::borrow<nb::tuple>(item);
         if (kv.size() != 2) bad(at + ": a tuple item must be (k_cache, v_cache)");
         k = kv[0];
-        layer.v = nb::cast<Any>(kv[1]);
+        layer.v = array_arg(at + "[1]", kv[1]);
       }
-      layer.k = nb::cast<Any>(k);
+      layer.k = array_arg(layer.v ? at + "[0]" : at, k);
       if (l == 0) first_pool_ = nb::borrow(k);
       layer.quant = {kv_dtype, per_layer(k_scale, l, n, "k_scale"),
                      per_layer(v_scale, l, n, "v_scale")};

@@ -111,11 +111,11 @@ std::vector<KVLayerView> layer_views(const nb::list& pools, const std::string& l
     if (nb::isinstance<nb::tuple>(item)) {
       const nb::tuple kv = nb::borrow<nb::tuple>(item);
       if (kv.size() != 2) bad(std::string(name) + ": a tuple item must be (k_cache, v_cache)");
-      arrays.emplace_back(nb::cast<Any>(kv[0]), nb::cast<Any>(kv[1]));
+      arrays.emplace_back(array_arg(at + "[0]", kv[0]), array_arg(at + "[1]", kv[1]));
       named.push_back({at + "[0]", &arrays.back().first});
       named.push_back({at + "[1]", &*arrays.back().second});
     } else {
-      arrays.emplace_back(nb::cast<Any>(item), std::nullopt);
+      arrays.emplace_back(array_arg(at, item), std::nullopt);
       named.push_back({at, &arrays.back().first});
     }
   }

@@ -120,6 +120,19 @@ std::string shape_of(const Any& a) {
 
 void bad(const std::string& msg) { throw nb::value_error(msg.c_str()); }
 
+Any array_arg(const std::string& name, nb::handle obj) {
+  Any a;
+  if (nb::try_cast<Any>(obj, a)) return a;
+  const bool read_only = nb::hasattr(obj, "flags") && nb::hasattr(obj.attr("flags"), "writeable") &&
+                         !nb::cast<bool>(obj.attr("flags").attr("writeable"));
+  throw nb::type_error((name +
+                        ": expected a writable array (numpy, torch, any object with "
+                        "__dlpack__), got " +
+                        (read_only ? std::string("a read-only ") : std::string()) +
+                        nb::type_name(obj.type()).c_str())
+                           .c_str());
+}
+
 std::string device_of(const Any& a) {
   if (a.device_type() == nb::device::cpu::value) return "the CPU";
   if (a.device_type() == nb::device::cuda::value) return "cuda:" + std::to_string(a.device_id());

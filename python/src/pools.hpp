@@ -34,6 +34,10 @@ std::string dtype_of(const Any& a);
 bool is(const Any& a, nb::dlpack::dtype_code code, int bits);
 /// "the CPU", "cuda:1" or "DLPack device type 3": where an array lives, for messages.
 std::string device_of(const Any& a);
+/// `obj` as an array argument; TypeError naming it (`name`, e.g. "pools[1][0]") when it is
+/// none: no __dlpack__ / buffer, or a read-only array (the ops take writable arrays), never
+/// nanobind's bare std::bad_cast.
+Any array_arg(const std::string& name, nb::handle obj);
 /// ValueError unless a is on the CPU (`why` ends the message: what reads it there).
 void check_cpu(const char* name, const Any& a, const char* why);
 

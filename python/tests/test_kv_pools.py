@@ -159,7 +159,7 @@ def test_errors_name_what_is_wrong():
         kp.decode(0, np.zeros((3, H, D), np.float32), meta)
     with pytest.raises(ValueError, match="out: dtype float16 differs from q's float32"):
         kp.decode(0, q, meta, out=np.zeros((2, H, D), np.float16))
-    with pytest.raises(TypeError, match="out: expected an array .* got list"):
+    with pytest.raises(TypeError, match="out: expected a writable array .* got list"):
         kp.decode(0, q, meta, out=[1.0])
     with pytest.raises(ValueError, match="pools: empty"):
         pk.KVPools([])
@@ -173,3 +173,28 @@ def test_errors_name_what_is_wrong():
         pk.KVPools([(k, v)], k_scale=np.ones(1, np.float32))
     with pytest.raises(ValueError, match="layout = 'XYZ' is not 'NHD' or 'HND'"):
         pk.KVPools([(k, v)], layout="XYZ")
+
+
+def test_pool_items_that_are_no_writable_arrays_are_type_errors_naming_them():
+    # Was nanobind's RuntimeError "std::bad_cast", naming neither the item nor the problem.
+    m, meta, k, v, keys, values = build(2, 8, [9, 3])
+    ro = k.copy()
+    ro.setflags(write=False)
+    pairs = np.zeros((0, 2), np.int32)
+    i8 = np.zeros(k.shape, np.int8)
+    cases = [
+        (lambda: pk.KVPools([(k, v), (ro, v)]), r"pools\[1\]\[0\]: .* got a read-only ndarray"),
+        (lambda: pk.KVPools([(k, None)]), r"pools\[0\]\[1\]: expected a writable array .* NoneType"),
+        (lambda: pk.KVPools([(k, v), [k, v]]), r"pools\[1\]: expected a writable array .* list"),
+        (lambda: pk.KVPools([(i8, i8)], k_scale="x", v_scale=np.ones(1, np.float32)),
+         r"k_scale: .* got str"),
+        (lambda: pk.KVPools([(i8, i8)], k_scale=[None], v_scale=np.ones(1, np.float32)),
+         r"k_scale\[0\]: .* NoneType"),
+        (lambda: pk.copy_blocks([(k, v), (k, ro)], pairs), r"pools\[1\]\[1\]: .* read-only"),
+        (lambda: pk.copy_blocks([7], pairs), r"pools\[0\]: expected a writable array .* int"),
+        (lambda: pk.swap_blocks([(k, v)], [(ro, v)], pairs), r"dst_pools\[0\]\[0\]: .* read-only"),
+    ]
+    for call, message in cases:
+        with pytest.raises(TypeError, match=message):
+            call()
+    np.testing.assert_array_equal(ro, k)  # nothing was written

@@ -11,6 +11,22 @@ namespace {
 int64_t bytes(const ModelPreset& p, int64_t tokens) {
   return kv_bytes_for_tokens(p.num_layers, p.num_kv_heads, p.head_dim, p.dtype, tokens);
 }
+
+/// Throws unless `batch` sequences of `longest` tokens, rounded up to a block, fit int64 bytes:
+/// every byte count of the table is at most that (local layers hold less, never more).
+void check_fits_int64(const ModelPreset& p, int64_t batch, int32_t block_size, int64_t longest) {
+  int64_t product = 1;
+  int64_t rounded = 0;
+  bool overflow = __builtin_add_overflow(longest, int64_t{block_size}, &rounded);
+  for (int64_t f : {int64_t{2}, int64_t{p.num_layers}, int64_t{p.num_kv_heads}, int64_t{p.head_dim},
+                    dtype_size(p.dtype), batch, rounded}) {
+    overflow = overflow || __builtin_mul_overflow(product, f, &product);
+  }
+  PAGEDKV_CHECK(!overflow,
+                "growth table: {} sequence(s) of {} tokens x 2 x {} layers x {} kv heads x "
+                "head_dim {} x {} bytes overflows a 64-bit byte count",
+                batch, longest, p.num_layers, p.num_kv_heads, p.head_dim, dtype_size(p.dtype));
+}
 }  // namespace
 
 std::vector<int64_t> growth_lengths(int64_t max_context) {
@@ -36,6 +52,9 @@ std::vector<GrowthRow> growth_table(const ModelPreset& preset, int64_t batch, in
   PAGEDKV_CHECK(batch >= 1, "growth table: batch must be >= 1, got {}", batch);
   PAGEDKV_CHECK(block_size >= 1, "growth table: block size must be >= 1, got {}", block_size);
   PAGEDKV_CHECK(budget_bytes >= 0, "growth table: budget must be >= 0, got {}", budget_bytes);
+  int64_t longest = preset.max_context;
+  for (int64_t t : lengths) longest = std::max(longest, t);
+  check_fits_int64(preset, batch, block_size, longest);
   std::vector<GrowthRow> rows;
   rows.reserve(lengths.size());
   for (int64_t t : lengths) {

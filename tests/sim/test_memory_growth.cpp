@@ -83,6 +83,30 @@ TEST(GrowthTable, BadArgumentsThrow) {
   EXPECT_THROW((void)growth_table(m, 1, 16, negative, 0), Error);
 }
 
+// Byte counts past int64 were computed anyway: signed overflow wrapped them to negative or 0
+// bytes, and the contiguous fit then divided by 0 (`pagedkv memory --kv-heads 65536 --head-dim
+// 65536 --max-context 4294967296 --kv-memory 1GiB` died of SIGFPE). Now an error naming the sizes.
+TEST(GrowthTable, ByteCountsPastInt64Throw) {
+  ModelOverrides big;
+  big.num_kv_heads = 65536;
+  big.head_dim = 65536;
+  big.max_context = int64_t{1} << 32;
+  const ModelPreset m = apply_overrides(find_preset("llama-2-7b"), big);  // 2^39 B per token
+  EXPECT_THAT(
+      [&] { (void)growth_table(m, 1, 16, growth_lengths(m.max_context), int64_t{1} << 30); },
+      ::testing::ThrowsMessage<Error>(::testing::HasSubstr(
+          "1 sequence(s) of 4294967296 tokens x 2 x 32 layers x 65536 kv heads x head_dim "
+          "65536 x 2 bytes overflows a 64-bit byte count")));
+  // The same model at 2^23 tokens (2^62 bytes, plus one token of rounding) still fits.
+  big.max_context = int64_t{1} << 23;
+  const ModelPreset fits = apply_overrides(find_preset("llama-2-7b"), big);
+  const std::vector<int64_t> lengths = {int64_t{1} << 23};
+  const std::vector<GrowthRow> rows = growth_table(fits, 1, 1, lengths, 0);
+  EXPECT_EQ(rows[0].formula_bytes, int64_t{1} << 62);
+  // batch multiplies in: two sequences of that model overflow.
+  EXPECT_THROW((void)growth_table(fits, 2, 1, lengths, 0), Error);
+}
+
 TEST(PagedBytes, RoundsUpToWholeBlocks) {
   const ModelPreset& m = find_preset("stories260k");  // 1280 bytes per token
   EXPECT_EQ(paged_bytes_for_tokens(m, 0, 16), 0);
