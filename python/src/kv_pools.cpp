@@ -38,6 +38,16 @@ struct TorchDLPack {
   nb::handle to_dlpack;  // a reference kept for the process (a static must not decref at exit)
 };
 
+/// torch.Tensor once torch is imported (looked up until it is; invalid before).
+nb::handle torch_tensor_type() {
+  static nb::handle type;  // under the GIL; a type lives as long as its module: no reference
+  if (!type.is_valid()) {
+    PyObject* module = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");
+    if (module != nullptr) type = nb::handle(module).attr("Tensor");
+  }
+  return type;
+}
+
 /// An array argument taken as an object: TypeError naming it when it is no array. torch 1.13's
 /// Tensor.__dlpack__ is Python code (about 1 us a call) whose last step is torch._C._to_dlpack;
 /// for a plain torch.Tensor (not a subclass, which may override it) that does not require grad
@@ -47,13 +57,10 @@ struct TorchDLPack {
 /// CUDA flows return their out array).
 Any to_array(const char* name, nb::handle obj, bool fast = false) {
   static TorchDLPack torch;  // under the GIL
-  if (!torch.tensor_type.is_valid()) {
-    PyObject* module = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");
-    if (module != nullptr) {
-      nb::handle t(module);
-      torch.tensor_type = t.attr("Tensor");  // a type lives as long as its module: no reference
-      torch.to_dlpack = nb::object(t.attr("_C").attr("_to_dlpack")).release();
-    }
+  if (!torch.tensor_type.is_valid() && torch_tensor_type().is_valid()) {
+    torch.tensor_type = torch_tensor_type();
+    torch.to_dlpack =
+        nb::object(nb::module_::import_("torch").attr("_C").attr("_to_dlpack")).release();
   }
   Any a;
   if (fast && torch.tensor_type.is_valid() && obj.type().is(torch.tensor_type)) {
@@ -98,14 +105,19 @@ class KVPools {
       const nb::handle item = pools[l];
       const std::string at = "pools[" + std::to_string(l) + "]";
       nb::handle k = item;
+      nb::handle v;
       if (nb::isinstance<nb::tuple>(item)) {
         const nb::tuple kv = nb::borrow<nb::tuple>(item);
         if (kv.size() != 2) bad(at + ": a tuple item must be (k_cache, v_cache)");
         k = kv[0];
+        v = kv[1];
         layer.v = array_arg(at + "[1]", kv[1]);
       }
       layer.k = array_arg(layer.v ? at + "[0]" : at, k);
       if (l == 0) first_pool_ = nb::borrow(k);
+      layer.torch_data = {{nb::borrow(k), layer.k.data(), layer.v ? at + "[0]" : at}};
+      if (layer.v) layer.torch_data.push_back({nb::borrow(v), layer.v->data(), at + "[1]"});
+      std::erase_if(layer.torch_data, [](const TorchData& t) { return !is_torch(t.tensor); });
       layer.quant = {kv_dtype, per_layer(k_scale, l, n, "k_scale"),
                      per_layer(v_scale, l, n, "v_scale")};
       layers_.push_back(std::move(layer));
@@ -146,6 +158,7 @@ class KVPools {
   nb::object attend(int32_t layer, const Any& q, const BatchMetadata& meta, bool prefill,
                     AttentionArgs& args, [[maybe_unused]] StreamArg stream) {
     const Layer& l = at(layer);
+    check_unmoved(l);
     check_place({{"q", &q}, {"out", args.out ? &*args.out : nullptr}});
     std::optional<std::span<const int32_t>> query_start;
     if (prefill) query_start = std::span<const int32_t>(meta.query_start);
@@ -165,6 +178,7 @@ class KVPools {
   void write_kv(int32_t layer, const Any& key, const Any& value, const Any& slot_mapping,
                 [[maybe_unused]] StreamArg stream) {
     const Layer& l = at(layer);
+    check_unmoved(l);
     check_place({{"key", &key}, {"value", &value}, {"slot_mapping", &slot_mapping}});
 #if PAGEDKV_WITH_CUDA
     if (place_.cuda) {
@@ -178,6 +192,7 @@ class KVPools {
 
   void copy(const Any& block_copies, [[maybe_unused]] StreamArg stream) {
     const std::span<const BlockCopy> pairs = pairs_of(block_copies);
+    for (const Layer& l : layers_) check_unmoved(l);
 #if PAGEDKV_WITH_CUDA
     if (place_.cuda) {
       cuda_copy_blocks({views_, true}, {views_, true}, pairs, true, place_.device_id,
@@ -190,13 +205,37 @@ class KVPools {
   }
 
  private:
+  /// A torch pool as given and where its data was when imported. torch's resize_() and set_()
+  /// move a tensor's data and free the old memory, which the DLPack handle does not keep alive:
+  /// every call checks data_ptr() (about 0.1 us a pool) and refuses a moved pool.
+  struct TorchData {
+    nb::object tensor;
+    const void* data;
+    std::string name;  // "pools[i]" or "pools[i][0]" / "pools[i][1]"
+  };
+  static bool is_torch(nb::handle obj) {
+    const nb::handle type = torch_tensor_type();
+    return type.is_valid() && PyObject_IsInstance(obj.ptr(), type.ptr()) == 1;
+  }
   struct Layer {
     Any k;
     std::optional<Any> v;
+    std::vector<TorchData> torch_data;  // the layer's torch pools (none for numpy)
     QuantArgs quant;
     Pool pool;         // geometry, and host scales of a CPU 8-bit pool
     KVLayerView view;  // pool.view(): points into pool's scales
   };
+
+  static void check_unmoved(const Layer& l) {
+    for (const TorchData& t : l.torch_data) {
+      const auto now = nb::cast<uintptr_t>(t.tensor.attr("data_ptr")());
+      if (now != reinterpret_cast<uintptr_t>(t.data)) {
+        bad(t.name + ": the torch tensor's data moved since KVPools imported it (from " +
+            std::to_string(reinterpret_cast<uintptr_t>(t.data)) + " to " + std::to_string(now) +
+            ": resize_() or set_()?), and its old memory may be freed: build a new KVPools");
+      }
+    }
+  }
 
   const Layer& at(int32_t layer) const {
     if (layer < 0 || static_cast<size_t>(layer) >= layers_.size()) {

@@ -127,6 +127,37 @@ def test_torch_pools_and_activations():
     np.testing.assert_allclose(np.asarray(got), out.numpy(), rtol=0, atol=0)
 
 
+def test_torch_pools_whose_data_moved_are_refused():
+    # torch's resize_() and set_() give a tensor new memory and free the old, which the object's
+    # DLPack handle does not keep: every call compares data_ptr() with the imported address.
+    torch = pytest.importorskip("torch", reason="torch is not installed: its cases skip")
+    m, meta, k, v, keys, values = build(2, 8, [20, 9])
+    tk, tv = torch.tensor(k), torch.tensor(v)  # torch's own (resizable) memory
+    kp = pk.KVPools([(tk, tv)])
+    q = torch.from_numpy(np.random.default_rng(9).standard_normal((2, H, D), dtype=np.float32))
+    before = np.asarray(kp.decode(0, q, meta)).copy()
+    np.testing.assert_allclose(before, decode_reference(q.numpy(), keys, values),
+                               rtol=2e-5, atol=2e-6)
+    tv.resize_(len(v) * 100, *v.shape[1:])  # a larger size: new memory, the old one freed
+    moved = r"pools\[0\]\[1\]: the torch tensor's data moved since KVPools imported it"
+    with pytest.raises(ValueError, match=moved):
+        kp.decode(0, q, meta)
+    with pytest.raises(ValueError, match=moved):
+        kp.write_kv(0, torch.ones(1, KH, D), torch.ones(1, KH, D), np.array([0], np.int64))
+    with pytest.raises(ValueError, match=moved):
+        kp.copy_blocks(np.array([[0, 1]], np.int32))
+    assert np.array_equal(tk.numpy(), k, equal_nan=True)  # the refused write and copy: no change
+    tk.set_(torch.zeros_like(tk))
+    with pytest.raises(ValueError, match=r"pools\[0\]\[0\]: the torch tensor's data moved"):
+        kp.prefill(0, q, meta)
+    # A combined pool is named pools[i]; a fresh object over the moved tensors works.
+    kc = torch.tensor(np.stack([k, v], axis=1))
+    kpc = pk.KVPools([kc])
+    kc.resize_(kc.shape[0] * 4, *kc.shape[1:])
+    with pytest.raises(ValueError, match=r"pools\[0\]: the torch tensor's data moved"):
+        kpc.decode(0, q, meta)
+
+
 def test_int8_pools_with_per_layer_scales():
     m, meta, k, v, keys, values = build(3, 8, [20, 41, 9])
     scale = np.float32(0.05)
