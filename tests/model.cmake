@@ -113,11 +113,28 @@ add_test(NAME cli.generate.bad_cache_flag
   COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
           "-DARGS=generate|--cache|sideways" "-DSTDERR_REGEX=^[^\n]*sideways[^\n]*\n$"
           -P ${_expect})
+# A prompt longer than --steps: refused by the bound before encoding (31 bytes need at least
+# 1 + 31 / 7 tokens with tok512's longest piece of 7 bytes), or after encoding when the bound
+# lets it through ("a b c d e f" is 7 tokens), or by the bound in bounded time for a 200 kB
+# prompt (encoding it, O(n^2), would take many minutes).
 add_test(NAME cli.generate.prompt_longer_than_steps
   COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
           "-DARGS=generate|--steps|3|--prompt|a long prompt that does not fit"
-          "-DSTDERR_REGEX=^pagedkv generate: prompt 0 is [0-9]+ tokens, more than the 3 positions[^\n]*\n$"
+          "-DSTDERR_REGEX=^pagedkv generate: prompt 0 is at least 6 tokens \\(31 bytes, at most 7 a token\\), more than the 3 positions[^\n]*\n$"
           -P ${_expect})
+add_test(NAME cli.generate.prompt_longer_than_steps_after_encoding
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
+          "-DARGS=generate|--steps|5|--prompt|a b c d e f"
+          "-DSTDERR_REGEX=^pagedkv generate: prompt 0 is 7 tokens, more than the 5 positions[^\n]*\n$"
+          -P ${_expect})
+string(REPEAT "a b " 50000 _long_prompt)
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/long_prompt.txt "${_long_prompt}\n")
+add_test(NAME cli.generate.huge_prompt_refused_before_encoding
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
+          "-DARGS=generate|--steps|8|--prompts|${CMAKE_CURRENT_BINARY_DIR}/long_prompt.txt"
+          "-DSTDERR_REGEX=^pagedkv generate: prompt 0 is at least 28573 tokens \\(200000 bytes[^\n]*\n$"
+          -P ${_expect})
+set_tests_properties(cli.generate.huge_prompt_refused_before_encoding PROPERTIES TIMEOUT 60)
 add_test(NAME cli.generate.shape_flag_needs_random
   COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
           "-DARGS=generate|--layers|2"

@@ -357,6 +357,17 @@ void run_generate(const Options& o) {
       o.prompts_path.empty() ? std::vector<std::string>{o.prompt} : read_prompts(o.prompts_path);
   std::vector<std::vector<TokenId>> ids;
   for (size_t i = 0; i < prompts.size(); ++i) {
+    // The bound first: encode is O(n^2) in the text, so a prompt that cannot fit is refused
+    // before it is encoded (no token covers more than max_piece_bytes of the text).
+    const auto bytes = static_cast<int64_t>(prompts[i].size());
+    const int64_t at_least = 1 + (bytes + m.tok.max_piece_bytes() - 1) / m.tok.max_piece_bytes();
+    if (at_least > steps) {
+      throw Error(
+          fmt::format("prompt {} is at least {} tokens ({} bytes, at most {} a token), "
+                      "more than the {} positions to run (--steps counts the prompt; "
+                      "the model's seq_len is {})",
+                      i, at_least, bytes, m.tok.max_piece_bytes(), steps, cfg.seq_len));
+    }
     ids.push_back(m.tok.encode(prompts[i], /*bos=*/true, /*eos=*/false));
     if (static_cast<int64_t>(ids.back().size()) > steps) {
       throw Error(

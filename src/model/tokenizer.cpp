@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -44,6 +45,7 @@ Tokenizer::Tokenizer(std::vector<std::string> pieces, std::vector<float> scores)
   for (size_t i = 0; i < pieces_.size(); ++i) {
     const auto id = static_cast<TokenId>(i);
     ids_.try_emplace(pieces_[i], id);  // keeps the lowest id of duplicates
+    max_piece_bytes_ = std::max(max_piece_bytes_, static_cast<int32_t>(pieces_[i].size()));
     const int b = parse_byte_piece(pieces_[i]);
     if (b >= 0) {
       byte_value_[i] = static_cast<int16_t>(b);

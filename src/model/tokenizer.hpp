@@ -58,6 +58,11 @@ class Tokenizer {
   [[nodiscard]] std::string render(const std::vector<TokenId>& ids) const;
 
   [[nodiscard]] int32_t vocab_size() const { return static_cast<int32_t>(pieces_.size()); }
+  /// Characters of the longest piece (>= 1; a "<0xXX>" piece counts its 6): no token of
+  /// encode() covers more bytes of the text, so encode(text, bos=true) gives at least
+  /// 1 + ceil(text.size() / max_piece_bytes()) tokens, a bound a caller can check before the
+  /// O(n^2) encode.
+  [[nodiscard]] int32_t max_piece_bytes() const { return max_piece_bytes_; }
   [[nodiscard]] const std::string& piece(TokenId id) const;
   [[nodiscard]] float score(TokenId id) const;
 
@@ -71,6 +76,7 @@ class Tokenizer {
   std::unordered_map<std::string, TokenId> ids_;
   std::vector<TokenId> byte_ids_;    ///< [256]: the id of "<0xXX>", or -1 when absent
   std::vector<int16_t> byte_value_;  ///< per id: the byte a "<0xXX>" piece stands for, else -1
+  int32_t max_piece_bytes_ = 1;      ///< see max_piece_bytes()
 };
 
 }  // namespace pagedkv::model

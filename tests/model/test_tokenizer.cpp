@@ -3,6 +3,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
 #include "model/tokenizer.hpp"
 #include "pagedkv/error.hpp"
 #include "shared_files.hpp"
@@ -119,6 +124,31 @@ TEST(Tokenizer, BuiltinIsByteLevelAndRoundTripsAscii) {
   EXPECT_THAT(utf8, ElementsAre(tok.encode(" ", false, false).at(0), 3 + 0xE2, 3 + 0x82, 3 + 0xAC));
   EXPECT_THROW((void)Tokenizer::builtin(100), Error);
   EXPECT_THROW((void)tok.piece(1024), Error);
+}
+
+TEST(Tokenizer, MaxPieceBytesBoundsTheTokenCountFromBelow) {
+  // The bound generate checks before encoding: 1 + ceil(bytes / max_piece_bytes) <= tokens.
+  std::vector<Tokenizer> toks{Tokenizer::builtin(1024)};
+  if (std::filesystem::exists(t::shared_dir() / "models/tok512.bin")) toks.push_back(tok512());
+  std::mt19937 rng(5);
+  for (const Tokenizer& tok : toks) {
+    size_t longest = 0;
+    for (TokenId id = 0; id < tok.vocab_size(); ++id)
+      longest = std::max(longest, tok.piece(id).size());
+    EXPECT_EQ(tok.max_piece_bytes(), static_cast<int32_t>(longest));
+    const auto L = static_cast<size_t>(tok.max_piece_bytes());
+    std::vector<std::string> texts{"", "a", "Once upon a time", std::string(300, 'e'),
+                                   "\xE2\x82\xAC\xE2\x82\xAC the the the"};
+    std::uniform_int_distribution<int> ch(32, 126);
+    for (int i = 0; i < 20; ++i) {
+      std::string x(static_cast<size_t>(1 + i * 13), ' ');
+      for (char& c : x) c = static_cast<char>(ch(rng));
+      texts.push_back(x);
+    }
+    for (const std::string& text : texts) {
+      EXPECT_GE(tok.encode(text, true, false).size(), 1 + (text.size() + L - 1) / L) << text;
+    }
+  }
 }
 
 // ---- bad files -------------------------------------------------------------------------------
