@@ -135,6 +135,14 @@ add_test(NAME cli.generate.huge_prompt_refused_before_encoding
           "-DSTDERR_REGEX=^pagedkv generate: prompt 0 is at least 28573 tokens \\(200000 bytes[^\n]*\n$"
           -P ${_expect})
 set_tests_properties(cli.generate.huge_prompt_refused_before_encoding PROPERTIES TIMEOUT 60)
+# --seed is a uint64: "-1" and 2^64 are refused (CLI11 alone turned both into 2^64 - 1).
+foreach(_seed IN ITEMS -1 18446744073709551616)
+  add_test(NAME cli.generate.seed_out_of_range_${_seed}
+    COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
+            "-DARGS=generate|--seed|${_seed}"
+            "-DSTDERR_REGEX=^pagedkv generate: --seed: must be a decimal integer in \\[0, 18446744073709551615\\], got ${_seed}[^\n]*\n$"
+            -P ${_expect})
+endforeach()
 add_test(NAME cli.generate.shape_flag_needs_random
   COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DEXPECTED=2
           "-DARGS=generate|--layers|2"

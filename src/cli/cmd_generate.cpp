@@ -507,6 +507,7 @@ void add_generate_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(0.0f, 1e6f));
   sub->add_option("--seed", opts->seed, "sampling seed (used when temperature > 0)")
+      ->check(uint64_digits())
       ->capture_default_str();
   sub->add_option("--cache", opts->cache,
                   "KV cache: paged, contiguous, none, or all (run each, check agreement)")

@@ -540,6 +540,7 @@ void add_replay_command(CLI::App& app) {
       "beams, forked copy-on-write by paged strategies, N independent copies reserved by "
       "contiguous ones");
   sub->add_option("--beam-seed", opts->beam_seed, "sharing: seed of the beam survivor choice")
+      ->check(uint64_digits())
       ->capture_default_str();
   sub->add_option("--limit", opts->limit, "replay only the first N requests (0 = all)")
       ->check(CLI::NonNegativeNumber);

@@ -13,8 +13,27 @@
 /// CMakeLists globs cmd_*.cpp), call it from main.cpp.
 
 #include <CLI/CLI.hpp>
+#include <charconv>
+#include <cstdint>
+#include <string>
 
 namespace pagedkv::cli {
+
+/// Check for a uint64 option (a seed): decimal digits only, at most 2^64 - 1. Without it
+/// CLI11 reads "-1" and values past 2^64 - 1 as 2^64 - 1 (strtoull's wrap and saturation), so
+/// different seeds would silently be one.
+inline CLI::Validator uint64_digits() {
+  return {[](std::string& value) {
+            uint64_t x = 0;
+            const char* end = value.data() + value.size();
+            const auto [ptr, ec] = std::from_chars(value.data(), end, x);
+            if (value.empty() || ec != std::errc() || ptr != end) {
+              return "must be a decimal integer in [0, 18446744073709551615], got " + value;
+            }
+            return std::string();
+          },
+          "UINT64"};
+}
 
 /// Thrown by a command that has already reported its outcome and wants exit status `code`.
 struct ExitStatus {
