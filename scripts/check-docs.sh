@@ -2,7 +2,8 @@
 # Builds the API reference (docs/Doxyfile: every header under include/pagedkv/) into a scratch
 # folder and fails when Doxygen warns (an undocumented public function, type, member or
 # enumerator, or a documentation error) or when a declaration quoted in docs/api.md is no longer
-# in the headers. Meant for .ci/run, beside scripts/check-format.sh.
+# in the headers, or when a relative link of the Markdown pages is broken (check_links.py).
+# Meant for .ci/run, beside scripts/check-format.sh.
 # Usage: scripts/check-docs.sh            check; the HTML is thrown away
 #        scripts/check-docs.sh --out DIR  check and keep the HTML in DIR/html (index.html)
 # Exit: 0 no warning ("check-docs: 0 warnings"); 1 warnings (listed, one a line, duplicates
@@ -57,6 +58,12 @@ done < <(awk '
     acc = (acc == "" ? $0 : acc " " $0)
     if ($0 ~ /[;{}]$/) { printf "%d\t%s\n", start, acc; acc = "" }
   }' docs/api.md)
+# Relative links of README.md and docs/ (and every other tracked page): the file exists and an
+# anchor names one of its headings (scripts/check_links.py).
+if ! links="$(python3 scripts/check_links.py 2>&1)"; then
+  while IFS= read -r l; do warnings+=("$l"); done < <(grep '^  ' <<<"$links" | sed 's/^  //; s/$/ (warning: broken link)/')
+fi
+
 count=0
 for w in "${warnings[@]}"; do
   [[ "$w" == *"warning:"* || "$w" == *"error:"* ]] && count=$((count + 1))

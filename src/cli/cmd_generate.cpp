@@ -313,10 +313,13 @@ model::GenerateOptions with_shadows(const Options& o, const model::GenerateOptio
     throw Error(fmt::format("--kv-nmse measures the paged cache: --cache {} has none", o.cache));
   }
   if (g.kv_dtype != DType::kF32 || o.device != "cpu") {
+    // Name only what the user changed from fp32 / cpu.
+    std::string drop;
+    if (g.kv_dtype != DType::kF32) drop = fmt::format("--kv-dtype {}", dtype_name(g.kv_dtype));
+    if (o.device != "cpu") drop += (drop.empty() ? "" : " and ") + ("--device " + o.device);
     throw Error(fmt::format(
-        "--kv-nmse compares each storage dtype with an fp32 paged cache on the cpu: drop "
-        "--kv-dtype {} / --device {}",
-        dtype_name(g.kv_dtype), o.device));
+        "--kv-nmse compares each storage dtype with an fp32 paged cache on the cpu: drop {}",
+        drop));
   }
   out.shadow_kv_dtypes.assign(std::begin(kShadowDTypes), std::end(kShadowDTypes));
   return out;
@@ -524,7 +527,7 @@ void add_generate_command(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 16));
   sub->add_option("--kv-dtype", opts->kv_dtype,
                   "storage dtype of the paged cache: fp32, fp16, bf16, fp8_e4m3, fp8_e5m2 or int8 "
-                  "(8-bit: per-tensor scales calibrated on the prefill; CPU only); contiguous and "
+                  "(8-bit: per-tensor scales calibrated on the prefill); contiguous and "
                   "none stay fp32, so --cache all shows where the paged run departs from them")
       ->capture_default_str()
       ->check([](const std::string& s) {

@@ -118,15 +118,15 @@ void check_warm_pass(CacheMode mode, const GenerateOptions& opt) {
   const char* name = warm_pass_name(opt.warm_pass);
   if (mode != CacheMode::kPaged || !(opt.prefix_caching || opt.tiering.enabled())) {
     throw Error(
-        fmt::format("generate: warm pass '{}' needs the paged mode with prefix caching, "
-                    "not the {} mode{}",
+        fmt::format("warm pass '{}' needs the paged cache with prefix caching (--prefix-caching "
+                    "or a tier), not the {} cache{}",
                     name, cache_mode_name(mode), mode == CacheMode::kPaged ? " without it" : ""));
   }
   if (opt.warm_pass == WarmPass::kTiers && !opt.tiering.has_tier()) {
-    throw Error("generate: warm pass 'tiers' needs a tier (host, disk or Redis) to write to");
+    throw Error("warm pass 'tiers' needs a tier (host, disk or Redis) to write to");
   }
   if (!opt.shadow_kv_dtypes.empty()) {
-    throw Error(fmt::format("generate: warm pass '{}' cannot run with shadow KV dtypes", name));
+    throw Error(fmt::format("warm pass '{}' cannot run with shadow KV dtypes", name));
   }
 }
 

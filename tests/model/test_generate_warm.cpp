@@ -109,11 +109,14 @@ TEST_F(GenerateWarm, TiersWarmPassOnboardsThePrefixOnceThenThePoolSharesIt) {
 TEST_F(GenerateWarm, NeedsAPrefixCacheAndForTiersATier) {
   GenerateOptions o = base_options();
   o.warm_pass = model::WarmPass::kPool;
-  EXPECT_THAT([&] { (void)generate(model_, prompts_, CacheMode::kContiguous, o); },
-              ThrowsMessage<Error>(HasSubstr("warm pass 'pool' needs the paged mode")));
+  EXPECT_THAT(
+      [&] { (void)generate(model_, prompts_, CacheMode::kContiguous, o); },
+      ThrowsMessage<Error>(HasSubstr("warm pass 'pool' needs the paged cache with prefix caching "
+                                     "(--prefix-caching or a tier), not the contiguous "
+                                     "cache")));
   o.prefix_caching = false;
   EXPECT_THAT([&] { (void)generate(model_, prompts_, CacheMode::kPaged, o); },
-              ThrowsMessage<Error>(HasSubstr("not the paged mode without it")));
+              ThrowsMessage<Error>(HasSubstr("not the paged cache without it")));
   o.prefix_caching = true;
   o.warm_pass = model::WarmPass::kTiers;
   EXPECT_THAT([&] { (void)generate(model_, prompts_, CacheMode::kPaged, o); },
