@@ -16,6 +16,6 @@ foreach(src IN LISTS PAGEDKV_PROP_SOURCES)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR})
   # A fixed seed keeps CI deterministic; RC_PARAMS in the environment overrides it
   # (e.g. RC_PARAMS="seed=123 max_success=1000" for a longer local run).
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 NO_PRETTY_VALUES
     PROPERTIES LABELS "unit;property" ENVIRONMENT "RC_PARAMS=seed=20240601 max_success=500")
 endforeach()

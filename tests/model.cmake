@@ -23,7 +23,7 @@ foreach(src IN LISTS PAGEDKV_MODEL_TEST_SOURCES)
   target_compile_definitions(${name} PRIVATE
     PAGEDKV_SHARED_DIR="${PROJECT_SOURCE_DIR}/../shared"
     PAGEDKV_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS model)
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 NO_PRETTY_VALUES PROPERTIES LABELS model)
 endforeach()
 
 if(NOT TARGET pagedkv_cli)

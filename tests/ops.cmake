@@ -10,13 +10,13 @@ target_include_directories(ops_test_ops_script PRIVATE ${PROJECT_SOURCE_DIR}/src
 target_compile_definitions(ops_test_ops_script PRIVATE PAGEDKV_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 # One label only, as in tests/sim.cmake: gtest_discover_tests writes PROPERTIES unquoted, so
 # "unit;ops" became LABELS unit plus a stray property named ops, and `ctest -L ops` missed these.
-gtest_discover_tests(ops_test_ops_script DISCOVERY_TIMEOUT 60 PROPERTIES LABELS ops)
+gtest_discover_tests(ops_test_ops_script DISCOVERY_TIMEOUT 60 NO_PRETTY_VALUES PROPERTIES LABELS ops)
 # Issue 16: limits against hostile scripts, the reader, expect_error, dump and batch_metadata.
 add_executable(ops_test_ops_limits ${CMAKE_CURRENT_SOURCE_DIR}/ops/test_ops_limits.cpp)
 target_link_libraries(ops_test_ops_limits PRIVATE pagedkv_ops pagedkv::pagedkv GTest::gtest
                                                   GTest::gtest_main GTest::gmock)
 target_include_directories(ops_test_ops_limits PRIVATE ${PROJECT_SOURCE_DIR}/src)
-gtest_discover_tests(ops_test_ops_limits DISCOVERY_TIMEOUT 60 PROPERTIES LABELS ops)
+gtest_discover_tests(ops_test_ops_limits DISCOVERY_TIMEOUT 60 NO_PRETTY_VALUES PROPERTIES LABELS ops)
 
 if(TARGET pagedkv_cli)
   # A good script from a file: exit 0 and JSON on stdout.
@@ -44,4 +44,4 @@ add_executable(ops_test_ops_hybrid ${CMAKE_CURRENT_SOURCE_DIR}/ops/test_ops_hybr
 target_link_libraries(ops_test_ops_hybrid PRIVATE pagedkv_ops pagedkv::pagedkv GTest::gtest
                                                   GTest::gtest_main GTest::gmock)
 target_include_directories(ops_test_ops_hybrid PRIVATE ${PROJECT_SOURCE_DIR}/src)
-gtest_discover_tests(ops_test_ops_hybrid DISCOVERY_TIMEOUT 60 PROPERTIES LABELS ops)
+gtest_discover_tests(ops_test_ops_hybrid DISCOVERY_TIMEOUT 60 NO_PRETTY_VALUES PROPERTIES LABELS ops)

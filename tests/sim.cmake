@@ -22,7 +22,7 @@ foreach(src IN LISTS PAGEDKV_SIM_TEST_SOURCES)
   endif()
   # One label only: gtest_discover_tests writes PROPERTIES unquoted, so "unit;sim" would become
   # LABELS unit plus a stray property named sim.
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS sim)
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 NO_PRETTY_VALUES PROPERTIES LABELS sim)
 endforeach()
 
 if(NOT TARGET pagedkv_cli)

@@ -13,7 +13,7 @@ foreach(src IN LISTS _tier_tests)
                                               GTest::gtest_main GTest::gmock)
   target_include_directories(tiers_${name} PRIVATE ${PROJECT_SOURCE_DIR}/src
                                                    ${CMAKE_CURRENT_SOURCE_DIR})
-  gtest_discover_tests(tiers_${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS tiers)
+  gtest_discover_tests(tiers_${name} DISCOVERY_TIMEOUT 60 NO_PRETTY_VALUES PROPERTIES LABELS tiers)
 endforeach()
 
 # Item 5: two `pagedkv generate` processes sharing KV through a disk-tier file and a real
