@@ -325,6 +325,34 @@ model::GenerateOptions with_shadows(const Options& o, const model::GenerateOptio
   return out;
 }
 
+/// Each prompt's token ids (with BOS). Errors: a prompt of more than `steps` tokens, refused
+/// first by a bound (encode is O(n^2) in the text, and no token covers more than
+/// max_piece_bytes of it), then by its exact count.
+std::vector<std::vector<TokenId>> encode_prompts(const model::Tokenizer& tok,
+                                                 const std::vector<std::string>& prompts,
+                                                 int32_t steps, int32_t seq_len) {
+  std::vector<std::vector<TokenId>> ids;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto bytes = static_cast<int64_t>(prompts[i].size());
+    const int64_t at_least = 1 + (bytes + tok.max_piece_bytes() - 1) / tok.max_piece_bytes();
+    if (at_least > steps) {
+      throw Error(
+          fmt::format("prompt {} is at least {} tokens ({} bytes, at most {} a token), "
+                      "more than the {} positions to run (--steps counts the prompt; "
+                      "the model's seq_len is {})",
+                      i, at_least, bytes, tok.max_piece_bytes(), steps, seq_len));
+    }
+    ids.push_back(tok.encode(prompts[i], /*bos=*/true, /*eos=*/false));
+    if (static_cast<int64_t>(ids.back().size()) > steps) {
+      throw Error(
+          fmt::format("prompt {} is {} tokens, more than the {} positions to run "
+                      "(--steps counts the prompt; the model's seq_len is {})",
+                      i, ids.back().size(), steps, seq_len));
+    }
+  }
+  return ids;
+}
+
 void run_generate(const Options& o) {
   // The cores go to the matrix products big enough to split, one thread to attention, unless
   // the user chose: see model::set_threads and model::MatmulThreads.
@@ -358,27 +386,7 @@ void run_generate(const Options& o) {
 
   const std::vector<std::string> prompts =
       o.prompts_path.empty() ? std::vector<std::string>{o.prompt} : read_prompts(o.prompts_path);
-  std::vector<std::vector<TokenId>> ids;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    // The bound first: encode is O(n^2) in the text, so a prompt that cannot fit is refused
-    // before it is encoded (no token covers more than max_piece_bytes of the text).
-    const auto bytes = static_cast<int64_t>(prompts[i].size());
-    const int64_t at_least = 1 + (bytes + m.tok.max_piece_bytes() - 1) / m.tok.max_piece_bytes();
-    if (at_least > steps) {
-      throw Error(
-          fmt::format("prompt {} is at least {} tokens ({} bytes, at most {} a token), "
-                      "more than the {} positions to run (--steps counts the prompt; "
-                      "the model's seq_len is {})",
-                      i, at_least, bytes, m.tok.max_piece_bytes(), steps, cfg.seq_len));
-    }
-    ids.push_back(m.tok.encode(prompts[i], /*bos=*/true, /*eos=*/false));
-    if (static_cast<int64_t>(ids.back().size()) > steps) {
-      throw Error(
-          fmt::format("prompt {} is {} tokens, more than the {} positions to run "
-                      "(--steps counts the prompt; the model's seq_len is {})",
-                      i, ids.back().size(), steps, cfg.seq_len));
-    }
-  }
+  const std::vector<std::vector<TokenId>> ids = encode_prompts(m.tok, prompts, steps, cfg.seq_len);
 
   std::vector<CacheMode> modes;
   if (o.cache == "all") {
