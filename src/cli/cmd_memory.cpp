@@ -314,7 +314,7 @@ void add_memory_command(CLI::App& app) {
                   "KV budget (e.g. 40GiB): adds how many sequences of each length fit");
   sub->add_option("--model", opts->model_path,
                   "llama2.c checkpoint for the measured run (e.g. "
-                  "../shared/models/stories260K.bin); default: the built-in model")
+                  "models/stories260K.bin, the vendored copy); default: the built-in model")
       ->check(CLI::ExistingFile);
   sub->add_option("--measure-tokens", opts->measure_tokens,
                   "positions of the measured run (default: the model's seq_len)")
