@@ -34,6 +34,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "pagedkv: paged KV-cache management and attention kernels for LLM inference.\n"
       "Run `pagedkv <command> --help` for a command's options."};
+  // Help shows `Usage: pagedkv <command>`, not the path the binary was started by.
+  app.name("pagedkv");
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string(PAGEDKV_VERSION));
   // CLI11's default failure message spans two lines; ours is one.
