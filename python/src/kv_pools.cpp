@@ -32,12 +32,6 @@ namespace {
 using namespace nb::literals;
 using StreamArg = std::optional<uintptr_t>;
 
-/// torch.Tensor and torch._C._to_dlpack once torch is imported (looked up until it is).
-struct TorchDLPack {
-  nb::handle tensor_type;
-  nb::handle to_dlpack;  // a reference kept for the process (a static must not decref at exit)
-};
-
 /// torch.Tensor once torch is imported (looked up until it is; invalid before).
 nb::handle torch_tensor_type() {
   static nb::handle type;  // under the GIL; a type lives as long as its module: no reference
@@ -56,21 +50,22 @@ nb::handle torch_tensor_type() {
 /// (`fast`): such an array has no Python owner, so it must never be handed back to Python (the
 /// CUDA flows return their out array).
 Any to_array(const char* name, nb::handle obj, bool fast = false) {
-  static TorchDLPack torch;  // under the GIL
-  if (!torch.tensor_type.is_valid() && torch_tensor_type().is_valid()) {
-    torch.tensor_type = torch_tensor_type();
-    torch.to_dlpack =
-        nb::object(nb::module_::import_("torch").attr("_C").attr("_to_dlpack")).release();
+  // torch._C._to_dlpack, looked up once torch is imported; a reference kept for the process
+  // (a static must not decref at exit). Under the GIL.
+  static nb::handle to_dlpack;
+  const nb::handle tensor_type = torch_tensor_type();
+  if (!to_dlpack.is_valid() && tensor_type.is_valid()) {
+    to_dlpack = nb::object(nb::module_::import_("torch").attr("_C").attr("_to_dlpack")).release();
   }
   Any a;
-  if (fast && torch.tensor_type.is_valid() && obj.type().is(torch.tensor_type)) {
+  if (fast && tensor_type.is_valid() && obj.type().is(tensor_type)) {
     if (nb::cast<bool>(obj.attr("requires_grad"))) {
       throw nb::type_error((std::string(name) +
                             ": a torch tensor that requires grad (DLPack refuses it): pass " +
                             name + ".detach()")
                                .c_str());
     }
-    if (nb::try_cast<Any>(torch.to_dlpack(obj), a)) return a;
+    if (nb::try_cast<Any>(to_dlpack(obj), a)) return a;
   }
   return array_arg(name, obj);
 }
