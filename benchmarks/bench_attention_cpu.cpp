@@ -24,7 +24,9 @@
 //   BM_DecodePlain/...        the scalar oracle kernel on one configuration, for the speedup.
 //   BM_Prefill/.../chunk:N    chunked prefill of the last N positions of a 2048-token context;
 //                             GFLOPs counter (compute-bound); BM_PrefillPlain: the oracle.
-// Geometry: 8 kv heads, GQA group 4 (32 query heads), Llama-3-8B-like.
+// Geometry: 8 kv heads, GQA group 4 (32 query heads), Llama-3-8B-like; /gqa:G in a name marks
+// another group (gqa:1 is multi-head attention, Llama-2-7B-like: a quarter of the arithmetic per
+// K/V byte).
 //
 // Default: a representative subset (a few minutes on 2 cores). PAGEDKV_BENCH_FULL=1 runs the
 // whole grid: block sizes 8/16/32/128 x contexts 512..32k x batch 1/8/64 x head_dim 64/128 x
@@ -202,6 +204,7 @@ struct DecodeConfig {
   int32_t context = 4096;
   int32_t batch = 1;
   KVPlacement placement = KVPlacement::kInterleaved;  // of the paged cache
+  int32_t group = kGroup;  // query heads per kv head (GQA); 1 is multi-head attention
 
   [[nodiscard]] int64_t layer_bytes() const {  // K and V of one layer
     return 2 * static_cast<int64_t>(batch) * context * kNumKvHeads * head_dim * dtype_size(dtype);
@@ -214,6 +217,7 @@ struct DecodeConfig {
     return std::string(dtype_name(dtype)) + "/d:" + std::to_string(head_dim) +
            "/bs:" + std::to_string(block_size) + "/ctx:" + std::to_string(context) +
            "/batch:" + std::to_string(batch) +
+           (group != kGroup ? "/gqa:" + std::to_string(group) : std::string()) +
            (placement == KVPlacement::kInterleaved ? "/kv:interleaved" : "/kv:separate");
   }
   friend bool operator==(const DecodeConfig&, const DecodeConfig&) = default;
@@ -274,7 +278,7 @@ DecodeData& decode_data(const DecodeConfig& c) {
   auto d = std::make_unique<DecodeData>();
   d->config = c;
   d->params = {
-      .num_heads = kNumKvHeads * kGroup, .num_kv_heads = kNumKvHeads, .head_dim = c.head_dim};
+      .num_heads = kNumKvHeads * c.group, .num_kv_heads = kNumKvHeads, .head_dim = c.head_dim};
   const int32_t layers = c.layers();
   const int64_t esize = dtype_size(c.dtype);
   const int64_t kind_bytes = static_cast<int64_t>(c.batch) * kNumKvHeads * c.context * c.head_dim *
@@ -513,6 +517,13 @@ void register_all() {
     for (DType dtype : {DType::kFP8E4M3, DType::kInt8}) {
       register_decode({dtype, 128, 16, 4096, 8}, max_bytes);
       register_decode({dtype, 128, 16, 8192, 1}, max_bytes);
+    }
+    // The same three formats without GQA (group 1: 2 FMAs per K/V element instead of 8), where
+    // decode is bound by memory rather than by the FMAs on this kind of CPU.
+    for (DType dtype : {DType::kBF16, DType::kFP8E4M3, DType::kInt8}) {
+      DecodeConfig mha{dtype, 128, 16, 4096, 8};
+      mha.group = 1;
+      register_decode(mha, max_bytes);
     }
     // Contexts 512 .. 32k, one sequence.
     for (int32_t ctx : {512, 8192, 32768}) {

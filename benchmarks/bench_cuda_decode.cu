@@ -6,6 +6,9 @@
 // docs/benchmarks.md.
 // 8-bit K/V (issue 19, item 6): bf16, fp8_e4m3 and int8 rows at contexts 8k and 32k (batch 1,
 // 32, 128; GQA 4 and 8), and a second table of the 8-bit / bf16 paged decode time per shape.
+// Page sizes (issue 22, item 3): bf16 GQA 4 at batch 32, contexts 4k and 32k, block_size 1, 8,
+// 16, 32, 64, 128, and a third table of each page size's K/V rate relative to block_size 128
+// (goals: >= 0.95 at block_size >= 16, >= 0.70 at block_size 1).
 //
 // Goal (H200): >= 80% of the copy bandwidth at batch >= 32 and context >= 4k; paged within 5%
 // of contiguous; 8-bit / bf16 <= 0.55 at contexts >= 8k (half the bytes). Copy bandwidth counts
@@ -47,7 +50,7 @@ namespace pc = pagedkv::cuda;
 
 constexpr int32_t kNumKvHeads = 8;
 constexpr int32_t kHeadDim = 128;
-constexpr int32_t kBlockSize = 16;
+constexpr int32_t kBlockSize = 16;  // of every row but the page-size series
 
 #define BENCH_CUDA(expr)                                                      \
   do {                                                                        \
@@ -68,6 +71,7 @@ struct Row {
   int group = 0;
   int batch = 0;
   int context = 0;
+  int block_size = 0;
   int splits = 0;
   double paged_us = 0;
   double contiguous_us = 0;
@@ -159,12 +163,14 @@ double time_launches(F&& launch, int reps) {
 constexpr DType kBenchDTypes[] = {DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kInt8};
 
 /// args: dtype (kBenchDTypes index: 0 fp16, 1 bf16, 2 fp8_e4m3, 3 int8), group, batch,
-/// context. 8-bit pools keep DeviceKVCache's default scales (1); the contiguous peer uses them.
+/// context, block_size. 8-bit pools keep DeviceKVCache's default scales (1); the contiguous peer
+/// uses them.
 void BM_Decode(benchmark::State& state) {
   const DType dtype = kBenchDTypes[state.range(0)];
   const auto group = static_cast<int32_t>(state.range(1));
   const auto batch = static_cast<int32_t>(state.range(2));
   const auto context = static_cast<int32_t>(state.range(3));
+  const auto block_size = static_cast<int32_t>(state.range(4));
   const int64_t elem = pagedkv::dtype_size(dtype);
   const int64_t kv_elems_per_pool = int64_t{batch} * context * kNumKvHeads * kHeadDim;
   const double kv_bytes = 2.0 * static_cast<double>(kv_elems_per_pool * elem);
@@ -180,11 +186,11 @@ void BM_Decode(benchmark::State& state) {
 
   // Paged cache with scattered block tables (a seeded permutation of all block ids): the
   // library's DeviceKVCache, in its default placement (KVCacheConfig::placement).
-  const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
+  const int32_t blocks_per_seq = (context + block_size - 1) / block_size;
   const int32_t num_blocks = batch * blocks_per_seq;
   pagedkv::KVCacheConfig config;
   config.num_blocks = num_blocks;
-  config.block_size = kBlockSize;
+  config.block_size = block_size;
   config.num_kv_heads = kNumKvHeads;
   config.head_dim = kHeadDim;
   config.dtype = dtype;
@@ -204,7 +210,7 @@ void BM_Decode(benchmark::State& state) {
                                            context_lens.as<const int32_t>(),
                                            batch,
                                            blocks_per_seq,
-                                           kBlockSize,
+                                           block_size,
                                            num_blocks};
 
   // Contiguous peer: [batch, kv heads, context, head_dim].
@@ -261,11 +267,12 @@ void BM_Decode(benchmark::State& state) {
   state.counters["kv_GBps"] = gbps;
   state.counters["pct_of_copy"] = 100.0 * kv_bytes / paged_s / g_copy_bytes_per_s;
   g_rows[std::to_string(state.range(0)) + '/' + std::to_string(group) + '/' +
-         std::to_string(batch) + '/' + std::to_string(context)] =
+         std::to_string(batch) + '/' + std::to_string(context) + '/' + std::to_string(block_size)] =
       Row{std::string(pagedkv::dtype_name(dtype)),
           group,
           batch,
           context,
+          block_size,
           plan.num_splits,
           paged_s * 1e6,
           contiguous_s * 1e6,
@@ -276,14 +283,14 @@ void decode_args(benchmark::internal::Benchmark* b) {
   for (int dtype : {0, 1}) {
     for (int group : {4, 8}) {
       for (int batch : {1, 8, 32, 64, 128, 256}) {
-        for (int context : {512, 4096, 32768}) b->Args({dtype, group, batch, context});
+        for (int context : {512, 4096, 32768}) b->Args({dtype, group, batch, context, kBlockSize});
       }
     }
   }
 }
 
 BENCHMARK(BM_Decode)
-    ->ArgNames({"bf16", "gqa", "batch", "ctx"})
+    ->ArgNames({"bf16", "gqa", "batch", "ctx", "bs"})
     ->Apply(decode_args)
     ->UseManualTime()
     ->MinTime(0.1)
@@ -295,7 +302,7 @@ void quantized_args(benchmark::internal::Benchmark* b) {
   for (int dtype : {1, 2, 3}) {
     for (int group : {4, 8}) {
       for (int batch : {1, 32, 128}) {
-        for (int context : {8192, 32768}) b->Args({dtype, group, batch, context});
+        for (int context : {8192, 32768}) b->Args({dtype, group, batch, context, kBlockSize});
       }
     }
   }
@@ -303,8 +310,24 @@ void quantized_args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_Decode)
     ->Name("BM_Decode8bit")
-    ->ArgNames({"dtype", "gqa", "batch", "ctx"})
+    ->ArgNames({"dtype", "gqa", "batch", "ctx", "bs"})
     ->Apply(quantized_args)
+    ->UseManualTime()
+    ->MinTime(0.1)
+    ->Unit(benchmark::kMicrosecond);
+
+/// The page-size series: bf16, GQA 4, batch 32, contexts 4k and 32k, every page size from
+/// SGLang's 1 to TensorRT-LLM's 128 (the block_size 16 rows repeat decode_args').
+void page_size_args(benchmark::internal::Benchmark* b) {
+  for (int context : {4096, 32768}) {
+    for (int bs : {1, 8, 16, 32, 64, 128}) b->Args({1, 4, 32, context, bs});
+  }
+}
+
+BENCHMARK(BM_Decode)
+    ->Name("BM_DecodePageSize")
+    ->ArgNames({"bf16", "gqa", "batch", "ctx", "bs"})
+    ->Apply(page_size_args)
     ->UseManualTime()
     ->MinTime(0.1)
     ->Unit(benchmark::kMicrosecond);
@@ -313,7 +336,9 @@ BENCHMARK(BM_Decode)
 void print_quantized_ratios(const std::vector<Row>& rows) {
   std::map<std::tuple<int, int, int>, double> bf16_us;
   for (const Row& r : rows) {
-    if (r.dtype == "bf16") bf16_us[{r.group, r.batch, r.context}] = r.paged_us;
+    if (r.dtype == "bf16" && r.block_size == kBlockSize) {
+      bf16_us[{r.group, r.batch, r.context}] = r.paged_us;
+    }
   }
   std::printf("\n8-bit K/V vs bf16, paged decode time (goal <= 0.55 at context >= 8k):\n\n");
   std::printf("| dtype | GQA | batch | context | paged us | bf16 us | 8-bit / bf16 |\n");
@@ -322,7 +347,8 @@ void print_quantized_ratios(const std::vector<Row>& rows) {
   for (const Row& r : rows) {
     const auto it = bf16_us.find({r.group, r.batch, r.context});
     const bool eight_bit = r.dtype != "bf16" && r.dtype != "fp16";
-    if (!eight_bit || it == bf16_us.end() || r.context < 8192) continue;
+    if (!eight_bit || it == bf16_us.end() || r.context < 8192 || r.block_size != kBlockSize)
+      continue;
     const double ratio = r.paged_us / it->second;
     worst = std::max(worst, ratio);
     std::printf("| %s | %d | %d | %d | %.1f | %.1f | %.3f |\n", r.dtype.c_str(), r.group, r.batch,
@@ -334,33 +360,62 @@ void print_quantized_ratios(const std::vector<Row>& rows) {
   }
 }
 
+/// The third table: each page size's K/V rate relative to block_size 128 on the same shape.
+void print_page_sizes(const std::vector<Row>& rows) {
+  std::map<std::tuple<std::string, int, int, int>, double> us_128;
+  for (const Row& r : rows) {
+    if (r.block_size == 128) us_128[{r.dtype, r.group, r.batch, r.context}] = r.paged_us;
+  }
+  if (us_128.empty()) return;
+  std::printf(
+      "\nPage sizes: paged K/V rate relative to block_size 128 (goals: >= 0.95 at "
+      "block_size >= 16, >= 0.70 at block_size 1):\n\n");
+  std::printf("| dtype | GQA | batch | context | block_size | paged us | vs block_size 128 |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  double worst_16 = 1e9;
+  double worst_1 = 1e9;
+  for (const Row& r : rows) {
+    const auto it = us_128.find({r.dtype, r.group, r.batch, r.context});
+    if (it == us_128.end()) continue;
+    const double rel = it->second / r.paged_us;  // rate relative to block_size 128
+    if (r.block_size >= 16) worst_16 = std::min(worst_16, rel);
+    if (r.block_size == 1) worst_1 = std::min(worst_1, rel);
+    std::printf("| %s | %d | %d | %d | %d | %.1f | %.3f |\n", r.dtype.c_str(), r.group, r.batch,
+                r.context, r.block_size, r.paged_us, rel);
+  }
+  std::printf(
+      "\nWorst at block_size >= 16: %.3f (goal >= 0.95: %s); block_size 1: %.3f (goal >= "
+      "0.70: %s).\n",
+      worst_16, worst_16 >= 0.95 ? "met" : "NOT met", worst_1, worst_1 >= 0.70 ? "met" : "NOT met");
+}
+
 void print_markdown() {
   std::printf("\n### CUDA decode attention: %s\n\n", g_device_name.c_str());
   std::printf("Device-to-device copy bandwidth (read + write), same run: %.0f GB/s.\n",
               g_copy_bytes_per_s / 1e9);
-  std::printf("8 kv heads, head_dim 128, block_size 16, scattered tables; q/out fp32.\n\n");
+  std::printf("8 kv heads, head_dim 128, scattered tables; q/out fp32.\n\n");
   std::printf(
-      "| dtype | GQA | batch | context | splits | paged us | contiguous us | "
+      "| dtype | GQA | batch | context | block_size | splits | paged us | contiguous us | "
       "paged/contig | K/V GB/s | %% of copy |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   double worst_pct = 1e9;
   double worst_ratio = 0;
   std::vector<Row> rows;
   for (const auto& [name, row] : g_rows) rows.push_back(row);
   std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
-    return std::tie(a.dtype, a.group, a.batch, a.context) <
-           std::tie(b.dtype, b.group, b.batch, b.context);
+    return std::tie(a.dtype, a.group, a.batch, a.context, a.block_size) <
+           std::tie(b.dtype, b.group, b.batch, b.context, b.block_size);
   });
   for (const Row& r : rows) {
     const double gbps = r.kv_bytes / (r.paged_us * 1e-6) / 1e9;
     const double pct = 100.0 * r.kv_bytes / (r.paged_us * 1e-6) / g_copy_bytes_per_s;
     const bool in_l2 = r.kv_bytes < 4.0 * static_cast<double>(g_l2_bytes);
-    std::printf("| %s | %d | %d | %d | %d | %.1f | %.1f | %.3f | %.0f | %.1f%s |\n",
-                r.dtype.c_str(), r.group, r.batch, r.context, r.splits, r.paged_us, r.contiguous_us,
-                r.paged_us / r.contiguous_us, gbps, pct, in_l2 ? " (L2)" : "");
+    std::printf("| %s | %d | %d | %d | %d | %d | %.1f | %.1f | %.3f | %.0f | %.1f%s |\n",
+                r.dtype.c_str(), r.group, r.batch, r.context, r.block_size, r.splits, r.paged_us,
+                r.contiguous_us, r.paged_us / r.contiguous_us, gbps, pct, in_l2 ? " (L2)" : "");
     // The bandwidth and paged/contiguous goals are issue 5's, for the 16-bit formats.
     const bool sixteen_bit = r.dtype == "fp16" || r.dtype == "bf16";
-    if (sixteen_bit && r.batch >= 32 && r.context >= 4096) {
+    if (sixteen_bit && r.batch >= 32 && r.context >= 4096 && r.block_size == kBlockSize) {
       worst_pct = std::min(worst_pct, pct);
       worst_ratio = std::max(worst_ratio, r.paged_us / r.contiguous_us);
     }
@@ -373,6 +428,7 @@ void print_markdown() {
         worst_ratio <= 1.05 ? "met" : "NOT met");
   }
   print_quantized_ratios(rows);
+  print_page_sizes(rows);
 }
 
 }  // namespace

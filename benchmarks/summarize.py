@@ -28,6 +28,7 @@ STREAM_MIN = 0.80         # paged decode rate / read stream of the same bytes, c
 RECOMPUTE_MIN = 10.0      # none / paged decode step time at 1024 positions
 PAIRS_MIN = 20e6          # allocate + free pairs per second
 DEFAULT_PLACEMENT = "interleaved"  # KVCacheConfig::placement default (kv_cache_config.hpp)
+DEFAULT_GROUP = 4  # bench_attention_cpu.cpp kGroup: names carry /gqa:G only for another group
 
 
 def load_runs(paths):
@@ -209,11 +210,13 @@ def decode_section(runs):
     plain = {}
     for name, run in runs.items():
         base = strip_suffix(name)
-        m = re.match(r"^BM_Decode/(\w+)/d:(\d+)/bs:(\d+)/ctx:(\d+)/batch:(\d+)(?:/kv:(\w+))?$", base)
+        m = re.match(r"^BM_Decode/(\w+)/d:(\d+)/bs:(\d+)/ctx:(\d+)/batch:(\d+)(?:/gqa:(\d+))?(?:/kv:(\w+))?$",
+                     base)
         if m and "ratio" in run:
             threads = int(run.get("threads", 0))
             key = (m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)),
-                   m.group(6) or "separate")  # JSON from before the suffix was always written
+                   m.group(7) or "separate",  # JSON from before the suffix was always written
+                   int(m.group(6) or DEFAULT_GROUP))
             rows.setdefault(threads, {})[key] = run
             continue
         m = re.match(r"^BM_DecodePlain/(\w+)/d:(\d+)/bs:(\d+)/ctx:(\d+)/batch:(\d+)(?:/kv:\w+)?$", base)
@@ -223,18 +226,18 @@ def decode_section(runs):
     worst_ratio, worst_bw = None, None
     for threads in sorted(rows, reverse=True):
         lines += ["", f"### {threads} attention thread{'s' if threads != 1 else ''}", "",
-                  "| dtype | head_dim | block | context | batch | paged K/V | paged ms | contiguous ms | paged / contiguous (medians) | (minima) | paged GB/s | stream GB/s | paged / stream | ceiling GB/s | paged / ceiling |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| dtype | GQA | head_dim | block | context | batch | paged K/V | paged ms | contiguous ms | paged / contiguous (medians) | (minima) | paged GB/s | stream GB/s | paged / stream | ceiling GB/s | paged / ceiling |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         w_r, w_b = {}, None
-        for key in sorted(rows[threads], key=lambda k: (k[0], k[1], k[3], k[4], k[2], k[5] != DEFAULT_PLACEMENT)):
+        for key in sorted(rows[threads], key=lambda k: (k[6], k[0], k[1], k[3], k[4], k[2], k[5] != DEFAULT_PLACEMENT)):
             run = rows[threads][key]
-            dtype, d, bs, ctx, batch, placement = key
+            dtype, d, bs, ctx, batch, placement, group = key
             if "paged_vs_stream" not in run:  # JSON from before the fair peer (issue 24)
                 continue
             ratio, frac = run["ratio"], run["paged_vs_stream"]
             mark_r = " ✗" if bs >= 16 and ratio > RATIO_MAX else ""
             mark_b = " ✗" if ctx >= 4096 and frac < STREAM_MIN else ""
-            lines.append(f"| {dtype} | {d} | {bs} | {ctx} | {batch} | {placement} | {run['paged_ms']:.3f} | "
+            lines.append(f"| {dtype} | {group} | {d} | {bs} | {ctx} | {batch} | {placement} | {run['paged_ms']:.3f} | "
                          f"{run['contiguous_ms']:.3f} | {ratio:.3f}{mark_r} | {run['ratio_min']:.3f} | "
                          f"{run['paged_GBps']:.2f} | {run['stream_GBps']:.2f} | {100 * frac:.0f}%{mark_b} | "
                          f"{run['ceiling_GBps']:.2f} | {100 * run['paged_vs_ceiling']:.0f}% |")
@@ -255,7 +258,7 @@ def decode_section(runs):
                  f"ratio > {RATIO_MAX} at block_size >= 16; paged < 80% of the stream at context >= 4096).")
     for key, run in plain.items():
         for threads in sorted(rows, reverse=True):
-            fast = rows[threads].get(key + (DEFAULT_PLACEMENT,))
+            fast = rows[threads].get(key + (DEFAULT_PLACEMENT, DEFAULT_GROUP))
             if fast:
                 lines.append("")
                 lines.append(f"Scalar oracle kernel (1 thread) on {key[0]} d{key[1]} bs{key[2]} ctx{key[3]} "

@@ -1,29 +1,34 @@
 #!/usr/bin/env bash
 # Runs every CUDA test (tests/cuda/test_cuda_*.cpp, tests/model/test_*cuda*.cpp), the CUDA decode
 # benchmark (with its 8-bit rows: fp8_e4m3 and int8 beside bf16 at contexts 8k and 32k, and the
-# 8-bit / bf16 time table, goal <= 0.55; BENCH_FILTER=BM_Decode8bit runs only those) and the main
-# job on the device (`pagedkv generate --model random --device
-# cuda --cache all`) on a machine with an NVIDIA GPU, and prints a Markdown section to paste into
-# docs/benchmarks.md.
+# 8-bit / bf16 time table, goal <= 0.55; the page-size series, block_size 1..128 against 128;
+# BENCH_FILTER=BM_Decode8bit runs only those), its peers in the same run
+# (benchmarks/gpu_peers.py: torch SDPA, a gather + SDPA paged baseline, FlashInfer where it
+# imports) and the main job on the device (`pagedkv generate --device cuda --cache all` on the
+# random model and on stories260K, head_dim 8: the generic kernel) on a machine with an NVIDIA
+# GPU, and prints a Markdown section to paste into docs/benchmarks.md.
 #
 # Usage, from the repository root:
 #   scripts/gpu_check.sh                 build build-gpu/ (sm_90) here, then run (needs nvcc,
 #                                        cmake, GTest, Google Benchmark, fmt, CLI11,
 #                                        nlohmann_json and OpenBLAS on this machine)
 #   scripts/gpu_check.sh --bundle        build build-gpu/ (sm_90) and pack the test and benchmark
-#                                        executables and `pagedkv`, plus their non-system
-#                                        shared libraries into
-#                                        build-gpu/bundle/ (do this on the build machine)
-#   scripts/gpu_check.sh --run DIR       run a bundle made by --bundle (do this on the GPU
-#                                        machine; needs only the NVIDIA driver)
+#                                        executables, `pagedkv`, the peers script, stories260K and
+#                                        the non-system shared libraries into build-gpu/bundle/
+#                                        and build-gpu/bundle.tar.xz (do this on the build machine)
+#   scripts/gpu_check.sh --run DIR|FILE  run a bundle made by --bundle, the folder or the .tar.xz
+#                                        (do this on the GPU machine; needs the NVIDIA driver, and
+#                                        xz for the archive; python3 with torch for the peers)
 #
 # With the device tool (the H200 image has nvcc and cmake but not GTest/benchmark/fmt):
 #   here:   scripts/gpu_check.sh --bundle
-#   there:  run(command="scripts/gpu_check.sh --run build-gpu/bundle",
-#               carry=["build-gpu/bundle"], timeout_s=480)
+#   there:  run(command="scripts/gpu_check.sh --run build-gpu/bundle.tar.xz",
+#               carry=["build-gpu/bundle.tar.xz"], timeout_s=480)
 # On an H200 (2026-11-29) the tests took about 1.5 minutes, the benchmark 30 s and generate a
-# few seconds. The bundle is ~57 MiB (OpenBLAS, for pagedkv's matrix products, is 36 MiB of
-# it): within the 64 MiB a carry may take; scripts/gpu_tune.sh packs with xz instead.
+# few seconds (the peers, the page-size rows and the generic kernel's tests are new since and
+# unmeasured). The folder is ~80 MiB (OpenBLAS, for pagedkv's matrix products, is 35 MiB of it,
+# the CUDA fat binaries most of the rest): over the 64 MiB a carry may take, hence the archive
+# (~10 MiB).
 # With OUT set (the device tool sets it), the paste section is also written to
 # $OUT/gpu_check.md. Exit status: 0 when every test passed, none was skipped for lack of a
 # device, and generate's device run agreed with the CPU caches; 1 otherwise; 2 for usage (also
@@ -43,6 +48,7 @@
 set -uo pipefail
 # --run DIR is relative to the caller's directory; everything else to the repository root.
 [ "${1:-}" = --run ] && [ -d "${2:-}" ] && set -- --run "$(cd "$2" && pwd)"
+[ "${1:-}" = --run ] && [ -f "${2:-}" ] && set -- --run "$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"
 cd "$(dirname "$0")/.."
 
 ARCH="${ARCH:-90}"
@@ -66,12 +72,20 @@ bundle() {
   cp "$BUILD/benchmarks/bench_cuda_decode" "$BUILD/src/cli/pagedkv" "$out/"
   scripts/copy_shared_libs.sh "$out/lib" "$out"/*test_*cuda* "$out/bench_cuda_decode" \
     "$out/pagedkv" || return 1
-  cp scripts/gpu_check.sh "$out/"
-  echo "bundle: $out ($(du -sh "$out" | cut -f1)); carry it and run scripts/gpu_check.sh --run $out"
+  cp scripts/gpu_check.sh benchmarks/gpu_peers.py models/stories260K.bin models/tok512.bin "$out/"
+  tar -C "$out" -cJf "$BUILD/bundle.tar.xz" . || return 1
+  echo "bundle: $out ($(du -sh "$out" | cut -f1)) and $BUILD/bundle.tar.xz" \
+    "($(du -h "$BUILD/bundle.tar.xz" | cut -f1)); carry the archive and run" \
+    "scripts/gpu_check.sh --run $BUILD/bundle.tar.xz"
 }
 
 run() {
   local dir="$1"
+  if [ -f "$dir" ]; then  # the archive: unpack next to it
+    local into="${dir%.tar.xz}.run"
+    rm -rf "$into" && mkdir -p "$into" && tar -C "$into" -xJf "$dir" || return 2
+    dir=$into
+  fi
   if ! compgen -G "$dir/*test_*cuda*" >/dev/null; then
     echo "gpu_check.sh: no CUDA test executables in $dir (make it with --bundle)" >&2
     return 2
@@ -107,34 +121,60 @@ run() {
     rm -f "$log"
   done
 
-  local bench_log
+  local bench_log bench_json peers_log
   bench_log=$(mktemp)
+  bench_json=$(mktemp)
+  peers_log=$(mktemp)
   echo "== bench_cuda_decode"
-  "$dir/bench_cuda_decode" ${BENCH_FILTER:+--benchmark_filter="$BENCH_FILTER"} | tee "$bench_log"
+  "$dir/bench_cuda_decode" ${BENCH_FILTER:+--benchmark_filter="$BENCH_FILTER"} \
+    --benchmark_out="$bench_json" --benchmark_out_format=json | tee "$bench_log"
+  # The peers in the same run (torch's SDPA, a gather + SDPA paged baseline, FlashInfer where it
+  # imports), joined with the benchmark's rows; not part of the exit status (a peer missing on
+  # the machine is not a pagedkv failure), its own exit code is printed.
+  echo "== benchmarks/gpu_peers.py"
+  python3 "$dir/gpu_peers.py" --ours "$bench_json" 2>&1 | tee "$peers_log"
+  echo "   gpu_peers.py exit ${PIPESTATUS[0]}"
 
-  # The main job with the paged cache on the device, checked against the CPU caches.
-  local gen_log
+  # The main job with the paged cache on the device, checked against the CPU caches: the
+  # random model (head_dim 64, the fast kernel), then stories260K (head_dim 8, the generic one).
+  local gen_log gen_rc=0
   gen_log=$(mktemp)
-  echo "== pagedkv generate --model random --device cuda --cache all"
-  "$dir/pagedkv" generate --model random --device cuda --cache all >"$gen_log" 2>&1
-  local gen_rc=$?
-  cat "$gen_log"
-  if [ "$gen_rc" -ne 0 ] ||
-    ! grep -q 'agreement: contiguous vs paged-cuda: same tokens' "$gen_log"; then
-    status=1
-    echo "   pagedkv generate --device cuda: rc $gen_rc, or no agreement with the CPU caches"
-  fi
+  device_generate "$gen_log" --model random || gen_rc=1
+  device_generate "$gen_log" --model "$dir/stories260K.bin" --tokenizer "$dir/tok512.bin" \
+    --prompt "One day, a big bear" --steps 256 || gen_rc=1
+  [ "$gen_rc" -eq 0 ] || status=1
 
   echo
-  paste_section "$gpu" "$driver" "$summary" "$bench_log" "$gen_log" "$gen_rc" |
+  paste_section "$gpu" "$driver" "$summary" "$bench_log" "$gen_log" "$peers_log" |
     tee ${OUT:+"$OUT/gpu_check.md"}
-  rm -f "$bench_log" "$gen_log"
+  rm -f "$bench_log" "$bench_json" "$peers_log" "$gen_log"
   return "$status"
+}
+
+# pagedkv generate --device cuda --cache all with the given model arguments, appended to the log
+# file $1 under a "### pagedkv generate ..." heading; fails unless it exits 0 and the device run
+# agrees with the CPU caches.
+device_generate() {
+  local log=$1 one rc
+  shift
+  one=$(mktemp)
+  echo "== pagedkv generate $* --device cuda --cache all"
+  "$dir/pagedkv" generate "$@" --device cuda --cache all >"$one" 2>&1
+  rc=$?
+  cat "$one"
+  { echo; echo "### pagedkv generate $(basename "$2") --device cuda --cache all (exit $rc)"; echo
+    echo '```'; sed -n '/^cache /,$p' "$one"; echo '```'; } >>"$log"
+  if [ "$rc" -ne 0 ] || ! grep -q 'agreement: contiguous vs paged-cuda: same tokens' "$one"; then
+    echo "   pagedkv generate --device cuda: rc $rc, or no agreement with the CPU caches"
+    rm -f "$one"
+    return 1
+  fi
+  rm -f "$one"
 }
 
 # The Markdown section for docs/benchmarks.md, between ===== lines.
 paste_section() {
-  local gpu=$1 driver=$2 summary=$3 bench_log=$4 gen_log=$5 gen_rc=$6
+  local gpu=$1 driver=$2 summary=$3 bench_log=$4 gen_log=$5 peers_log=$6
   echo "================ paste into docs/benchmarks.md ================"
   echo "## CUDA backend: $(date -u +%Y-%m-%d), ${gpu:-unknown GPU}, driver ${driver:-?}"
   echo
@@ -144,12 +184,8 @@ paste_section() {
   echo "|---|---|---|---|"
   printf '%s' "$summary"
   sed -n '/^### CUDA decode attention/,$p' "$bench_log"
-  echo
-  echo "### pagedkv generate --model random --device cuda --cache all (exit $gen_rc)"
-  echo
-  echo '```'
-  sed -n '/^cache /,$p' "$gen_log"
-  echo '```'
+  sed -n '/^### /,$p' "$peers_log"
+  cat "$gen_log"
   echo "================================================================"
 }
 

@@ -179,13 +179,18 @@ set_tests_properties(cli.generate.bad_model_file cli.generate.missing_model_file
   PROPERTIES LABELS cli)
 
 # --device cuda: exit 2 with one line naming CUDA without a GPU (this CI), the device run
-# agreeing with the CPU caches with one (see the script). The random model: stories260K's
-# head_dim 8 is not one the CUDA kernels are built for.
+# agreeing with the CPU caches with one (see the script): the random model (head_dim 64, the fast
+# kernel) and the real one (stories260K, head_dim 8: the generic kernel).
 add_test(NAME cli.generate.device_cuda
   COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DWITH_CUDA=${PAGEDKV_WITH_CUDA}
           "-DARGS=generate|--model|random|--device|cuda|--steps|8|--prompt|Once"
           -P ${CMAKE_CURRENT_SOURCE_DIR}/model/expect_device_generate.cmake)
 set_tests_properties(cli.generate.device_cuda PROPERTIES LABELS cli)
+add_test(NAME cli.generate.device_cuda_stories260K
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:pagedkv_cli> -DWITH_CUDA=${PAGEDKV_WITH_CUDA}
+          "-DARGS=generate|--model|${_models}/stories260K.bin|--tokenizer|${_models}/tok512.bin|--device|cuda|--steps|64|--prompt|One day, a big bear"
+          -P ${CMAKE_CURRENT_SOURCE_DIR}/model/expect_device_generate.cmake)
+set_tests_properties(cli.generate.device_cuda_stories260K PROPERTIES LABELS cli)
 
 # The real model (the committed copy in models/, the same bytes as ../shared/models): the
 # reference runtime's greedy output for the issue's prompt, all three caches.

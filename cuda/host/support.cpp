@@ -37,10 +37,15 @@ std::string join_dtypes() {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/// "1..256; fast kernel: 64, 128, 256"
+std::string head_dims_text() {
+  return "1.." + std::to_string(kDecodeMaxHeadDim) + "; fast kernel: " + join(kDecodeHeadDims);
+}
+
 }  // namespace
 
 bool is_supported_decode_config(DType dtype, int32_t head_dim) noexcept {
-  return contains(kDecodeDTypes, dtype) && contains(kDecodeHeadDims, head_dim);
+  return contains(kDecodeDTypes, dtype) && head_dim >= 1 && head_dim <= kDecodeMaxHeadDim;
 }
 
 bool is_supported_decode_config(DType dtype, int32_t head_dim, int32_t block_size) noexcept {
@@ -51,9 +56,9 @@ void check_decode_config(DType dtype, int32_t head_dim) {
   PAGEDKV_CHECK(contains(kDecodeDTypes, dtype),
                 "CUDA decode attention: dtype {} is not supported (supported: {})",
                 static_cast<int>(dtype), join_dtypes());
-  PAGEDKV_CHECK(contains(kDecodeHeadDims, head_dim),
+  PAGEDKV_CHECK(head_dim >= 1 && head_dim <= kDecodeMaxHeadDim,
                 "CUDA decode attention: head_dim {} is not supported (supported: {})", head_dim,
-                join(kDecodeHeadDims));
+                head_dims_text());
 }
 
 void check_decode_config(DType dtype, int32_t head_dim, int32_t block_size) {
@@ -64,7 +69,7 @@ void check_decode_config(DType dtype, int32_t head_dim, int32_t block_size) {
 }
 
 std::string supported_decode_configs() {
-  return "dtype {" + join_dtypes() + "} x head_dim {" + join(kDecodeHeadDims) + "} x block_size {" +
+  return "dtype {" + join_dtypes() + "} x head_dim {" + head_dims_text() + "} x block_size {" +
          join(kDecodeBlockSizes) + "}";
 }
 

@@ -1,5 +1,7 @@
 // Decode attention kernels: one query token per sequence against its cached K/V, paged or
-// contiguous, one-pass or split-K (flash-decoding) with a log-sum-exp merge.
+// contiguous, one-pass or split-K (flash-decoding) with a log-sum-exp merge. The head sizes of
+// kDecodeHeadDims run the kernel below; any other head_dim up to kDecodeMaxHeadDim runs the
+// generic kernel of decode_generic.cu (same problem, same merge).
 //
 // Three levels (FlashInfer's structure): __global__ shells (decode_kernel, merge_kernel), the
 // reusable __device__ body (decode_body, templated on the K/V addressing so the paged and the
@@ -16,6 +18,8 @@
 #include <utility>
 
 #include "cuda/launch.hpp"
+#include "decode_generic.cuh"
+#include "decode_range.cuh"
 #include "device_math.cuh"
 #include "dispatch.cuh"
 #include "pagedkv/cuda/decode_attention.hpp"
@@ -114,18 +118,11 @@ struct DecodeCta {
   int split;
   int head0;    // first query head of the CTA
   int n_heads;  // query heads served, <= kHeads
-  // Positions [begin, end) of this split; of those, the query at qpos sees [lo, qpos] and the
-  // sinks [0, sink_end) (AttentionParams: window, chunk and sinks). `end` precedes `begin` because
-  // the field order decides an operand order in the SASS, kept identical to the unsplit body.
-  int64_t end;
-  int64_t begin;
-  int64_t qpos;
-  int64_t lo;
-  int64_t sink_end;
+  // The split's positions and the query's mask (decode_range.cuh). Last, as the five int64
+  // fields it replaced were: the field order decides an operand order in the SASS.
+  DecodeRange r;
 
-  __device__ __forceinline__ bool visible(int64_t pos) const {
-    return pos < end && (pos < sink_end || (pos >= lo && pos <= qpos));
-  }
+  __device__ __forceinline__ bool visible(int64_t pos) const { return r.visible(pos); }
 };
 
 template <typename T, int D>
@@ -144,20 +141,7 @@ __device__ __forceinline__ DecodeCta locate_cta(const DecodeProblem& p) {
   c.head0 = c.kv_head * p.group + head_chunk * Tr::kHeads;
   c.n_heads = min(Tr::kHeads, p.group - head_chunk * Tr::kHeads);
 
-  // The whole context, or one split (the last split takes everything past the planned chunks,
-  // so any plan is correct).
-  const int64_t ctx = p.context_lens[c.seq];
-  c.begin = 0;
-  c.end = ctx;
-  if (p.num_splits > 1) {
-    const int64_t first = static_cast<int64_t>(c.split) * p.chunk_tokens;
-    c.begin = first < ctx ? first : ctx;
-    if (c.split != p.num_splits - 1 && first + p.chunk_tokens < ctx) c.end = first + p.chunk_tokens;
-  }
-  c.qpos = ctx - 1;
-  // The host's rule itself (constexpr, callable here with --expt-relaxed-constexpr).
-  c.lo = AttentionParams::mask_first_visible(c.qpos, p.window_left, p.chunk_size);
-  c.sink_end = AttentionParams::mask_sink_end(c.lo, p.window_left, p.chunk_size, p.sink_tokens);
+  c.r = decode_range(p, c.seq, c.split);
   return c;
 }
 
@@ -437,21 +421,21 @@ __device__ __forceinline__ void decode_body(const DecodeProblem& p, const KV& kv
   const T* v_gmem = static_cast<const T*>(kv.v);
   // One cp.async group per tile (empty past the end), so wait_group<kStages - 2> means "the
   // oldest tile has landed".
-  const int64_t num_tiles = (c.end - c.begin + kTile - 1) / kTile;
+  const int64_t num_tiles = (c.r.end - c.r.begin + kTile - 1) / kTile;
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
     if (st < num_tiles)
-      issue_tile<T, D>(kv, k_gmem, v_gmem, c, s, c.begin + int64_t{st} * kTile, st);
+      issue_tile<T, D>(kv, k_gmem, v_gmem, c, s, c.r.begin + int64_t{st} * kTile, st);
     cp_async_commit();
   }
   for (int64_t it = 0; it < num_tiles; ++it) {
     const int stage = static_cast<int>(it % kStages);
-    const int64_t tile_start = c.begin + it * kTile;
+    const int64_t tile_start = c.r.begin + it * kTile;
     cp_async_wait<kStages - 2>();
     __syncthreads();  // tile `it` landed for everyone; tile it-1's buffers and scores are free
     const int64_t next = it + kStages - 1;
     if (next < num_tiles) {
-      issue_tile<T, D>(kv, k_gmem, v_gmem, c, s, c.begin + next * kTile,
+      issue_tile<T, D>(kv, k_gmem, v_gmem, c, s, c.r.begin + next * kTile,
                        static_cast<int>(next % kStages));
     }
     cp_async_commit();
@@ -523,15 +507,19 @@ template <typename KV>
 void launch_decode(DType dtype, int32_t head_dim, const DecodeProblem& p, const KV& kv,
                    void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  dispatch_decode_config(dtype, head_dim, [&](auto type, auto dim) {
-    using T = typename decltype(type)::type;
-    constexpr int kD = decltype(dim)::value;
-    const dim3 grid(static_cast<unsigned>(p.num_kv_heads * p.head_chunks),
-                    static_cast<unsigned>(p.num_seqs), static_cast<unsigned>(p.num_splits));
-    allow_decode_smem<T, kD, KV>();
-    decode_kernel<T, kD, KV><<<grid, kDecodeThreads, DecodeTraits<T, kD>::kSmemBytes, s>>>(p, kv);
-  });
-  check_launch("decode_kernel launch");
+  if (listed(kDecodeHeadDims, head_dim)) {
+    dispatch_decode_config(dtype, head_dim, [&](auto type, auto dim) {
+      using T = typename decltype(type)::type;
+      constexpr int kD = decltype(dim)::value;
+      const dim3 grid(static_cast<unsigned>(p.num_kv_heads * p.head_chunks),
+                      static_cast<unsigned>(p.num_seqs), static_cast<unsigned>(p.num_splits));
+      allow_decode_smem<T, kD, KV>();
+      decode_kernel<T, kD, KV><<<grid, kDecodeThreads, DecodeTraits<T, kD>::kSmemBytes, s>>>(p, kv);
+    });
+    check_launch("decode_kernel launch");
+  } else {
+    launch_generic_decode(dtype, head_dim, p, kv, s);  // any other head_dim (decode_generic.cu)
+  }
   if (p.num_splits > 1) {
     const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.num_seqs));
     merge_kernel<<<grid, 128, 0, s>>>(p.partial_o, p.partial_lse, p.out, p.out_dtype, p.num_splits,
@@ -553,6 +541,7 @@ void launch_contiguous_decode(DType dtype, int32_t head_dim, const DecodeProblem
 }
 
 int32_t decode_ctas_per_sm(DType dtype, int32_t head_dim) {
+  if (!listed(kDecodeHeadDims, head_dim)) return generic_decode_ctas_per_sm(dtype);
   int ctas = 0;
   dispatch_decode_config(dtype, head_dim, [&](auto type, auto dim) {
     using T = typename decltype(type)::type;

@@ -162,6 +162,14 @@ __device__ __forceinline__ float4 load_activation4(const void* base, DType dtype
   return *reinterpret_cast<const float4*>(static_cast<const float*>(base) + i);
 }
 
+/// One activation at element i of `base`, of `dtype` (kF32, kF16 or kBF16), widened to fp32; no
+/// alignment beyond the element's own.
+__device__ __forceinline__ float load_activation(const void* base, DType dtype, int64_t i) {
+  if (dtype == DType::kF16) return __half2float(static_cast<const __half*>(base)[i]);
+  if (dtype == DType::kBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+  return static_cast<const float*>(base)[i];
+}
+
 /// Stores x at element i of `base` as `dtype` (kF32, kF16 or kBF16), rounded to nearest even.
 __device__ __forceinline__ void store_activation(void* base, DType dtype, int64_t i, float x) {
   if (dtype == DType::kF16) {

@@ -155,9 +155,10 @@ class KVBackend {
 /// The paged mode on the CUDA device: fp32 pools in device memory, the block manager on the
 /// host. Defined in every build. Memory: kv_cache_bytes of the pool on the device.
 /// Errors: throws pagedkv::Error with one line: "no CUDA device: ..." when none is usable or
-/// pagedkv was built without CUDA (cuda::require_device), "CUDA decode attention: head_dim 8 is
-/// not supported (supported: 64, 128, 256)" and the like for a geometry outside
-/// cuda/supported_configs.hpp (checked before anything is allocated), or a failed allocation.
+/// pagedkv was built without CUDA (cuda::require_device), "CUDA decode attention: head_dim 320
+/// is not supported (supported: 1..256; fast kernel: 64, 128, 256)" and the like for a geometry
+/// outside cuda/supported_configs.hpp (checked before anything is allocated), or a failed
+/// allocation.
 [[nodiscard]] std::unique_ptr<KVBackend> make_cuda_paged_backend(const KVBackendConfig& config);
 
 }  // namespace pagedkv::model

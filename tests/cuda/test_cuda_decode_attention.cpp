@@ -1,6 +1,6 @@
-// CUDA decode attention: the split-K heuristic, workspace sizing and index math (host-only, run
-// everywhere); rejection of unsupported configurations before any CUDA call (no GPU needed); on
-// a GPU, the kernels against the CPU paged_decode_attention on the same cache, every config.
+// CUDA decode attention on a GPU: the kernels (fast and generic) against the CPU
+// paged_decode_attention on the same cache, every config; the contiguous kernel against the
+// paged one. The host-side planning, index math and rejections: test_cuda_decode_host.cpp.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -14,7 +14,6 @@
 
 #include "common/attention_bound.hpp"
 #include "common/cuda_test_util.hpp"
-#include "common/error_message.hpp"
 #include "common/paged_scenario.hpp"
 #include "cuda/launch.hpp"
 #include "pagedkv/config.hpp"
@@ -31,275 +30,7 @@
 namespace pagedkv::cuda {
 namespace {
 
-using ::testing::HasSubstr;
-
-using testing::message_of;
-
-// ---- the split-K heuristic (host only) ---------------------------------------------------------
-
-DecodePlanInput h200(int32_t num_seqs, int32_t num_heads, int32_t num_kv_heads, int64_t ctx,
-                     int32_t ctas_per_sm = 3) {
-  DecodePlanInput in;
-  in.num_seqs = num_seqs;
-  in.num_heads = num_heads;
-  in.num_kv_heads = num_kv_heads;
-  in.max_context_len = ctx;
-  in.sm_count = 132;
-  in.ctas_per_sm = ctas_per_sm;
-  return in;
-}
-
-TEST(PlanDecode, DocumentedExamples) {
-  // decode_attention.hpp: 132 SMs x 3 CTAs per SM, 8 kv heads, GQA 4.
-  EXPECT_EQ(plan_decode(h200(1, 32, 8, 32768)), (DecodePlan{47, 704}));
-  EXPECT_EQ(plan_decode(h200(32, 32, 8, 4096)), (DecodePlan{3, 1408}));
-  EXPECT_EQ(plan_decode(h200(64, 32, 8, 4096)), (DecodePlan{1, 0}));
-}
-
-TEST(PlanDecode, OnePassWhenTheGridAlreadyFillsTheDevice) {
-  // 264 slots at 2 CTAs/SM: 256 CTAs of one pass beat any split.
-  EXPECT_FALSE(plan_decode(h200(32, 32, 8, 4096, 2)).split_k());
-  EXPECT_FALSE(plan_decode(h200(256, 32, 8, 32768, 2)).split_k());
-}
-
-TEST(PlanDecode, OnePassForShortContexts) {
-  EXPECT_FALSE(plan_decode(h200(1, 32, 8, 0)).split_k());
-  EXPECT_FALSE(plan_decode(h200(1, 32, 8, 1)).split_k());
-  EXPECT_FALSE(plan_decode(h200(1, 32, 8, kMinSplitTokens)).split_k());
-  EXPECT_FALSE(plan_decode(h200(1, 32, 8, 300, 2)).split_k());
-}
-
-TEST(PlanDecode, Batch1LongContextFillsOneWave) {
-  const DecodePlan p = plan_decode(h200(1, 32, 8, 32768, 2));
-  EXPECT_EQ(p, (DecodePlan{32, 1024}));
-  const DecodePlan mqa = plan_decode(h200(1, 8, 2, 32768, 2));
-  EXPECT_EQ(mqa, (DecodePlan{128, 256}));
-}
-
-TEST(PlanDecode, LargeGroupsCountHeadChunks) {
-  // group 16 -> ceil(16 / kHeadsPerCta) CTAs per kv head: at least the CTAs of group 8, so no
-  // more splits needed.
-  const DecodePlan g8 = plan_decode(h200(1, 64, 8, 32768, 2));
-  const DecodePlan g16 = plan_decode(h200(1, 128, 8, 32768, 2));
-  EXPECT_GE(g8.num_splits, g16.num_splits);
-}
-
-TEST(PlanDecode, InvariantsOverAGrid) {
-  for (int32_t seqs : {1, 2, 7, 32, 100, 256}) {
-    for (int64_t ctx : {0, 1, 255, 256, 257, 1000, 4097, 32768, 131072}) {
-      for (int32_t per_sm : {1, 2, 4}) {
-        const DecodePlan p = plan_decode(h200(seqs, 32, 8, ctx, per_sm));
-        SCOPED_TRACE("seqs " + std::to_string(seqs) + " ctx " + std::to_string(ctx));
-        ASSERT_GE(p.num_splits, 1);
-        ASSERT_LE(p.num_splits, kMaxSplits);
-        if (!p.split_k()) continue;
-        EXPECT_EQ(p.chunk_tokens % kSplitGranularity, 0);
-        EXPECT_GE(p.chunk_tokens, kMinSplitTokens / 2);
-        // Exactly covers the context: no empty split, nothing left for the last one.
-        EXPECT_GE(int64_t{p.num_splits} * p.chunk_tokens, ctx);
-        EXPECT_LT(int64_t{p.num_splits - 1} * p.chunk_tokens, ctx);
-      }
-    }
-  }
-}
-
-TEST(PlanDecode, RejectsBadInput) {
-  EXPECT_THAT(message_of([] { (void)plan_decode(h200(0, 32, 8, 10)); }),
-              HasSubstr("num_seqs must be >= 1, got 0"));
-  EXPECT_THAT(message_of([] { (void)plan_decode(h200(1, 30, 8, 10)); }),
-              HasSubstr("num_heads 30 is not a positive multiple of num_kv_heads 8"));
-  EXPECT_THAT(message_of([] { (void)plan_decode(h200(1, 32, 8, -1)); }),
-              HasSubstr("max_context_len must be >= 0, got -1"));
-  DecodePlanInput in = h200(1, 32, 8, 10);
-  in.sm_count = 0;
-  EXPECT_THAT(message_of([&] { (void)plan_decode(in); }), HasSubstr("sm_count must be >= 1"));
-}
-
-TEST(MakeSplitPlan, CoversTheContext) {
-  EXPECT_EQ(make_split_plan(1000, 1), (DecodePlan{1, 0}));
-  EXPECT_EQ(make_split_plan(1000, 3), (DecodePlan{3, 334}));
-  EXPECT_EQ(make_split_plan(0, 4), (DecodePlan{4, 1}));
-  EXPECT_THROW((void)make_split_plan(100, 0), Error);
-  EXPECT_THROW((void)make_split_plan(100, kMaxSplits + 1), Error);
-}
-
-TEST(DecodeWorkspace, BytesArePartialsPlusAlignedLse) {
-  EXPECT_EQ(decode_workspace_bytes(4, 32, 128, DecodePlan{}), 0);
-  // 2 seqs x 8 heads x 3 splits = 48 rows: 48 x 64 x 4 = 12288 (aligned) + 192 -> 256.
-  EXPECT_EQ(decode_workspace_bytes(2, 8, 64, DecodePlan{3, 512}), 12288 + 256);
-}
-
-/// A fake, aligned, non-null device address (never dereferenced on the host).
-void* fake_ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
-
-TEST(ContiguousView, KernelAddressingIsTheSharedDescription) {
-  // 3 sequences, 4 kv heads, max_len 100, head_dim 128 (HND): sequence = block.
-  const KVLayerView view = contiguous_paged_view({3, 4, 100, 128, DType::kF16, KVLayout::kHND},
-                                                 fake_ptr(0x10000), fake_ptr(0x20000));
-  const detail::ContiguousKV kv = detail::contiguous_kv(view);
-  EXPECT_EQ(kv.k, view.k);
-  EXPECT_EQ(kv.v, view.v);
-  EXPECT_EQ(kv.token_stride, 128);
-  EXPECT_EQ(kv.head_stride, 12800);
-  EXPECT_EQ(kv.seq_stride, 51200);
-  // Same element as the paged addressing with the identity block table.
-  const PaddedBlockTables identity = identity_block_tables(std::vector<int32_t>{5, 100, 1}, 100);
-  for (int32_t seq = 0; seq < 3; ++seq) {
-    const int64_t block = identity.block_tables[static_cast<size_t>(seq)];
-    EXPECT_EQ(kv.row(seq, 3, 99), view.offset(block, 3, 99));
-  }
-}
-
-// ---- kernel index math (host-testable __host__ __device__ helpers) ----------------------------
-
-TEST(DecodeIndexMath, PagedRowFollowsTheBlockTable) {
-  // HND, block_size 16, 4 kv heads, head_dim 128: block 8192, head 2048, token 128 elements.
-  const int32_t table[] = {7, 3, 11, /*seq 1:*/ 5, 2, 0};
-  detail::PagedKV kv;
-  kv.block_tables = table;
-  kv.max_blocks_per_seq = 3;
-  kv.log2_block_size = 4;
-  layout_strides(KVLayout::kHND, 16, 4, 128, &kv.block_stride, &kv.head_stride, &kv.token_stride);
-  EXPECT_EQ(kv.row(0, 0, 0), 7 * 8192);
-  EXPECT_EQ(kv.row(0, 2, 17), 3 * 8192 + 2 * 2048 + 1 * 128);
-  EXPECT_EQ(kv.row(1, 3, 47), 0 * 8192 + 3 * 2048 + 15 * 128);
-  // int64: a block id near 2^20 with 8192-element blocks passes 2^31.
-  const int32_t big[] = {(1 << 20) - 1};
-  kv.block_tables = big;
-  EXPECT_EQ(kv.row(0, 0, 0), int64_t{(1 << 20) - 1} * 8192);
-}
-
-TEST(DecodeIndexMath, ContiguousRowIsDense) {
-  const detail::ContiguousKV kv = detail::contiguous_kv(contiguous_paged_view(
-      {2, 2, 50, 64, DType::kF32, KVLayout::kHND}, fake_ptr(0x10000), fake_ptr(0x20000)));
-  EXPECT_EQ(kv.row(1, 1, 49), 1 * 6400 + 1 * 3200 + 49 * 64);
-  const detail::ContiguousKV nhd = detail::contiguous_kv(contiguous_paged_view(
-      {2, 2, 50, 64, DType::kF32, KVLayout::kNHD}, fake_ptr(0x10000), fake_ptr(0x20000)));
-  EXPECT_EQ(nhd.row(1, 1, 49), 1 * 6400 + 49 * 128 + 1 * 64);
-}
-
-// ---- rejection before any CUDA call (no GPU needed) --------------------------------------------
-
 #if PAGEDKV_WITH_CUDA
-
-/// A view and tables with fake, aligned, non-null pointers: a launcher that rejects the call
-/// must do so on the host before touching them.
-struct FakeProblem {
-  KVLayerView view;
-  AttentionParams params;
-  int32_t table[1] = {0};
-  int32_t ctx[1] = {1};
-  BlockTableView tables{table, ctx, 1, 1};
-  float* q = reinterpret_cast<float*>(uintptr_t{0x10000});
-  float* out = reinterpret_cast<float*>(uintptr_t{0x20000});
-
-  FakeProblem(DType dtype, int32_t head_dim, int32_t block_size) {
-    view.k = reinterpret_cast<void*>(uintptr_t{0x30000});
-    view.v = reinterpret_cast<void*>(uintptr_t{0x40000});
-    view.dtype = dtype;
-    view.num_blocks = 4;
-    view.block_size = block_size;
-    tables.block_size = block_size;
-    tables.num_blocks = 4;
-    view.num_kv_heads = 2;
-    view.head_dim = head_dim;
-    layout_strides(KVLayout::kHND, block_size, 2, head_dim, &view.block_stride, &view.head_stride,
-                   &view.token_stride);
-    params.num_heads = 8;
-    params.num_kv_heads = 2;
-    params.head_dim = head_dim;
-  }
-};
-
-struct Unsupported {
-  DType dtype;
-  int32_t head_dim;
-  int32_t block_size;
-  std::string message;
-};
-
-TEST(DecodeRejection, UnsupportedConfigurationsFailOnTheHost) {
-  const Unsupported cases[] = {
-      {DType::kF16, 96, 16, "head_dim 96 is not supported (supported: 64, 128, 256)"},
-      {DType::kF32, 32, 16, "head_dim 32 is not supported (supported: 64, 128, 256)"},
-      {DType::kBF16, 512, 8, "head_dim 512 is not supported (supported: 64, 128, 256)"},
-      {DType::kF16, 128, 64, "block_size 64 is not supported (supported: 8, 16, 32)"},
-      {DType::kF32, 64, 1, "block_size 1 is not supported (supported: 8, 16, 32)"},
-      {DType::kBF16, 256, 7, "block_size 7 is not supported (supported: 8, 16, 32)"},
-      {static_cast<DType>(9), 128, 16,
-       "dtype 9 is not supported (supported: fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, int8)"},
-  };
-  for (const Unsupported& c : cases) {
-    FakeProblem f(c.dtype, c.head_dim, c.block_size);
-    EXPECT_THAT(message_of([&] { paged_decode_attention(f.params, f.view, f.tables, f.q, f.out); }),
-                HasSubstr("CUDA decode attention: " + c.message));
-  }
-  // The contiguous kernel has no block size; head_dim and dtype are checked the same way.
-  const KVLayerView cv = contiguous_paged_view({1, 2, 16, 80, DType::kF16, KVLayout::kHND},
-                                               fake_ptr(0x30000), fake_ptr(0x40000));
-  FakeProblem f(DType::kF16, 80, 16);
-  EXPECT_THAT(message_of([&] { contiguous_decode_attention(f.params, cv, f.ctx, f.q, f.out); }),
-              HasSubstr("head_dim 80 is not supported (supported: 64, 128, 256)"));
-}
-
-TEST(DecodeRejection, BadArgumentsFailOnTheHost) {
-  {
-    FakeProblem f(DType::kF16, 128, 16);
-    f.params.num_heads = 8;
-    f.params.num_kv_heads = 4;
-    EXPECT_THAT(message_of([&] { paged_decode_attention(f.params, f.view, f.tables, f.q, f.out); }),
-                HasSubstr("num_kv_heads 4 != cache num_kv_heads 2"));
-  }
-  {
-    FakeProblem f(DType::kF16, 128, 16);
-    EXPECT_THAT(
-        message_of([&] { paged_decode_attention(f.params, f.view, f.tables, nullptr, f.out); }),
-        HasSubstr("q is null"));
-    EXPECT_THAT(
-        message_of([&] { paged_decode_attention(f.params, f.view, f.tables, f.q + 1, f.out); }),
-        HasSubstr("is not 16-byte aligned"));
-  }
-  {
-    FakeProblem f(DType::kF16, 128, 16);
-    DecodeLaunch launch;
-    launch.plan = DecodePlan{4, 64};
-    launch.workspace = reinterpret_cast<void*>(uintptr_t{0x50000});
-    launch.workspace_bytes = 100;
-    EXPECT_THAT(
-        message_of([&] { paged_decode_attention(f.params, f.view, f.tables, f.q, f.out, launch); }),
-        HasSubstr("workspace of 100 bytes is smaller than the"));
-    launch.plan = DecodePlan{kMaxSplits + 1, 64};
-    EXPECT_THAT(
-        message_of([&] { paged_decode_attention(f.params, f.view, f.tables, f.q, f.out, launch); }),
-        HasSubstr("plan.num_splits 257 outside [1, 256]"));
-  }
-  {
-    FakeProblem f(DType::kF16, 128, 16);
-    f.tables.num_seqs = 70000;
-    EXPECT_THAT(message_of([&] { paged_decode_attention(f.params, f.view, f.tables, f.q, f.out); }),
-                HasSubstr("num_seqs 70000 exceeds the grid limit 65535"));
-  }
-}
-
-// Issue 16: tables of a manager with block_size 4 read through a cache of 16-token blocks (or
-// of fewer blocks than the manager's pool) are refused on the host, naming both values, even
-// for an empty batch: geometry is configuration, not data.
-TEST(DecodeRejection, TableGeometryMismatchFailsOnTheHost) {
-  FakeProblem f(DType::kF16, 128, 16);
-  f.tables.block_size = 4;
-  EXPECT_THAT(message_of([&] { paged_decode_attention(f.params, f.view, f.tables, f.q, f.out); }),
-              HasSubstr("cuda::paged_decode_attention: block tables built for block_size 4 but "
-                        "the cache has block_size 16"));
-  f.tables.block_size = 0;
-  EXPECT_THAT(message_of([&] { paged_decode_attention(f.params, f.view, f.tables, f.q, f.out); }),
-              HasSubstr("block_size 0 but the cache has block_size 16 (the tables and the cache "
-                        "must come from one configuration; the view's block_size is unset)"));
-  f.tables.block_size = 16;
-  f.tables.num_blocks = 8;
-  f.tables.num_seqs = 0;
-  EXPECT_THAT(message_of([&] { paged_decode_attention(f.params, f.view, f.tables, f.q, f.out); }),
-              HasSubstr("block tables index a pool of 8 blocks but the cache has num_blocks 4"));
-}
 
 // ---- GPU: kernels vs the CPU implementation ----------------------------------------------------
 
@@ -385,16 +116,54 @@ TEST_P(CudaDecodeVsCpu, MatchesCpuPagedDecode) {
 }
 
 std::vector<GpuCase> supported_grid() {
+  // Every (dtype, fast head_dim) at page sizes 1, 16 and 128; every other listed page size on
+  // fp16 d128 (block_size is a run-time shift: one code path for all of them).
   std::vector<GpuCase> cases;
   for (DType dtype : kDecodeDTypes) {
     for (int32_t d : kDecodeHeadDims) {
       for (int32_t bs : kDecodeBlockSizes) {
+        if (bs != 1 && bs != 16 && bs != 128 && (dtype != DType::kF16 || d != 128)) continue;
         cases.push_back({.dtype = dtype,
                          .head_dim = d,
                          .block_size = bs,
                          .contexts = {1, bs, bs + 1, 4097, 32768}});
       }
     }
+  }
+  return cases;
+}
+
+std::vector<GpuCase> generic_cases() {
+  // The run-time head_dim kernel (decode_generic.cu): stories260K's 8, the common 80 and 96,
+  // odd sizes and the largest; every dtype; GQA groups, both layouts, page sizes 1..128, masks.
+  std::vector<GpuCase> cases;
+  auto add = [&](DType dtype, int32_t d, int32_t bs, int32_t kv, int32_t group, KVLayout layout,
+                 std::vector<int32_t> contexts) {
+    cases.push_back({.dtype = dtype,
+                     .head_dim = d,
+                     .block_size = bs,
+                     .num_kv_heads = kv,
+                     .group = group,
+                     .layout = layout,
+                     .contexts = std::move(contexts)});
+  };
+  for (DType dtype : kDecodeDTypes) add(dtype, 8, 16, 2, 4, KVLayout::kHND, {1, 17, 300, 4097});
+  add(DType::kF16, 96, 1, 2, 4, KVLayout::kHND, {1, 2, 299, 2049});
+  add(DType::kBF16, 80, 128, 1, 8, KVLayout::kNHD, {5, 129, 4097});
+  add(DType::kF32, 1, 8, 3, 1, KVLayout::kHND, {1, 33, 100});
+  add(DType::kFP8E4M3, 33, 4, 2, 5, KVLayout::kNHD, {7, 1031});
+  add(DType::kInt8, 200, 32, 1, 7, KVLayout::kHND, {64, 0, 65});
+  add(DType::kF16, 255, 64, 2, 2, KVLayout::kHND, {63, 64, 65, 2049});
+  add(DType::kF32, 72, 2, 4, 16, KVLayout::kNHD, {1, 300});
+  for (auto [window, sinks, chunk] :
+       {std::array<int32_t, 3>{0, 3, 0}, {100, 0, 0}, {64, 4, 0}, {-1, 0, 8}, {-1, 4, 512}}) {
+    cases.push_back({.dtype = DType::kBF16,
+                     .head_dim = 8,
+                     .block_size = 8,
+                     .window_left = window,
+                     .sink_tokens = sinks,
+                     .chunk_size = chunk,
+                     .contexts = {1, 17, 1031, 4097}});
   }
   return cases;
 }
@@ -471,6 +240,8 @@ INSTANTIATE_TEST_SUITE_P(Supported, CudaDecodeVsCpu, ::testing::ValuesIn(named(s
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaDecodeVsCpu, ::testing::ValuesIn(named(shape_cases)),
                          param_name);
 INSTANTIATE_TEST_SUITE_P(Masks, CudaDecodeVsCpu, ::testing::ValuesIn(named(mask_cases)),
+                         param_name);
+INSTANTIATE_TEST_SUITE_P(GenericHeadDim, CudaDecodeVsCpu, ::testing::ValuesIn(named(generic_cases)),
                          param_name);
 
 /// The scenario's stored (rounded) K/V repacked as a dense [num_seqs, H, max_len, D] cache of
@@ -553,7 +324,9 @@ std::vector<GpuCase> contiguous_cases() {
   for (auto [dtype, d, bs] :
        {std::tuple{DType::kF16, 128, 16}, std::tuple{DType::kBF16, 64, 8},
         std::tuple{DType::kF32, 256, 32}, std::tuple{DType::kFP8E4M3, 128, 16},
-        std::tuple{DType::kInt8, 64, 8}, std::tuple{DType::kFP8E5M2, 256, 32}}) {
+        std::tuple{DType::kInt8, 64, 8}, std::tuple{DType::kFP8E5M2, 256, 32},
+        // the generic kernel (run-time head_dim)
+        std::tuple{DType::kBF16, 8, 16}, std::tuple{DType::kFP8E4M3, 96, 1}}) {
     GpuCase c;
     c.dtype = dtype;
     c.head_dim = d;

@@ -101,12 +101,12 @@ TEST(DeviceDecodeRunner, DecodeChecksTablesOnTheHost) {
               }),
               HasSubstr("q has 10 elements, expected 64"));
   KVCacheConfig bad = c;
-  bad.block_size = 4;
+  bad.block_size = 12;
   DeviceKVCache unsupported(bad);
   EXPECT_THAT(message_of([&] {
                 runner.decode(params, unsupported.layer(0), {table, ctx, 1, 2}, q, out);
               }),
-              HasSubstr("block_size 4 is not supported (supported: 8, 16, 32)"));
+              HasSubstr("block_size 12 is not supported (supported: 1, 2, 4, 8, 16, 32, 64, 128)"));
 }
 
 #else  // !PAGEDKV_WITH_CUDA

@@ -29,19 +29,29 @@ TEST(SupportedConfigs, EveryListedCombinationIsSupported) {
       }
     }
   }
-  EXPECT_EQ(count, 54);
+  EXPECT_EQ(count, 6 * 3 * 8);
+}
+
+TEST(SupportedConfigs, EveryHeadDimUpToTheMaximumRuns) {
+  // The fast list and the generic kernel together: 1 .. kDecodeMaxHeadDim, every dtype.
+  for (DType dtype : kDecodeDTypes) {
+    for (int32_t d = 1; d <= kDecodeMaxHeadDim; ++d) {
+      EXPECT_TRUE(is_supported_decode_config(dtype, d, 16)) << dtype_name(dtype) << " d" << d;
+    }
+  }
 }
 
 TEST(SupportedConfigs, ListsMatchTheIssue) {
   EXPECT_THAT(kDecodeHeadDims, ::testing::ElementsAre(64, 128, 256));
-  EXPECT_THAT(kDecodeBlockSizes, ::testing::ElementsAre(8, 16, 32));
+  EXPECT_EQ(kDecodeMaxHeadDim, 256);
+  EXPECT_THAT(kDecodeBlockSizes, ::testing::ElementsAre(1, 2, 4, 8, 16, 32, 64, 128));
   EXPECT_THAT(kDecodeDTypes,
               ::testing::ElementsAre(DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3,
                                      DType::kFP8E5M2, DType::kInt8));
   EXPECT_EQ(
       supported_decode_configs(),
-      "dtype {fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, int8} x head_dim {64, 128, 256} x block_size "
-      "{8, 16, 32}");
+      "dtype {fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, int8} x head_dim {1..256; fast kernel: 64, "
+      "128, 256} x block_size {1, 2, 4, 8, 16, 32, 64, 128}");
 }
 
 TEST(SupportedConfigs, BlockSizesArePowersOfTwo) {
@@ -49,20 +59,20 @@ TEST(SupportedConfigs, BlockSizesArePowersOfTwo) {
 }
 
 TEST(SupportedConfigs, UnsupportedHeadDimNamesValueAndSet) {
-  for (int32_t d : {0, 32, 80, 96, 100, 192, 512}) {
+  for (int32_t d : {-8, 0, 257, 320, 512}) {
     EXPECT_FALSE(is_supported_decode_config(DType::kF16, d, 16));
     EXPECT_EQ(message_of([&] { check_decode_config(DType::kF16, d, 16); }),
               "CUDA decode attention: head_dim " + std::to_string(d) +
-                  " is not supported (supported: 64, 128, 256)");
+                  " is not supported (supported: 1..256; fast kernel: 64, 128, 256)");
   }
 }
 
 TEST(SupportedConfigs, UnsupportedBlockSizeNamesValueAndSet) {
-  for (int32_t bs : {0, 1, 4, 7, 24, 64, 128}) {
+  for (int32_t bs : {-16, 0, 3, 7, 24, 256}) {
     EXPECT_FALSE(is_supported_decode_config(DType::kBF16, 128, bs));
     EXPECT_EQ(message_of([&] { check_decode_config(DType::kBF16, 128, bs); }),
               "CUDA decode attention: block_size " + std::to_string(bs) +
-                  " is not supported (supported: 8, 16, 32)");
+                  " is not supported (supported: 1, 2, 4, 8, 16, 32, 64, 128)");
   }
 }
 
@@ -77,7 +87,8 @@ TEST(SupportedConfigs, UnsupportedDTypeNamesSet) {
 
 TEST(SupportedConfigs, ContiguousCheckIgnoresBlockSize) {
   EXPECT_NO_THROW(check_decode_config(DType::kF32, 64));
-  EXPECT_THROW(check_decode_config(DType::kF32, 72), Error);
+  EXPECT_NO_THROW(check_decode_config(DType::kF32, 72));  // the generic kernel
+  EXPECT_THROW(check_decode_config(DType::kF32, 300), Error);
 }
 
 }  // namespace

@@ -21,10 +21,11 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-/// head_dim 64 (dim 128 / 2 heads), a configuration the CUDA decode kernels support; GQA 2.
-LlamaConfig head64() {
+/// 2 query heads of head_dim elements (dim 2 x head_dim), 1 kv head (GQA 2); head64() is a size of
+/// the fast decode kernel, the others run the generic one.
+LlamaConfig heads_of(int32_t head_dim) {
   LlamaConfig c;
-  c.dim = 128;
+  c.dim = 2 * head_dim;
   c.hidden_dim = 192;
   c.n_layers = 2;
   c.n_heads = 2;
@@ -34,6 +35,7 @@ LlamaConfig head64() {
   c.shared_classifier = false;
   return c;
 }
+LlamaConfig head64() { return heads_of(64); }
 
 KVBackendConfig geometry(int32_t head_dim, int32_t block_size) {
   KVBackendConfig g;
@@ -91,24 +93,26 @@ TEST(Device, NoDeviceFromGenerate) {
 
 TEST(DeviceGpu, UnsupportedGeometryNamesValueAndSet) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
-  // stories260K's head_dim.
-  EXPECT_THAT([] { (void)make_cuda_paged_backend(geometry(8, 16)); },
-              ThrowsMessage<Error>(AllOf(HasSubstr("head_dim 8"), HasSubstr("64, 128, 256"))));
-  EXPECT_THAT([] { (void)make_cuda_paged_backend(geometry(64, 64)); },
-              ThrowsMessage<Error>(AllOf(HasSubstr("block_size 64"), HasSubstr("8, 16, 32"))));
+  // Past the generic kernel's largest head_dim; a block size that is not a power of two.
+  EXPECT_THAT([] { (void)make_cuda_paged_backend(geometry(320, 16)); },
+              ThrowsMessage<Error>(AllOf(HasSubstr("head_dim 320"), HasSubstr("1..256"))));
+  EXPECT_THAT([] { (void)make_cuda_paged_backend(geometry(64, 12)); },
+              ThrowsMessage<Error>(
+                  AllOf(HasSubstr("block_size 12"), HasSubstr("1, 2, 4, 8, 16, 32, 64, 128"))));
 }
 
 struct GpuCase {
   const char* name;
   int32_t block_size;
   float temperature;
+  int32_t head_dim = 64;
 };
 
 class DeviceAgrees : public ::testing::TestWithParam<GpuCase> {};
 
 TEST_P(DeviceAgrees, PagedOnDeviceMatchesPagedOnCpu) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
-  LlamaModel model(random_weights(head64(), 7));
+  LlamaModel model(random_weights(heads_of(GetParam().head_dim), 7));
   // Lengths 1, 5 and 19: uneven blocks, a multi-row prefill, then decode steps.
   const std::vector<std::vector<TokenId>> prompts = {
       {kBos},
@@ -131,11 +135,17 @@ TEST_P(DeviceAgrees, PagedOnDeviceMatchesPagedOnCpu) {
   EXPECT_EQ(gpu.stats.kv_bytes_in_use, cpu.stats.kv_bytes_in_use);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, DeviceAgrees,
-                         ::testing::Values(GpuCase{"bs8_greedy", 8, 0.0f},
-                                           GpuCase{"bs16_greedy", 16, 0.0f},
-                                           GpuCase{"bs32_t08", 32, 0.8f}),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Cases, DeviceAgrees,
+    ::testing::Values(GpuCase{"bs8_greedy", 8, 0.0f}, GpuCase{"bs16_greedy", 16, 0.0f},
+                      GpuCase{"bs32_t08", 32, 0.8f},
+                      // Page sizes 1 and 128; the generic kernel's
+                      // head sizes (stories260K's 8, 96, 80).
+                      GpuCase{"bs1_greedy", 1, 0.0f}, GpuCase{"bs128_t08", 128, 0.8f},
+                      GpuCase{"d8_bs1_greedy", 1, 0.0f, 8}, GpuCase{"d8_bs16_t08", 16, 0.8f, 8},
+                      GpuCase{"d96_bs64_greedy", 64, 0.0f, 96},
+                      GpuCase{"d80_bs16_greedy", 16, 0.0f, 80}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace pagedkv::model

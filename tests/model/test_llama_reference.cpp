@@ -1,7 +1,9 @@
 // The model against an independent runtime: llama2.c run.c's greedy generations of
 // stories260K (../shared/reference/llama2c). Token ids exactly (up to the first near-tie the
 // reference marks), logits of every position of both cases within a tolerance, and the printed
-// text, for each of the three cache modes (none on p12's first 128 positions only: see Case).
+// text, for each of the three cache modes (none on p12's first 128 positions only: see Case),
+// and for the paged cache on a CUDA device (head_dim 8: the generic decode kernel; skipped
+// without a device).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -13,6 +15,7 @@
 #include "model/generate.hpp"
 #include "model/llama.hpp"
 #include "model/tokenizer.hpp"
+#include "pagedkv/cuda/device.hpp"
 #include "shared_files.hpp"
 
 namespace pagedkv::model {
@@ -47,6 +50,7 @@ struct Case {
   /// Run only this many positions (0 = the reference's all): none recomputes every prefix, so
   /// its 512-position run is O(512^2) token passes and would dominate the suite.
   int32_t max_steps = 0;
+  Device device = Device::kCpu;
 };
 
 class Reference : public ::testing::TestWithParam<Case> {};
@@ -54,6 +58,9 @@ class Reference : public ::testing::TestWithParam<Case> {};
 TEST_P(Reference, ReproducesTheRuntime) {
   PAGEDKV_REQUIRE_SHARED();
   const Case& c = GetParam();
+  if (c.device == Device::kCuda && !cuda::device_available()) {
+    GTEST_SKIP() << "no CUDA device (the paged cache on the GPU runs only where one is)";
+  }
   const auto dir = t::shared_dir() / "reference/llama2c";
   const auto ref = t::read_json(dir / (std::string(c.name) + ".json"));
   Models& m = stories();
@@ -65,6 +72,7 @@ TEST_P(Reference, ReproducesTheRuntime) {
   opt.steps = c.max_steps > 0 ? std::min(c.max_steps, ref_steps) : ref_steps;
   const bool whole = opt.steps == ref_steps;
   opt.record_logits = true;
+  opt.device = c.device;
   const GenerateResult r = generate(*m.model, {prompt}, c.mode, opt);
   ASSERT_EQ(r.seqs.size(), 1u);
   const SequenceOutput& s = r.seqs[0];
@@ -111,18 +119,20 @@ TEST_P(Reference, ReproducesTheRuntime) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Stories260K, Reference,
-                         ::testing::Values(Case{"p01_once_upon_a_time_n200", CacheMode::kPaged},
-                                           Case{"p01_once_upon_a_time_n200",
-                                                CacheMode::kContiguous},
-                                           Case{"p01_once_upon_a_time_n200", CacheMode::kNone},
-                                           Case{"p12_big_bear_n512", CacheMode::kPaged},
-                                           Case{"p12_big_bear_n512", CacheMode::kContiguous},
-                                           Case{"p12_big_bear_n512", CacheMode::kNone, 128}),
-                         [](const auto& info) {
-                           return std::string(info.param.name) + "_" +
-                                  std::string(cache_mode_name(info.param.mode));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Stories260K, Reference,
+    ::testing::Values(Case{"p01_once_upon_a_time_n200", CacheMode::kPaged},
+                      Case{"p01_once_upon_a_time_n200", CacheMode::kContiguous},
+                      Case{"p01_once_upon_a_time_n200", CacheMode::kNone},
+                      Case{"p12_big_bear_n512", CacheMode::kPaged},
+                      Case{"p12_big_bear_n512", CacheMode::kContiguous},
+                      Case{"p12_big_bear_n512", CacheMode::kNone, 128},
+                      Case{"p01_once_upon_a_time_n200", CacheMode::kPaged, 0, Device::kCuda},
+                      Case{"p12_big_bear_n512", CacheMode::kPaged, 0, Device::kCuda}),
+    [](const auto& info) {
+      return std::string(info.param.name) + "_" + std::string(cache_mode_name(info.param.mode)) +
+             (info.param.device == Device::kCuda ? "_cuda" : "");
+    });
 
 // The batch path on the real model: both reference prompts as one batch of two sequences of
 // different lengths give each one's reference ids.
