@@ -9,6 +9,9 @@
 // Page sizes (issue 22, item 3): bf16 GQA 4 at batch 32, contexts 4k and 32k, block_size 1, 8,
 // 16, 32, 64, 128, and a third table of each page size's K/V rate relative to block_size 128
 // (goals: >= 0.95 at block_size >= 16, >= 0.70 at block_size 1).
+// Tensor cores (issue 22, item 2): the main grid's batch 1, 32, 128 rows at contexts 4k and 32k
+// again with DecodeLaunch::use_tensor_cores, and a fourth table of their time against the
+// CUDA-core kernel's.
 //
 // Goal (H200): >= 80% of the copy bandwidth at batch >= 32 and context >= 4k; paged within 5%
 // of contiguous; 8-bit / bf16 <= 0.55 at contexts >= 8k (half the bytes). Copy bandwidth counts
@@ -72,6 +75,7 @@ struct Row {
   int batch = 0;
   int context = 0;
   int block_size = 0;
+  bool tensor_cores = false;
   int splits = 0;
   double paged_us = 0;
   double contiguous_us = 0;
@@ -163,14 +167,15 @@ double time_launches(F&& launch, int reps) {
 constexpr DType kBenchDTypes[] = {DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kInt8};
 
 /// args: dtype (kBenchDTypes index: 0 fp16, 1 bf16, 2 fp8_e4m3, 3 int8), group, batch,
-/// context, block_size. 8-bit pools keep DeviceKVCache's default scales (1); the contiguous peer
-/// uses them.
+/// context, block_size, tensor cores (0 or 1). 8-bit pools keep DeviceKVCache's default scales
+/// (1); the contiguous peer uses them.
 void BM_Decode(benchmark::State& state) {
   const DType dtype = kBenchDTypes[state.range(0)];
   const auto group = static_cast<int32_t>(state.range(1));
   const auto batch = static_cast<int32_t>(state.range(2));
   const auto context = static_cast<int32_t>(state.range(3));
   const auto block_size = static_cast<int32_t>(state.range(4));
+  const bool tensor_cores = state.range(5) != 0;
   const int64_t elem = pagedkv::dtype_size(dtype);
   const int64_t kv_elems_per_pool = int64_t{batch} * context * kNumKvHeads * kHeadDim;
   const double kv_bytes = 2.0 * static_cast<double>(kv_elems_per_pool * elem);
@@ -231,7 +236,8 @@ void BM_Decode(benchmark::State& state) {
   const pc::DecodePlan plan = pc::make_decode_plan(params, dtype, batch, context);
   pc::DeviceBuffer workspace(
       std::max<int64_t>(pc::decode_workspace_bytes(batch, params.num_heads, kHeadDim, plan), 1));
-  const pc::DecodeLaunch launch{plan, workspace.data(), workspace.bytes(), nullptr};
+  pc::DecodeLaunch launch{plan, workspace.data(), workspace.bytes(), nullptr};
+  launch.use_tensor_cores = tensor_cores;
   BENCH_CUDA(cudaDeviceSynchronize());
 
   auto run_paged = [&] {
@@ -267,30 +273,32 @@ void BM_Decode(benchmark::State& state) {
   state.counters["kv_GBps"] = gbps;
   state.counters["pct_of_copy"] = 100.0 * kv_bytes / paged_s / g_copy_bytes_per_s;
   g_rows[std::to_string(state.range(0)) + '/' + std::to_string(group) + '/' +
-         std::to_string(batch) + '/' + std::to_string(context) + '/' + std::to_string(block_size)] =
-      Row{std::string(pagedkv::dtype_name(dtype)),
-          group,
-          batch,
-          context,
-          block_size,
-          plan.num_splits,
-          paged_s * 1e6,
-          contiguous_s * 1e6,
-          kv_bytes};
+         std::to_string(batch) + '/' + std::to_string(context) + '/' + std::to_string(block_size) +
+         '/' + std::to_string(state.range(5))] = Row{std::string(pagedkv::dtype_name(dtype)),
+                                                     group,
+                                                     batch,
+                                                     context,
+                                                     block_size,
+                                                     tensor_cores,
+                                                     plan.num_splits,
+                                                     paged_s * 1e6,
+                                                     contiguous_s * 1e6,
+                                                     kv_bytes};
 }
 
 void decode_args(benchmark::internal::Benchmark* b) {
   for (int dtype : {0, 1}) {
     for (int group : {4, 8}) {
       for (int batch : {1, 8, 32, 64, 128, 256}) {
-        for (int context : {512, 4096, 32768}) b->Args({dtype, group, batch, context, kBlockSize});
+        for (int context : {512, 4096, 32768})
+          b->Args({dtype, group, batch, context, kBlockSize, 0});
       }
     }
   }
 }
 
 BENCHMARK(BM_Decode)
-    ->ArgNames({"bf16", "gqa", "batch", "ctx", "bs"})
+    ->ArgNames({"bf16", "gqa", "batch", "ctx", "bs", "tc"})
     ->Apply(decode_args)
     ->UseManualTime()
     ->MinTime(0.1)
@@ -302,7 +310,7 @@ void quantized_args(benchmark::internal::Benchmark* b) {
   for (int dtype : {1, 2, 3}) {
     for (int group : {4, 8}) {
       for (int batch : {1, 32, 128}) {
-        for (int context : {8192, 32768}) b->Args({dtype, group, batch, context, kBlockSize});
+        for (int context : {8192, 32768}) b->Args({dtype, group, batch, context, kBlockSize, 0});
       }
     }
   }
@@ -310,7 +318,7 @@ void quantized_args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_Decode)
     ->Name("BM_Decode8bit")
-    ->ArgNames({"dtype", "gqa", "batch", "ctx", "bs"})
+    ->ArgNames({"dtype", "gqa", "batch", "ctx", "bs", "tc"})
     ->Apply(quantized_args)
     ->UseManualTime()
     ->MinTime(0.1)
@@ -320,23 +328,76 @@ BENCHMARK(BM_Decode)
 /// SGLang's 1 to TensorRT-LLM's 128 (the block_size 16 rows repeat decode_args').
 void page_size_args(benchmark::internal::Benchmark* b) {
   for (int context : {4096, 32768}) {
-    for (int bs : {1, 8, 16, 32, 64, 128}) b->Args({1, 4, 32, context, bs});
+    for (int bs : {1, 8, 16, 32, 64, 128}) b->Args({1, 4, 32, context, bs, 0});
   }
 }
 
 BENCHMARK(BM_Decode)
     ->Name("BM_DecodePageSize")
-    ->ArgNames({"bf16", "gqa", "batch", "ctx", "bs"})
+    ->ArgNames({"bf16", "gqa", "batch", "ctx", "bs", "tc"})
     ->Apply(page_size_args)
     ->UseManualTime()
     ->MinTime(0.1)
     ->Unit(benchmark::kMicrosecond);
 
+/// The tensor-core rows: fp16 / bf16, GQA 4 and 8, batch 1, 32, 128, contexts 4k and 32k.
+void tensor_core_args(benchmark::internal::Benchmark* b) {
+  for (int dtype : {0, 1}) {
+    for (int group : {4, 8}) {
+      for (int batch : {1, 32, 128}) {
+        for (int context : {4096, 32768}) b->Args({dtype, group, batch, context, kBlockSize, 1});
+      }
+    }
+  }
+}
+
+BENCHMARK(BM_Decode)
+    ->Name("BM_DecodeTensorCores")
+    ->ArgNames({"bf16", "gqa", "batch", "ctx", "bs", "tc"})
+    ->Apply(tensor_core_args)
+    ->UseManualTime()
+    ->MinTime(0.1)
+    ->Unit(benchmark::kMicrosecond);
+
+/// The fourth table: tensor-core / CUDA-core paged time on every shape measured with both.
+void print_tensor_cores(const std::vector<Row>& rows) {
+  std::map<std::tuple<std::string, int, int, int>, double> cuda_core_us;
+  for (const Row& r : rows) {
+    if (!r.tensor_cores && r.block_size == kBlockSize) {
+      cuda_core_us[{r.dtype, r.group, r.batch, r.context}] = r.paged_us;
+    }
+  }
+  bool header = false;
+  double worst_pct = 1e9;
+  for (const Row& r : rows) {
+    const auto it = cuda_core_us.find({r.dtype, r.group, r.batch, r.context});
+    if (!r.tensor_cores || it == cuda_core_us.end()) continue;
+    if (!header) {
+      std::printf("\nTensor cores (use_tensor_cores) vs the CUDA-core kernel, paged time:\n\n");
+      std::printf(
+          "| dtype | GQA | batch | context | tensor cores us | CUDA cores us | ratio | "
+          "%% of copy |\n");
+      std::printf("|---|---|---|---|---|---|---|---|\n");
+      header = true;
+    }
+    const double pct = 100.0 * r.kv_bytes / (r.paged_us * 1e-6) / g_copy_bytes_per_s;
+    if (r.batch >= 32 && r.context >= 4096) worst_pct = std::min(worst_pct, pct);
+    std::printf("| %s | %d | %d | %d | %.1f | %.1f | %.3f | %.1f |\n", r.dtype.c_str(), r.group,
+                r.batch, r.context, r.paged_us, it->second, r.paged_us / it->second, pct);
+  }
+  if (header && worst_pct < 1e9) {
+    std::printf(
+        "\nTensor cores, batch >= 32 and context >= 4k: worst %% of copy bandwidth %.1f "
+        "(issue 22 goal >= 90: %s).\n",
+        worst_pct, worst_pct >= 90 ? "met" : "NOT met");
+  }
+}
+
 /// The second table: 8-bit / bf16 paged time for every shape measured in both.
 void print_quantized_ratios(const std::vector<Row>& rows) {
   std::map<std::tuple<int, int, int>, double> bf16_us;
   for (const Row& r : rows) {
-    if (r.dtype == "bf16" && r.block_size == kBlockSize) {
+    if (r.dtype == "bf16" && r.block_size == kBlockSize && !r.tensor_cores) {
       bf16_us[{r.group, r.batch, r.context}] = r.paged_us;
     }
   }
@@ -364,7 +425,9 @@ void print_quantized_ratios(const std::vector<Row>& rows) {
 void print_page_sizes(const std::vector<Row>& rows) {
   std::map<std::tuple<std::string, int, int, int>, double> us_128;
   for (const Row& r : rows) {
-    if (r.block_size == 128) us_128[{r.dtype, r.group, r.batch, r.context}] = r.paged_us;
+    if (r.block_size == 128 && !r.tensor_cores) {
+      us_128[{r.dtype, r.group, r.batch, r.context}] = r.paged_us;
+    }
   }
   if (us_128.empty()) return;
   std::printf(
@@ -376,7 +439,7 @@ void print_page_sizes(const std::vector<Row>& rows) {
   double worst_1 = 1e9;
   for (const Row& r : rows) {
     const auto it = us_128.find({r.dtype, r.group, r.batch, r.context});
-    if (it == us_128.end()) continue;
+    if (it == us_128.end() || r.tensor_cores) continue;
     const double rel = it->second / r.paged_us;  // rate relative to block_size 128
     if (r.block_size >= 16) worst_16 = std::min(worst_16, rel);
     if (r.block_size == 1) worst_1 = std::min(worst_1, rel);
@@ -395,27 +458,29 @@ void print_markdown() {
               g_copy_bytes_per_s / 1e9);
   std::printf("8 kv heads, head_dim 128, scattered tables; q/out fp32.\n\n");
   std::printf(
-      "| dtype | GQA | batch | context | block_size | splits | paged us | contiguous us | "
+      "| dtype | GQA | batch | context | block_size | kernel | splits | paged us | contiguous us | "
       "paged/contig | K/V GB/s | %% of copy |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   double worst_pct = 1e9;
   double worst_ratio = 0;
   std::vector<Row> rows;
   for (const auto& [name, row] : g_rows) rows.push_back(row);
   std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
-    return std::tie(a.dtype, a.group, a.batch, a.context, a.block_size) <
-           std::tie(b.dtype, b.group, b.batch, b.context, b.block_size);
+    return std::tie(a.dtype, a.group, a.batch, a.context, a.block_size, a.tensor_cores) <
+           std::tie(b.dtype, b.group, b.batch, b.context, b.block_size, b.tensor_cores);
   });
   for (const Row& r : rows) {
     const double gbps = r.kv_bytes / (r.paged_us * 1e-6) / 1e9;
     const double pct = 100.0 * r.kv_bytes / (r.paged_us * 1e-6) / g_copy_bytes_per_s;
     const bool in_l2 = r.kv_bytes < 4.0 * static_cast<double>(g_l2_bytes);
-    std::printf("| %s | %d | %d | %d | %d | %d | %.1f | %.1f | %.3f | %.0f | %.1f%s |\n",
-                r.dtype.c_str(), r.group, r.batch, r.context, r.block_size, r.splits, r.paged_us,
-                r.contiguous_us, r.paged_us / r.contiguous_us, gbps, pct, in_l2 ? " (L2)" : "");
+    std::printf("| %s | %d | %d | %d | %d | %s | %d | %.1f | %.1f | %.3f | %.0f | %.1f%s |\n",
+                r.dtype.c_str(), r.group, r.batch, r.context, r.block_size,
+                r.tensor_cores ? "mma" : "cuda cores", r.splits, r.paged_us, r.contiguous_us,
+                r.paged_us / r.contiguous_us, gbps, pct, in_l2 ? " (L2)" : "");
     // The bandwidth and paged/contiguous goals are issue 5's, for the 16-bit formats.
     const bool sixteen_bit = r.dtype == "fp16" || r.dtype == "bf16";
-    if (sixteen_bit && r.batch >= 32 && r.context >= 4096 && r.block_size == kBlockSize) {
+    if (sixteen_bit && r.batch >= 32 && r.context >= 4096 && r.block_size == kBlockSize &&
+        !r.tensor_cores) {
       worst_pct = std::min(worst_pct, pct);
       worst_ratio = std::max(worst_ratio, r.paged_us / r.contiguous_us);
     }
@@ -429,6 +494,7 @@ void print_markdown() {
   }
   print_quantized_ratios(rows);
   print_page_sizes(rows);
+  print_tensor_cores(rows);
 }
 
 }  // namespace

@@ -170,7 +170,8 @@ def flashinfer_decode(s, device):
 
 
 def ours_from_json(path):
-    """{(dtype, gqa, batch, ctx, page): paged_us} from bench_cuda_decode's JSON."""
+    """{(dtype, gqa, batch, ctx, page): {"ours_us": CUDA-core paged us, "ours_tc_us": tensor-core
+    paged us}} from bench_cuda_decode's JSON (each where measured)."""
     rows = {}
     with open(path) as f:
         for b in json.load(f).get("benchmarks", []):
@@ -184,7 +185,8 @@ def ours_from_json(path):
             else:
                 continue
             key = (dtype, int(args["gqa"]), int(args["batch"]), int(args["ctx"]), int(args.get("bs", 16)))
-            rows[key] = b["paged_us"]
+            kernel = "ours_tc_us" if int(args.get("tc", 0)) else "ours_us"
+            rows.setdefault(key, {})[kernel] = b["paged_us"]
     return rows
 
 
@@ -226,24 +228,23 @@ def run_decode(args, device, timer, copy_bps, ours):
                 sys.exit(f"gpu_peers: FlashInfer differs from sdpa by {err} on {dtype} gqa{gqa} b{batch} ctx{ctx}")
             row["flashinfer_us"] = timer.seconds(fi, reps) * 1e6
         fi_reason = fi_reason or reason
-        key = (dtype, gqa, batch, ctx, page)
-        if key in ours:
-            row["ours_us"] = ours[key]
+        row.update(ours.get((dtype, gqa, batch, ctx, page), {}))
         rows.append(row)
         del s
     print(f"\n### Decode peers ({device_name(device)}; copy {copy_bps / 1e9:.0f} GB/s read + write)\n")
     if fi_reason:
         print(f"FlashInfer not measured: {fi_reason}.\n")
-    cols = ["sdpa_us", "gather_us", "flashinfer_us", "ours_us"]
+    cols = ["sdpa_us", "gather_us", "flashinfer_us", "ours_us", "ours_tc_us"]
     print("| dtype | GQA | batch | context | page | " + " | ".join(c[:-3] + " us" for c in cols) +
-          " | ours / flashinfer | ours / sdpa | ours % of copy |")
-    print("|---" * (5 + len(cols) + 3) + "|")
+          " | ours / flashinfer | ours tc / flashinfer | ours / sdpa | ours % of copy |")
+    print("|---" * (5 + len(cols) + 4) + "|")
     for r in rows:
         cells = [f"{r[c]:.1f}" if c in r else "-" for c in cols]
-        ratio = lambda peer: f"{r['ours_us'] / r[peer]:.3f}" if "ours_us" in r and peer in r else "-"
+        ratio = lambda ours, peer: f"{r[ours] / r[peer]:.3f}" if ours in r and peer in r else "-"
         pct = f"{100 * r['kv_bytes'] / (r['ours_us'] * 1e-6) / copy_bps:.1f}" if "ours_us" in r else "-"
         print(f"| {r['dtype']} | {r['gqa']} | {r['batch']} | {r['ctx']} | {r['page']} | " + " | ".join(cells) +
-              f" | {ratio('flashinfer_us')} | {ratio('sdpa_us')} | {pct} |")
+              f" | {ratio('ours_us', 'flashinfer_us')} | {ratio('ours_tc_us', 'flashinfer_us')}"
+              f" | {ratio('ours_us', 'sdpa_us')} | {pct} |")
     return rows
 
 
@@ -305,7 +306,7 @@ def main():
     copy_bps = copy_rate(device, timer, (1 << 20) if args.small else (1 << 30))
     ours = ours_from_json(args.ours) if args.ours else {}
     decode = run_decode(args, device, timer, copy_bps, ours)
-    if args.ours and not any("ours_us" in r for r in decode):
+    if args.ours and not any("ours_us" in r or "ours_tc_us" in r for r in decode):
         print(f"gpu_peers: --ours {args.ours} has no row for any measured shape", file=sys.stderr)
         return 1
     prefill = run_prefill(args, device, timer)

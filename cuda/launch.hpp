@@ -63,6 +63,7 @@ struct DecodeProblem {
   int32_t chunk_size = 0;          // chunked local attention, tokens; 0 = none
   const float* k_scale = nullptr;  // [num_kv_heads], 8-bit dtypes only: x = stored * scale
   const float* v_scale = nullptr;  // [num_kv_heads], 8-bit dtypes only
+  bool tensor_cores = false;       // DecodeLaunch::use_tensor_cores: the kernel of decode_mma.cu
 };
 
 /// Paged K/V addressing: position `pos` of sequence `seq` lives in block

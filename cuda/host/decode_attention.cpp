@@ -57,6 +57,16 @@ void check_activations(const char* fn, const char* what, const void* data, size_
   check_device_ptr(fn, what, data);
 }
 
+/// DecodeLaunch::use_tensor_cores needs fp16 / bf16 K/V and a fast head_dim.
+void check_tensor_cores(const char* fn, const DecodeLaunch& launch, DType dtype, int32_t head_dim) {
+  if (!launch.use_tensor_cores) return;
+  PAGEDKV_CHECK(dtype == DType::kF16 || dtype == DType::kBF16,
+                "{}: use_tensor_cores needs fp16 or bf16 K/V, got {}", fn, dtype_name(dtype));
+  PAGEDKV_CHECK(
+      std::find(kDecodeHeadDims.begin(), kDecodeHeadDims.end(), head_dim) != kDecodeHeadDims.end(),
+      "{}: use_tensor_cores needs head_dim 64, 128 or 256, got {}", fn, head_dim);
+}
+
 /// The part of the launch common to both layouts. `num_seqs` > 0.
 detail::DecodeProblem make_problem(const char* fn, const AttentionParams& params, int32_t num_seqs,
                                    const int32_t* context_lens, ActivationView q,
@@ -98,6 +108,7 @@ detail::DecodeProblem make_problem(const char* fn, const AttentionParams& params
   p.window_left = params.window_left;
   p.sink_tokens = params.sink_tokens;
   p.chunk_size = params.chunk_size;
+  p.tensor_cores = launch.use_tensor_cores;
   if (plan.split_k()) {
     // Same carving as decode_workspace_bytes: partial outputs, then 256-byte aligned lse.
     const int64_t rows = int64_t{num_seqs} * params.num_heads * plan.num_splits;
@@ -156,6 +167,7 @@ void paged_decode_attention(const AttentionParams& params, const KVLayerView& ca
                             MutableActivationView out, const DecodeLaunch& launch) {
   constexpr const char* kFn = "cuda::paged_decode_attention";
   check_decode_config(cache.dtype, cache.head_dim, cache.block_size);
+  check_tensor_cores(kFn, launch, cache.dtype, cache.head_dim);
   detail::check_device_attention_params(kFn, params, cache);
   check_table_geometry(kFn, cache, tables.block_size, tables.num_blocks);
   PAGEDKV_CHECK(tables.num_seqs >= 0, "{}: num_seqs must be >= 0, got {}", kFn, tables.num_seqs);
@@ -186,6 +198,7 @@ void contiguous_decode_attention(const AttentionParams& params, const KVLayerVie
                                  const DecodeLaunch& launch) {
   constexpr const char* kFn = "cuda::contiguous_decode_attention";
   check_decode_config(cache.dtype, cache.head_dim);
+  check_tensor_cores(kFn, launch, cache.dtype, cache.head_dim);
   detail::check_device_attention_params(kFn, params, cache);
   check_device_view(kFn, cache);
   // Sequence i is block i (contiguous_paged_view).

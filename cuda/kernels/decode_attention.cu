@@ -1,7 +1,8 @@
 // Decode attention kernels: one query token per sequence against its cached K/V, paged or
 // contiguous, one-pass or split-K (flash-decoding) with a log-sum-exp merge. The head sizes of
 // kDecodeHeadDims run the kernel below; any other head_dim up to kDecodeMaxHeadDim runs the
-// generic kernel of decode_generic.cu (same problem, same merge).
+// generic kernel of decode_generic.cu; DecodeLaunch::use_tensor_cores runs decode_mma.cu's
+// (same problem, same merge).
 //
 // Three levels (FlashInfer's structure): __global__ shells (decode_kernel, merge_kernel), the
 // reusable __device__ body (decode_body, templated on the K/V addressing so the paged and the
@@ -19,6 +20,7 @@
 
 #include "cuda/launch.hpp"
 #include "decode_generic.cuh"
+#include "decode_mma.cuh"
 #include "decode_range.cuh"
 #include "device_math.cuh"
 #include "dispatch.cuh"
@@ -507,7 +509,9 @@ template <typename KV>
 void launch_decode(DType dtype, int32_t head_dim, const DecodeProblem& p, const KV& kv,
                    void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  if (listed(kDecodeHeadDims, head_dim)) {
+  if (p.tensor_cores) {
+    launch_mma_decode(dtype, head_dim, p, kv, s);  // decode_mma.cu
+  } else if (listed(kDecodeHeadDims, head_dim)) {
     dispatch_decode_config(dtype, head_dim, [&](auto type, auto dim) {
       using T = typename decltype(type)::type;
       constexpr int kD = decltype(dim)::value;

@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kWarp)
       s = dot;
     }
     const float m_new = fmaxf(m, warp_max(s));
-    if (m_new == -INFINITY) continue;  // nothing visible yet (the same in every lane)
+    if (m_new == -INFINITY) continue;      // nothing visible yet (the same in every lane)
     const float alpha = exp2f(m - m_new);  // 0 while the state is empty (m = -inf)
     const float pr = vis ? exp2f(s - m_new) : 0.f;
     l = l * alpha + warp_sum(pr);

@@ -230,8 +230,9 @@ TEST(DecodeRejection, UnsupportedConfigurationsFailOnTheHost) {
   const KVLayerView cv = contiguous_paged_view({1, 2, 16, 288, DType::kF16, KVLayout::kHND},
                                                fake_ptr(0x30000), fake_ptr(0x40000));
   FakeProblem f(DType::kF16, 288, 16);
-  EXPECT_THAT(message_of([&] { contiguous_decode_attention(f.params, cv, f.ctx, f.q, f.out); }),
-              HasSubstr("head_dim 288 is not supported (supported: 1..256; fast kernel: 64, 128, 256)"));
+  EXPECT_THAT(
+      message_of([&] { contiguous_decode_attention(f.params, cv, f.ctx, f.q, f.out); }),
+      HasSubstr("head_dim 288 is not supported (supported: 1..256; fast kernel: 64, 128, 256)"));
 }
 
 TEST(DecodeRejection, BadArgumentsFailOnTheHost) {

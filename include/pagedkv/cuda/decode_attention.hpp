@@ -8,7 +8,9 @@
 /// sequence, and one split of its context. K/V tiles (8 KiB of K + 8 KiB of V) stream into
 /// shared memory with cp.async, three deep (two in flight while one is computed); scores,
 /// online softmax and P.V accumulate in fp32. Supported configurations:
-/// pagedkv/cuda/supported_configs.hpp.
+/// pagedkv/cuda/supported_configs.hpp (head sizes outside the fast list run a generic kernel).
+/// DecodeLaunch::use_tensor_cores selects the tensor-core kernel (cuda/kernels/decode_mma.cu)
+/// for fp16 / bf16 K/V.
 ///
 /// Split-K (flash-decoding, Dao et al. 2023, "Flash-Decoding for long-context inference"): the
 /// context is cut into num_splits chunks processed by separate CTAs; each writes its normalized
@@ -118,6 +120,14 @@ struct DecodeLaunch {
   /// Stream every kernel of the launch is queued on (the attention kernel and, for split-K, the
   /// merge kernel); nullptr is the legacy default stream.
   Stream stream = nullptr;
+  /// Run the tensor-core kernel (cuda/kernels/decode_mma.cu; FlashInfer's use_tensor_cores):
+  /// the query heads of a kv head, up to 16 per CTA, are the M dimension of mma.sync m16n8k16.
+  /// q and the softmax probabilities P are rounded to the K/V dtype for the products (sums in
+  /// fp32), so the error against exact attention on the stored K/V is one rounding of q and of
+  /// each p (2^-8 relative for bf16, 2^-11 for fp16) instead of the fp32 kernel's ~1e-6.
+  /// fp16 / bf16 K/V and head_dim 64, 128, 256 only (pagedkv::Error naming the dtype or
+  /// head_dim otherwise). Off by default: compiled, not yet run on a GPU (docs/cuda.md).
+  bool use_tensor_cores = false;
 };
 
 // ---- launchers (defined only when PAGEDKV_WITH_CUDA is 1) -------------------------------------
