@@ -53,8 +53,7 @@ struct MmaTraits {
   static constexpr int kWarpElems = 2 * kStages * kStepElems;    // a warp's K and V stages
   static constexpr int kTileBytes = kMmaWarps * kWarpElems * 2;  // 2 bytes per element
   static constexpr int kReduceFloats = kMmaWarps * kDecodeMmaRows * (D + 2);  // O, m, l
-  static constexpr int kSmemBytes =
-      kTileBytes > kReduceFloats * 4 ? kTileBytes : kReduceFloats * 4;
+  static constexpr int kSmemBytes = kTileBytes > kReduceFloats * 4 ? kTileBytes : kReduceFloats * 4;
   static constexpr int kChunks = D / 8;   // 16-byte chunks per row
   static constexpr int kKSteps = D / 16;  // mma k-steps of q K^T
   static constexpr int kNTiles = D / 8;   // mma n-tiles of P V
@@ -295,7 +294,8 @@ __device__ __forceinline__ void combine_and_store(const DecodeProblem& p, const 
     const int d = idx % D;
     float m = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kMmaWarps; ++w) m = fmaxf(m, all[(w * kDecodeMmaRows + h) * kRowFloats + D]);
+    for (int w = 0; w < kMmaWarps; ++w)
+      m = fmaxf(m, all[(w * kDecodeMmaRows + h) * kRowFloats + D]);
     float l = 0.f;
     float o = 0.f;
     if (m != -INFINITY) {

@@ -99,7 +99,7 @@ float round_to(DType dtype, float x) {
 }
 
 struct Expected {
-  std::vector<float> out;    // [num_seqs, num_heads, head_dim]
+  std::vector<float> out;     // [num_seqs, num_heads, head_dim]
   std::vector<double> slack;  // per element: the rounding-boundary allowance of the header
 };
 
@@ -142,8 +142,8 @@ Expected emulate(const testing::PagedScenario& s, const std::vector<float>& q) {
       for (size_t i = 0; i < pos.size(); ++i) {
         const auto pf = static_cast<float>(sc[i]);
         const float pr = round_to(t, pf);
-        const bool near_boundary = round_to(t, pf * (1 + 1e-5f)) != pr ||
-                                   round_to(t, pf * (1 - 1e-5f)) != pr;
+        const bool near_boundary =
+            round_to(t, pf * (1 + 1e-5f)) != pr || round_to(t, pf * (1 - 1e-5f)) != pr;
         const float* vj = v.data() + (pos[i] * hkv + kvh) * d_n;
         for (int32_t d = 0; d < d_n; ++d) {
           acc[d] += pr * static_cast<double>(vj[d]) / l;
