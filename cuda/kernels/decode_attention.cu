@@ -463,12 +463,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinCtasPerSm)
 /// more (a per-device setting, so it is applied before every launch and occupancy query).
 template <typename T, int D, typename KV>
 void allow_decode_smem() {
-  constexpr int kBytes = DecodeTraits<T, D>::kSmemBytes;
-  if constexpr (kBytes > 48 * 1024) {
-    check_cuda(cudaFuncSetAttribute(decode_kernel<T, D, KV>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes),
-               "cudaFuncSetAttribute(decode_kernel)");
-  }
+  allow_dynamic_smem<DecodeTraits<T, D>::kSmemBytes>(decode_kernel<T, D, KV>,
+                                                     "cudaFuncSetAttribute(decode_kernel)");
 }
 
 // Split-K merge: out = sum_s w_s o_s / sum_s w_s, w_s = 2^(lse_s - max lse) (log2 domain).

@@ -364,16 +364,6 @@ __global__ void __launch_bounds__(kMmaThreads) decode_mma_kernel(DecodeProblem p
   combine_and_store<T, D>(p, c, st, mma_smem);
 }
 
-template <typename T, int D, typename KV>
-void allow_mma_smem() {
-  constexpr int kBytes = MmaTraits<T, D>::kSmemBytes;
-  if constexpr (kBytes > 48 * 1024) {
-    check_cuda(cudaFuncSetAttribute(decode_mma_kernel<T, D, KV>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes),
-               "cudaFuncSetAttribute(decode_mma_kernel)");
-  }
-}
-
 template <typename KV>
 void launch_mma(DType dtype, int32_t head_dim, const DecodeProblem& p, const KV& kv,
                 cudaStream_t stream) {
@@ -384,7 +374,8 @@ void launch_mma(DType dtype, int32_t head_dim, const DecodeProblem& p, const KV&
       const int chunks = (p.group + kDecodeMmaRows - 1) / kDecodeMmaRows;
       const dim3 grid(static_cast<unsigned>(p.num_kv_heads * chunks),
                       static_cast<unsigned>(p.num_seqs), static_cast<unsigned>(p.num_splits));
-      allow_mma_smem<T, kD, KV>();
+      allow_dynamic_smem<MmaTraits<T, kD>::kSmemBytes>(decode_mma_kernel<T, kD, KV>,
+                                                       "cudaFuncSetAttribute(decode_mma_kernel)");
       decode_mma_kernel<T, kD, KV>
           <<<grid, kMmaThreads, MmaTraits<T, kD>::kSmemBytes, stream>>>(p, kv);
     } else {

@@ -54,6 +54,21 @@ inline void check_launch(const char* what,
   check_cuda(cudaGetLastError(), what, where);
 }
 
+/// Raises `kernel`'s dynamic shared-memory limit to kBytes when that is past the default 48 KiB
+/// (a per-device setting, so callers apply it before every launch and occupancy query).
+template <int kBytes, typename Kernel>
+void allow_dynamic_smem(Kernel kernel, const char* what,
+                        std::source_location where = std::source_location::current()) {
+  if constexpr (kBytes > 48 * 1024) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes),
+               what, where);
+  } else {
+    (void)kernel;
+    (void)what;
+    (void)where;
+  }
+}
+
 /// Calls f(TypeTag<T>{}) with T the device storage type of `dtype` (float, __half or
 /// __nv_bfloat16). Precondition: dtype is fp32, fp16 or bf16 (the inputs of a cache write).
 template <typename F>

@@ -115,6 +115,18 @@ TEST_P(CudaDecodeVsCpu, MatchesCpuPagedDecode) {
   expect_close(s, split, cpu, "13 splits");
 }
 
+/// Appends a case of a shape (no mask) to `cases`.
+void add(std::vector<GpuCase>& cases, DType dtype, int32_t d, int32_t bs, int32_t kv, int32_t group,
+         KVLayout layout, std::vector<int32_t> contexts) {
+  cases.push_back({.dtype = dtype,
+                   .head_dim = d,
+                   .block_size = bs,
+                   .num_kv_heads = kv,
+                   .group = group,
+                   .layout = layout,
+                   .contexts = std::move(contexts)});
+}
+
 std::vector<GpuCase> supported_grid() {
   // Every (dtype, fast head_dim) at page sizes 1, 16 and 128; every other listed page size on
   // fp16 d128 (block_size is a run-time shift: one code path for all of them).
@@ -137,24 +149,15 @@ std::vector<GpuCase> generic_cases() {
   // The run-time head_dim kernel (decode_generic.cu): stories260K's 8, the common 80 and 96,
   // odd sizes and the largest; every dtype; GQA groups, both layouts, page sizes 1..128, masks.
   std::vector<GpuCase> cases;
-  auto add = [&](DType dtype, int32_t d, int32_t bs, int32_t kv, int32_t group, KVLayout layout,
-                 std::vector<int32_t> contexts) {
-    cases.push_back({.dtype = dtype,
-                     .head_dim = d,
-                     .block_size = bs,
-                     .num_kv_heads = kv,
-                     .group = group,
-                     .layout = layout,
-                     .contexts = std::move(contexts)});
-  };
-  for (DType dtype : kDecodeDTypes) add(dtype, 8, 16, 2, 4, KVLayout::kHND, {1, 17, 300, 4097});
-  add(DType::kF16, 96, 1, 2, 4, KVLayout::kHND, {1, 2, 299, 2049});
-  add(DType::kBF16, 80, 128, 1, 8, KVLayout::kNHD, {5, 129, 4097});
-  add(DType::kF32, 1, 8, 3, 1, KVLayout::kHND, {1, 33, 100});
-  add(DType::kFP8E4M3, 33, 4, 2, 5, KVLayout::kNHD, {7, 1031});
-  add(DType::kInt8, 200, 32, 1, 7, KVLayout::kHND, {64, 0, 65});
-  add(DType::kF16, 255, 64, 2, 2, KVLayout::kHND, {63, 64, 65, 2049});
-  add(DType::kF32, 72, 2, 4, 16, KVLayout::kNHD, {1, 300});
+  for (DType dtype : kDecodeDTypes)
+    add(cases, dtype, 8, 16, 2, 4, KVLayout::kHND, {1, 17, 300, 4097});
+  add(cases, DType::kF16, 96, 1, 2, 4, KVLayout::kHND, {1, 2, 299, 2049});
+  add(cases, DType::kBF16, 80, 128, 1, 8, KVLayout::kNHD, {5, 129, 4097});
+  add(cases, DType::kF32, 1, 8, 3, 1, KVLayout::kHND, {1, 33, 100});
+  add(cases, DType::kFP8E4M3, 33, 4, 2, 5, KVLayout::kNHD, {7, 1031});
+  add(cases, DType::kInt8, 200, 32, 1, 7, KVLayout::kHND, {64, 0, 65});
+  add(cases, DType::kF16, 255, 64, 2, 2, KVLayout::kHND, {63, 64, 65, 2049});
+  add(cases, DType::kF32, 72, 2, 4, 16, KVLayout::kNHD, {1, 300});
   for (auto [window, sinks, chunk] :
        {std::array<int32_t, 3>{0, 3, 0}, {100, 0, 0}, {64, 4, 0}, {-1, 0, 8}, {-1, 4, 512}}) {
     cases.push_back({.dtype = DType::kBF16,
@@ -170,33 +173,23 @@ std::vector<GpuCase> generic_cases() {
 
 std::vector<GpuCase> shape_cases() {
   std::vector<GpuCase> cases;
-  auto add = [&](DType dtype, int32_t d, int32_t bs, int32_t kv, int32_t group, KVLayout layout,
-                 std::vector<int32_t> contexts) {
-    cases.push_back({.dtype = dtype,
-                     .head_dim = d,
-                     .block_size = bs,
-                     .num_kv_heads = kv,
-                     .group = group,
-                     .layout = layout,
-                     .contexts = std::move(contexts)});
-  };
-  add(DType::kF16, 128, 16, 4, 1, KVLayout::kHND, {0, 5, 300, 2000});  // MHA + padding row
-  add(DType::kBF16, 128, 16, 2, 8, KVLayout::kHND, {17, 1031, 4097});  // GQA 8
-  add(DType::kF16, 64, 16, 2, 16, KVLayout::kHND, {1, 333, 4097});     // several head chunks
-  add(DType::kF32, 128, 8, 1, 6, KVLayout::kHND, {3, 1031, 2049});     // MQA, group 6
-  add(DType::kF32, 64, 32, 3, 3, KVLayout::kHND, {100, 0, 65});        // 3 kv heads
-  add(DType::kF16, 128, 16, 2, 4, KVLayout::kNHD, {1, 16, 17, 4097});  // NHD layout
-  add(DType::kBF16, 256, 8, 2, 2, KVLayout::kNHD, {9, 1031});
-  add(DType::kF32, 64, 16, 4, 5, KVLayout::kNHD, {33, 500});
+  add(cases, DType::kF16, 128, 16, 4, 1, KVLayout::kHND, {0, 5, 300, 2000});  // MHA + padding row
+  add(cases, DType::kBF16, 128, 16, 2, 8, KVLayout::kHND, {17, 1031, 4097});  // GQA 8
+  add(cases, DType::kF16, 64, 16, 2, 16, KVLayout::kHND, {1, 333, 4097});     // several head chunks
+  add(cases, DType::kF32, 128, 8, 1, 6, KVLayout::kHND, {3, 1031, 2049});     // MQA, group 6
+  add(cases, DType::kF32, 64, 32, 3, 3, KVLayout::kHND, {100, 0, 65});        // 3 kv heads
+  add(cases, DType::kF16, 128, 16, 2, 4, KVLayout::kNHD, {1, 16, 17, 4097});  // NHD layout
+  add(cases, DType::kBF16, 256, 8, 2, 2, KVLayout::kNHD, {9, 1031});
+  add(cases, DType::kF32, 64, 16, 4, 5, KVLayout::kNHD, {33, 500});
   // 8-bit pools (per-head scales that differ by head, from make_scenario): GQA groups 5 and 8,
   // MQA, both layouts; the grid above has every (8-bit dtype, head_dim, block_size).
-  add(DType::kFP8E4M3, 128, 16, 2, 5, KVLayout::kNHD, {1, 333, 4097});
-  add(DType::kFP8E5M2, 64, 8, 4, 8, KVLayout::kHND, {17, 1031, 4097});
-  add(DType::kInt8, 256, 32, 1, 6, KVLayout::kNHD, {3, 1031, 2049});
-  add(DType::kInt8, 128, 16, 3, 3, KVLayout::kHND, {0, 100, 65});
+  add(cases, DType::kFP8E4M3, 128, 16, 2, 5, KVLayout::kNHD, {1, 333, 4097});
+  add(cases, DType::kFP8E5M2, 64, 8, 4, 8, KVLayout::kHND, {17, 1031, 4097});
+  add(cases, DType::kInt8, 256, 32, 1, 6, KVLayout::kNHD, {3, 1031, 2049});
+  add(cases, DType::kInt8, 128, 16, 3, 3, KVLayout::kHND, {0, 100, 65});
   std::vector<int32_t> many(64);  // a wide batch of mixed lengths: one-pass territory
   for (int32_t i = 0; i < 64; ++i) many[static_cast<size_t>(i)] = 1 + (i * 97) % 700;
-  add(DType::kF16, 128, 16, 2, 4, KVLayout::kHND, many);
+  add(cases, DType::kF16, 128, 16, 2, 4, KVLayout::kHND, many);
   return cases;
 }
 

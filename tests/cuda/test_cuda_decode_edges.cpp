@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/attention_bound.hpp"
+#include "common/attention_cases.hpp"
 #include "common/cuda_test_util.hpp"
 #include "common/paged_scenario.hpp"
 #include "pagedkv/config.hpp"
@@ -47,8 +48,7 @@ std::vector<float> launch_on_device(const AttentionParams& params, const KVLayer
                                     const DecodePlan& plan, bool tensor_cores) {
   const int32_t n = host_tables.num_seqs;
   DeviceBuffer tables(std::max<int64_t>(int64_t{n} * host_tables.max_blocks_per_seq * 4, 4));
-  tables.upload(host_tables.block_tables,
-                int64_t{n} * host_tables.max_blocks_per_seq * 4);
+  tables.upload(host_tables.block_tables, int64_t{n} * host_tables.max_blocks_per_seq * 4);
   DeviceBuffer lens(std::max<int64_t>(int64_t{n} * 4, 4));
   lens.upload(host_tables.context_lens, int64_t{n} * 4);
   DeviceBuffer dq(static_cast<int64_t>(q.size() * 4));
@@ -57,7 +57,8 @@ std::vector<float> launch_on_device(const AttentionParams& params, const KVLayer
   out.upload(std::span<const float>(testing::nan_filled(q.size())));
   const int64_t ws = decode_workspace_bytes(n, params.num_heads, params.head_dim, plan);
   DeviceBuffer workspace(std::max<int64_t>(ws, 256));
-  workspace.upload(std::span<const float>(testing::nan_filled(static_cast<size_t>(workspace.bytes() / 4))));
+  workspace.upload(
+      std::span<const float>(testing::nan_filled(static_cast<size_t>(workspace.bytes() / 4))));
   BlockTableView dev = host_tables;
   dev.block_tables = tables.as<int32_t>();
   dev.context_lens = lens.as<int32_t>();
@@ -84,20 +85,14 @@ std::vector<float> q_for(const std::vector<float>& q, DType dtype, bool tensor_c
 /// dtype for the tensor-core kernel (|V| <= 1 in these scenarios, so sum p |v| / l <= 1).
 double bound_for(DType dtype, bool tensor_cores) {
   if (!tensor_cores) return testing::kAttentionMaxAbs;
-  return testing::kAttentionMaxAbs + (dtype == DType::kF16 ? std::ldexp(1.0, -11)
-                                                           : std::ldexp(1.0, -8));
+  return testing::kAttentionMaxAbs +
+         (dtype == DType::kF16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8));
 }
 
-struct Geometry {
-  DType dtype = DType::kF16;
-  int32_t head_dim = 128;
-  int32_t block_size = 16;
-  int32_t num_kv_heads = 2;
-  int32_t group = 4;
-  KVLayout layout = KVLayout::kHND;
-  int32_t window_left = -1;
-  int32_t sink_tokens = 0;
-};
+/// The scenarios' geometry (testing::AttentionCase's fields; its `context` is unused here).
+testing::AttentionCase geometry(DType dtype, int32_t block_size = 16, int32_t group = 4) {
+  return {.dtype = dtype, .head_dim = 128, .block_size = block_size, .group = group};
+}
 
 /// Both kernels (the tensor-core one only for fp16 / bf16) of scenario s under `plan`, each
 /// against the CPU kernel on the q it was given.
@@ -114,8 +109,7 @@ void expect_both_kernels(const PagedScenario& s, const DecodePlan& plan, const s
         launch_on_device(s.params, device.layer(PagedScenario::kLayer), s.view(), q, plan, tc);
     EXPECT_TRUE(testing::attention_within(got, ref, int64_t{s.params.num_heads} * s.params.head_dim,
                                           bound_for(dtype, tc)))
-        << what << (tc ? ", tensor cores" : ", CUDA cores") << ", " << plan.num_splits
-        << " splits";
+        << what << (tc ? ", tensor cores" : ", CUDA cores") << ", " << plan.num_splits << " splits";
   }
 }
 
@@ -180,7 +174,7 @@ TEST(CudaDecodeEdges, SplitCountsWithANanWorkspace) {
   PAGEDKV_REQUIRE_CUDA_DEVICE();
   for (DType dtype : {DType::kF16, DType::kBF16, DType::kF32}) {
     const PagedScenario s =
-        testing::scenario_from_case(Geometry{.dtype = dtype}, {{1, 1}, {300, 1}, {4097, 1}}, 21u);
+        testing::scenario_from_case(geometry(dtype), {{1, 1}, {300, 1}, {4097, 1}}, 21u);
     for (int32_t splits : {1, 2, 8, kMaxSplits}) {
       expect_both_kernels(s, make_split_plan(4097, splits), std::string(dtype_name(dtype)));
     }
@@ -190,8 +184,8 @@ TEST(CudaDecodeEdges, SplitCountsWithANanWorkspace) {
 TEST(CudaDecodeEdges, EveryGqaGroup) {
   PAGEDKV_REQUIRE_CUDA_DEVICE();
   for (int32_t group : {1, 2, 4, 5, 7, 8, 16, 32}) {
-    const PagedScenario s = testing::scenario_from_case(
-        Geometry{.dtype = DType::kBF16, .group = group}, {{1, 1}, {33, 1}, {1031, 1}}, 31u);
+    const PagedScenario s = testing::scenario_from_case(geometry(DType::kBF16, 16, group),
+                                                        {{1, 1}, {33, 1}, {1031, 1}}, 31u);
     expect_both_kernels(s, DecodePlan{}, "GQA " + std::to_string(group));
     expect_both_kernels(s, make_split_plan(1031, 5), "GQA " + std::to_string(group));
   }
@@ -203,8 +197,8 @@ TEST(CudaDecodeEdges, ContextsOneToThreeHundredAtPageSizesOneSixteenAndOneTwenty
   for (int32_t ctx = 1; ctx <= 300; ++ctx) seqs.push_back({ctx, 1});
   for (int32_t bs : {1, 16, 128}) {
     // make_scenario draws the blocks from a seeded shuffle: permuted tables.
-    const PagedScenario s =
-        testing::scenario_from_case(Geometry{.block_size = bs}, seqs, 41u + static_cast<uint32_t>(bs));
+    const PagedScenario s = testing::scenario_from_case(geometry(DType::kF16, bs), seqs,
+                                                        41u + static_cast<uint32_t>(bs));
     expect_both_kernels(s, DecodePlan{}, "block_size " + std::to_string(bs));
   }
 }
@@ -213,15 +207,15 @@ TEST(CudaDecodeEdges, ASequenceAloneAndInABatchOfSixtyFourGiveTheSameBits) {
   PAGEDKV_REQUIRE_CUDA_DEVICE();
   std::vector<testing::SeqSpec> seqs;
   for (int32_t i = 0; i < 64; ++i) seqs.push_back({1 + (i * 131) % 2000, 1});
-  const PagedScenario s = testing::scenario_from_case(Geometry{.dtype = DType::kBF16}, seqs, 51u);
+  const PagedScenario s = testing::scenario_from_case(geometry(DType::kBF16), seqs, 51u);
   DeviceKVCache device(s.config);
   device.upload(*s.cache);
   const int64_t row = int64_t{s.params.num_heads} * s.params.head_dim;
   for (bool tc : {false, true}) {
     for (const DecodePlan& plan : {DecodePlan{}, make_split_plan(2000, 4)}) {
       const std::vector<float> q = q_for(s.q, DType::kBF16, tc);
-      const std::vector<float> batch = launch_on_device(
-          s.params, device.layer(PagedScenario::kLayer), s.view(), q, plan, tc);
+      const std::vector<float> batch =
+          launch_on_device(s.params, device.layer(PagedScenario::kLayer), s.view(), q, plan, tc);
       for (int32_t i : {0, 17, 63}) {
         const BlockTableView all = s.view();
         const BlockTableView one{all.block_tables + int64_t{i} * all.max_blocks_per_seq,
@@ -231,8 +225,8 @@ TEST(CudaDecodeEdges, ASequenceAloneAndInABatchOfSixtyFourGiveTheSameBits) {
                                  all.block_size,
                                  all.num_blocks};
         const std::vector<float> qi(q.begin() + i * row, q.begin() + (i + 1) * row);
-        const std::vector<float> alone = launch_on_device(
-            s.params, device.layer(PagedScenario::kLayer), one, qi, plan, tc);
+        const std::vector<float> alone =
+            launch_on_device(s.params, device.layer(PagedScenario::kLayer), one, qi, plan, tc);
         EXPECT_TRUE(std::equal(alone.begin(), alone.end(), batch.begin() + i * row))
             << "sequence " << i << (tc ? ", tensor cores" : ", CUDA cores") << ", "
             << plan.num_splits << " splits";

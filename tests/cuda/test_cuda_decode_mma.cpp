@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/attention_bound.hpp"
+#include "common/attention_cases.hpp"
 #include "common/cuda_test_util.hpp"
 #include "common/error_message.hpp"
 #include "common/paged_scenario.hpp"
@@ -79,18 +80,15 @@ TEST(DecodeMmaRejection, NeedsSixteenBitKvAndAFastHeadDim) {
 
 // ---- on a GPU: against the emulating reference ----------------------------------------------
 
-struct MmaCase {
-  std::string name;
-  DType dtype = DType::kBF16;
-  int32_t head_dim = 128;
-  int32_t block_size = 16;
-  int32_t num_kv_heads = 2;
-  int32_t group = 4;
-  KVLayout layout = KVLayout::kHND;
-  int32_t window_left = -1;
-  int32_t sink_tokens = 0;
-  int32_t chunk_size = 0;
+/// testing::AttentionCase's geometry (bf16, head_dim 128, GQA 4 unless a case says otherwise;
+/// its `context` unused) with a batch of contexts.
+struct MmaCase : testing::AttentionCase {
   std::vector<int32_t> contexts = {1, 17, 4097};
+  MmaCase() {
+    dtype = DType::kBF16;
+    head_dim = 128;
+    group = 4;
+  }
 };
 
 /// x rounded to `dtype` (fp16 or bf16), back in fp32.
