@@ -12,6 +12,9 @@
 // Tensor cores (issue 22, item 2): the main grid's batch 1, 32, 128 rows at contexts 4k and 32k
 // again with DecodeLaunch::use_tensor_cores, and a fourth table of their time against the
 // CUDA-core kernel's.
+// CUDA graphs (issue 22, item 6): the small-batch rows (bf16, GQA 4, batch 1 and 8, contexts
+// 512 and 4096) again with each call captured once into a CUDA graph and replayed
+// (cudaGraphLaunch), and a fifth table of the per-call floor with and without the graph.
 //
 // Goal (H200): >= 80% of the copy bandwidth at batch >= 32 and context >= 4k; paged within 5%
 // of contiguous; 8-bit / bf16 <= 0.55 at contexts >= 8k (half the bytes). Copy bandwidth counts
@@ -35,8 +38,10 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "benchmarks/cuda_decode_report.hpp"
 #include "cuda/kernels/dispatch.cuh"
 #include "pagedkv/cpu/attention.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
@@ -53,7 +58,7 @@ namespace pc = pagedkv::cuda;
 
 constexpr int32_t kNumKvHeads = 8;
 constexpr int32_t kHeadDim = 128;
-constexpr int32_t kBlockSize = 16;  // of every row but the page-size series
+constexpr int32_t kBlockSize = pagedkv::bench::kDefaultBlockSize;
 
 #define BENCH_CUDA(expr)                                                      \
   do {                                                                        \
@@ -69,18 +74,7 @@ std::string g_device_name;
 int64_t g_l2_bytes = 0;
 int64_t g_device_bytes = 0;
 
-struct Row {
-  std::string dtype;
-  int group = 0;
-  int batch = 0;
-  int context = 0;
-  int block_size = 0;
-  bool tensor_cores = false;
-  int splits = 0;
-  double paged_us = 0;
-  double contiguous_us = 0;
-  double kv_bytes = 0;
-};
+using pagedkv::bench::Row;
 std::map<std::string, Row> g_rows;  // by arguments; the last (measured) call wins
 
 // Deterministic values in [-1, 1): a hash of the index.
@@ -145,16 +139,16 @@ double measure_copy_bandwidth() {
   return 2.0 * static_cast<double>(bytes) * kReps / (ms * 1e-3);
 }
 
-/// Average seconds of one call of `launch` over `reps` back-to-back launches.
+/// Average seconds of one call of `launch` over `reps` back-to-back launches on `stream`.
 template <typename F>
-double time_launches(F&& launch, int reps) {
+double time_launches(F&& launch, int reps, cudaStream_t stream = nullptr) {
   cudaEvent_t start;
   cudaEvent_t stop;
   BENCH_CUDA(cudaEventCreate(&start));
   BENCH_CUDA(cudaEventCreate(&stop));
-  BENCH_CUDA(cudaEventRecord(start));
+  BENCH_CUDA(cudaEventRecord(start, stream));
   for (int i = 0; i < reps; ++i) launch();
-  BENCH_CUDA(cudaEventRecord(stop));
+  BENCH_CUDA(cudaEventRecord(stop, stream));
   BENCH_CUDA(cudaEventSynchronize(stop));
   float ms = 0;
   BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
@@ -163,12 +157,65 @@ double time_launches(F&& launch, int reps) {
   return ms * 1e-3 / reps;
 }
 
+/// What `launch` queues on `stream`, captured once into an instantiated CUDA graph.
+template <typename F>
+cudaGraphExec_t capture_graph(cudaStream_t stream, F&& launch) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  launch();
+  BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  BENCH_CUDA(cudaGraphDestroy(graph));
+  return exec;
+}
+
+/// Mean seconds per call of `paged` and `contiguous` (each queues one decode call on `stream`),
+/// timed side by side every iteration, `reps` back-to-back calls per measurement. With `graph`
+/// each is captured once (after an eager warm-up call that loads its kernels) and replayed.
+template <typename P, typename C>
+std::pair<double, double> measure(benchmark::State& state, P& paged, C& contiguous, int reps,
+                                  cudaStream_t stream, bool graph) {
+  paged();
+  contiguous();
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  cudaGraphExec_t paged_graph = graph ? capture_graph(stream, paged) : nullptr;
+  cudaGraphExec_t contiguous_graph = graph ? capture_graph(stream, contiguous) : nullptr;
+  const auto run = [&](auto& eager, cudaGraphExec_t exec) {
+    return [&eager, exec, stream] {
+      if (exec != nullptr) {
+        BENCH_CUDA(cudaGraphLaunch(exec, stream));
+      } else {
+        eager();
+      }
+    };
+  };
+  const auto run_paged = run(paged, paged_graph);
+  const auto run_contiguous = run(contiguous, contiguous_graph);
+  double paged_s = 0;
+  double contiguous_s = 0;
+  int64_t n = 0;
+  for (auto _ : state) {
+    const double p = time_launches(run_paged, reps, stream);
+    const double c = time_launches(run_contiguous, reps, stream);
+    state.SetIterationTime(p * reps);  // the iteration's device time: reps calls
+    paged_s += p;
+    contiguous_s += c;
+    ++n;
+  }
+  if (graph) {
+    BENCH_CUDA(cudaGraphExecDestroy(paged_graph));
+    BENCH_CUDA(cudaGraphExecDestroy(contiguous_graph));
+  }
+  return {paged_s / static_cast<double>(n), contiguous_s / static_cast<double>(n)};
+}
+
 /// Benchmark argument 0 -> K/V dtype.
 constexpr DType kBenchDTypes[] = {DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kInt8};
 
 /// args: dtype (kBenchDTypes index: 0 fp16, 1 bf16, 2 fp8_e4m3, 3 int8), group, batch,
-/// context, block_size, tensor cores (0 or 1). 8-bit pools keep DeviceKVCache's default scales
-/// (1); the contiguous peer uses them.
+/// context, block_size, tensor cores (0 or 1), CUDA graph replay (0 or 1). 8-bit pools keep
+/// DeviceKVCache's default scales (1); the contiguous peer uses them.
 void BM_Decode(benchmark::State& state) {
   const DType dtype = kBenchDTypes[state.range(0)];
   const auto group = static_cast<int32_t>(state.range(1));
@@ -176,6 +223,7 @@ void BM_Decode(benchmark::State& state) {
   const auto context = static_cast<int32_t>(state.range(3));
   const auto block_size = static_cast<int32_t>(state.range(4));
   const bool tensor_cores = state.range(5) != 0;
+  const bool graph = state.range(6) != 0;
   const int64_t elem = pagedkv::dtype_size(dtype);
   const int64_t kv_elems_per_pool = int64_t{batch} * context * kNumKvHeads * kHeadDim;
   const double kv_bytes = 2.0 * static_cast<double>(kv_elems_per_pool * elem);
@@ -236,7 +284,9 @@ void BM_Decode(benchmark::State& state) {
   const pc::DecodePlan plan = pc::make_decode_plan(params, dtype, batch, context);
   pc::DeviceBuffer workspace(
       std::max<int64_t>(pc::decode_workspace_bytes(batch, params.num_heads, kHeadDim, plan), 1));
-  pc::DecodeLaunch launch{plan, workspace.data(), workspace.bytes(), nullptr};
+  cudaStream_t stream = nullptr;  // the legacy stream, or a captured one for the graph rows
+  if (graph) BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  pc::DecodeLaunch launch{plan, workspace.data(), workspace.bytes(), stream};
   launch.use_tensor_cores = tensor_cores;
   BENCH_CUDA(cudaDeviceSynchronize());
 
@@ -250,21 +300,9 @@ void BM_Decode(benchmark::State& state) {
   };
   // >= ~1 ms of work per measurement, at most 200 launches.
   const int reps = static_cast<int>(std::clamp(2e9 / kv_bytes, 1.0, 200.0));
-  run_paged();
-  run_contiguous();
-  double paged_s = 0;
-  double contiguous_s = 0;
-  int64_t n = 0;
-  for (auto _ : state) {
-    const double p = time_launches(run_paged, reps);
-    const double c = time_launches(run_contiguous, reps);
-    state.SetIterationTime(p * reps);  // the iteration's device time: reps launches
-    paged_s += p;
-    contiguous_s += c;
-    ++n;
-  }
-  paged_s /= static_cast<double>(n);
-  contiguous_s /= static_cast<double>(n);
+  const auto [paged_s, contiguous_s] =
+      measure(state, run_paged, run_contiguous, reps, stream, graph);
+  if (graph) BENCH_CUDA(cudaStreamDestroy(stream));
   const double gbps = kv_bytes / paged_s / 1e9;
   state.counters["splits"] = plan.num_splits;
   state.counters["paged_us"] = paged_s * 1e6;
@@ -274,16 +312,18 @@ void BM_Decode(benchmark::State& state) {
   state.counters["pct_of_copy"] = 100.0 * kv_bytes / paged_s / g_copy_bytes_per_s;
   g_rows[std::to_string(state.range(0)) + '/' + std::to_string(group) + '/' +
          std::to_string(batch) + '/' + std::to_string(context) + '/' + std::to_string(block_size) +
-         '/' + std::to_string(state.range(5))] = Row{std::string(pagedkv::dtype_name(dtype)),
-                                                     group,
-                                                     batch,
-                                                     context,
-                                                     block_size,
-                                                     tensor_cores,
-                                                     plan.num_splits,
-                                                     paged_s * 1e6,
-                                                     contiguous_s * 1e6,
-                                                     kv_bytes};
+         '/' + std::to_string(state.range(5)) + '/' + std::to_string(state.range(6))] =
+      Row{std::string(pagedkv::dtype_name(dtype)),
+          group,
+          batch,
+          context,
+          block_size,
+          tensor_cores,
+          graph,
+          plan.num_splits,
+          paged_s * 1e6,
+          contiguous_s * 1e6,
+          kv_bytes};
 }
 
 void decode_args(benchmark::internal::Benchmark* b) {
@@ -291,14 +331,14 @@ void decode_args(benchmark::internal::Benchmark* b) {
     for (int group : {4, 8}) {
       for (int batch : {1, 8, 32, 64, 128, 256}) {
         for (int context : {512, 4096, 32768})
-          b->Args({dtype, group, batch, context, kBlockSize, 0});
+          b->Args({dtype, group, batch, context, kBlockSize, 0, 0});
       }
     }
   }
 }
 
 BENCHMARK(BM_Decode)
-    ->ArgNames({"bf16", "gqa", "batch", "ctx", "bs", "tc"})
+    ->ArgNames({"bf16", "gqa", "batch", "ctx", "bs", "tc", "graph"})
     ->Apply(decode_args)
     ->UseManualTime()
     ->MinTime(0.1)
@@ -310,7 +350,7 @@ void quantized_args(benchmark::internal::Benchmark* b) {
   for (int dtype : {1, 2, 3}) {
     for (int group : {4, 8}) {
       for (int batch : {1, 32, 128}) {
-        for (int context : {8192, 32768}) b->Args({dtype, group, batch, context, kBlockSize, 0});
+        for (int context : {8192, 32768}) b->Args({dtype, group, batch, context, kBlockSize, 0, 0});
       }
     }
   }
@@ -318,7 +358,7 @@ void quantized_args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_Decode)
     ->Name("BM_Decode8bit")
-    ->ArgNames({"dtype", "gqa", "batch", "ctx", "bs", "tc"})
+    ->ArgNames({"dtype", "gqa", "batch", "ctx", "bs", "tc", "graph"})
     ->Apply(quantized_args)
     ->UseManualTime()
     ->MinTime(0.1)
@@ -328,13 +368,13 @@ BENCHMARK(BM_Decode)
 /// SGLang's 1 to TensorRT-LLM's 128 (the block_size 16 rows repeat decode_args').
 void page_size_args(benchmark::internal::Benchmark* b) {
   for (int context : {4096, 32768}) {
-    for (int bs : {1, 8, 16, 32, 64, 128}) b->Args({1, 4, 32, context, bs, 0});
+    for (int bs : {1, 8, 16, 32, 64, 128}) b->Args({1, 4, 32, context, bs, 0, 0});
   }
 }
 
 BENCHMARK(BM_Decode)
     ->Name("BM_DecodePageSize")
-    ->ArgNames({"bf16", "gqa", "batch", "ctx", "bs", "tc"})
+    ->ArgNames({"bf16", "gqa", "batch", "ctx", "bs", "tc", "graph"})
     ->Apply(page_size_args)
     ->UseManualTime()
     ->MinTime(0.1)
@@ -345,7 +385,7 @@ void tensor_core_args(benchmark::internal::Benchmark* b) {
   for (int dtype : {0, 1}) {
     for (int group : {4, 8}) {
       for (int batch : {1, 32, 128}) {
-        for (int context : {4096, 32768}) b->Args({dtype, group, batch, context, kBlockSize, 1});
+        for (int context : {4096, 32768}) b->Args({dtype, group, batch, context, kBlockSize, 1, 0});
       }
     }
   }
@@ -353,149 +393,26 @@ void tensor_core_args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_Decode)
     ->Name("BM_DecodeTensorCores")
-    ->ArgNames({"bf16", "gqa", "batch", "ctx", "bs", "tc"})
+    ->ArgNames({"bf16", "gqa", "batch", "ctx", "bs", "tc", "graph"})
     ->Apply(tensor_core_args)
     ->UseManualTime()
     ->MinTime(0.1)
     ->Unit(benchmark::kMicrosecond);
 
-/// The fourth table: tensor-core / CUDA-core paged time on every shape measured with both.
-void print_tensor_cores(const std::vector<Row>& rows) {
-  std::map<std::tuple<std::string, int, int, int>, double> cuda_core_us;
-  for (const Row& r : rows) {
-    if (!r.tensor_cores && r.block_size == kBlockSize) {
-      cuda_core_us[{r.dtype, r.group, r.batch, r.context}] = r.paged_us;
-    }
-  }
-  bool header = false;
-  double worst_pct = 1e9;
-  for (const Row& r : rows) {
-    const auto it = cuda_core_us.find({r.dtype, r.group, r.batch, r.context});
-    if (!r.tensor_cores || it == cuda_core_us.end()) continue;
-    if (!header) {
-      std::printf("\nTensor cores (use_tensor_cores) vs the CUDA-core kernel, paged time:\n\n");
-      std::printf(
-          "| dtype | GQA | batch | context | tensor cores us | CUDA cores us | ratio | "
-          "%% of copy |\n");
-      std::printf("|---|---|---|---|---|---|---|---|\n");
-      header = true;
-    }
-    const double pct = 100.0 * r.kv_bytes / (r.paged_us * 1e-6) / g_copy_bytes_per_s;
-    if (r.batch >= 32 && r.context >= 4096) worst_pct = std::min(worst_pct, pct);
-    std::printf("| %s | %d | %d | %d | %.1f | %.1f | %.3f | %.1f |\n", r.dtype.c_str(), r.group,
-                r.batch, r.context, r.paged_us, it->second, r.paged_us / it->second, pct);
-  }
-  if (header && worst_pct < 1e9) {
-    std::printf(
-        "\nTensor cores, batch >= 32 and context >= 4k: worst %% of copy bandwidth %.1f "
-        "(issue 22 goal >= 90: %s).\n",
-        worst_pct, worst_pct >= 90 ? "met" : "NOT met");
+/// The graph rows: bf16, GQA 4, batch 1 and 8, contexts 512 and 4096 (eager twins in decode_args).
+void graph_args(benchmark::internal::Benchmark* b) {
+  for (int batch : {1, 8}) {
+    for (int context : {512, 4096}) b->Args({1, 4, batch, context, kBlockSize, 0, 1});
   }
 }
 
-/// The second table: 8-bit / bf16 paged time for every shape measured in both.
-void print_quantized_ratios(const std::vector<Row>& rows) {
-  std::map<std::tuple<int, int, int>, double> bf16_us;
-  for (const Row& r : rows) {
-    if (r.dtype == "bf16" && r.block_size == kBlockSize && !r.tensor_cores) {
-      bf16_us[{r.group, r.batch, r.context}] = r.paged_us;
-    }
-  }
-  std::printf("\n8-bit K/V vs bf16, paged decode time (goal <= 0.55 at context >= 8k):\n\n");
-  std::printf("| dtype | GQA | batch | context | paged us | bf16 us | 8-bit / bf16 |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
-  double worst = 0;
-  for (const Row& r : rows) {
-    const auto it = bf16_us.find({r.group, r.batch, r.context});
-    const bool eight_bit = r.dtype != "bf16" && r.dtype != "fp16";
-    if (!eight_bit || it == bf16_us.end() || r.context < 8192 || r.block_size != kBlockSize)
-      continue;
-    const double ratio = r.paged_us / it->second;
-    worst = std::max(worst, ratio);
-    std::printf("| %s | %d | %d | %d | %.1f | %.1f | %.3f |\n", r.dtype.c_str(), r.group, r.batch,
-                r.context, r.paged_us, it->second, ratio);
-  }
-  if (worst > 0) {
-    std::printf("\nWorst 8-bit / bf16: %.3f (goal <= 0.55: %s).\n", worst,
-                worst <= 0.55 ? "met" : "NOT met");
-  }
-}
-
-/// The third table: each page size's K/V rate relative to block_size 128 on the same shape.
-void print_page_sizes(const std::vector<Row>& rows) {
-  std::map<std::tuple<std::string, int, int, int>, double> us_128;
-  for (const Row& r : rows) {
-    if (r.block_size == 128 && !r.tensor_cores) {
-      us_128[{r.dtype, r.group, r.batch, r.context}] = r.paged_us;
-    }
-  }
-  if (us_128.empty()) return;
-  std::printf(
-      "\nPage sizes: paged K/V rate relative to block_size 128 (goals: >= 0.95 at "
-      "block_size >= 16, >= 0.70 at block_size 1):\n\n");
-  std::printf("| dtype | GQA | batch | context | block_size | paged us | vs block_size 128 |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
-  double worst_16 = 1e9;
-  double worst_1 = 1e9;
-  for (const Row& r : rows) {
-    const auto it = us_128.find({r.dtype, r.group, r.batch, r.context});
-    if (it == us_128.end() || r.tensor_cores) continue;
-    const double rel = it->second / r.paged_us;  // rate relative to block_size 128
-    if (r.block_size >= 16) worst_16 = std::min(worst_16, rel);
-    if (r.block_size == 1) worst_1 = std::min(worst_1, rel);
-    std::printf("| %s | %d | %d | %d | %d | %.1f | %.3f |\n", r.dtype.c_str(), r.group, r.batch,
-                r.context, r.block_size, r.paged_us, rel);
-  }
-  std::printf(
-      "\nWorst at block_size >= 16: %.3f (goal >= 0.95: %s); block_size 1: %.3f (goal >= "
-      "0.70: %s).\n",
-      worst_16, worst_16 >= 0.95 ? "met" : "NOT met", worst_1, worst_1 >= 0.70 ? "met" : "NOT met");
-}
-
-void print_markdown() {
-  std::printf("\n### CUDA decode attention: %s\n\n", g_device_name.c_str());
-  std::printf("Device-to-device copy bandwidth (read + write), same run: %.0f GB/s.\n",
-              g_copy_bytes_per_s / 1e9);
-  std::printf("8 kv heads, head_dim 128, scattered tables; q/out fp32.\n\n");
-  std::printf(
-      "| dtype | GQA | batch | context | block_size | kernel | splits | paged us | contiguous us | "
-      "paged/contig | K/V GB/s | %% of copy |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  double worst_pct = 1e9;
-  double worst_ratio = 0;
-  std::vector<Row> rows;
-  for (const auto& [name, row] : g_rows) rows.push_back(row);
-  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
-    return std::tie(a.dtype, a.group, a.batch, a.context, a.block_size, a.tensor_cores) <
-           std::tie(b.dtype, b.group, b.batch, b.context, b.block_size, b.tensor_cores);
-  });
-  for (const Row& r : rows) {
-    const double gbps = r.kv_bytes / (r.paged_us * 1e-6) / 1e9;
-    const double pct = 100.0 * r.kv_bytes / (r.paged_us * 1e-6) / g_copy_bytes_per_s;
-    const bool in_l2 = r.kv_bytes < 4.0 * static_cast<double>(g_l2_bytes);
-    std::printf("| %s | %d | %d | %d | %d | %s | %d | %.1f | %.1f | %.3f | %.0f | %.1f%s |\n",
-                r.dtype.c_str(), r.group, r.batch, r.context, r.block_size,
-                r.tensor_cores ? "mma" : "cuda cores", r.splits, r.paged_us, r.contiguous_us,
-                r.paged_us / r.contiguous_us, gbps, pct, in_l2 ? " (L2)" : "");
-    // The bandwidth and paged/contiguous goals are issue 5's, for the 16-bit formats.
-    const bool sixteen_bit = r.dtype == "fp16" || r.dtype == "bf16";
-    if (sixteen_bit && r.batch >= 32 && r.context >= 4096 && r.block_size == kBlockSize &&
-        !r.tensor_cores) {
-      worst_pct = std::min(worst_pct, pct);
-      worst_ratio = std::max(worst_ratio, r.paged_us / r.contiguous_us);
-    }
-  }
-  if (worst_ratio > 0) {
-    std::printf(
-        "\nGoal (batch >= 32, context >= 4k): worst %% of copy bandwidth %.1f (goal >= 80: "
-        "%s); worst paged/contiguous %.3f (goal <= 1.05: %s).\n",
-        worst_pct, worst_pct >= 80 ? "met" : "NOT met", worst_ratio,
-        worst_ratio <= 1.05 ? "met" : "NOT met");
-  }
-  print_quantized_ratios(rows);
-  print_page_sizes(rows);
-  print_tensor_cores(rows);
-}
+BENCHMARK(BM_Decode)
+    ->Name("BM_DecodeGraph")
+    ->ArgNames({"bf16", "gqa", "batch", "ctx", "bs", "tc", "graph"})
+    ->Apply(graph_args)
+    ->UseManualTime()
+    ->MinTime(0.1)
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 
@@ -515,6 +432,6 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
-  print_markdown();
+  pagedkv::bench::print_markdown(g_rows, {g_device_name, g_copy_bytes_per_s, g_l2_bytes});
   return 0;
 }
