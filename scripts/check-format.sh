@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Fails when a tracked C++/CUDA source differs from what clang-format (.clang-format: Google base,
-# 100 columns) makes of it, and names each such file. Run by .ci/run.
+# Fails when a C++/CUDA source (tracked, or new and not ignored) differs from what clang-format
+# (.clang-format: Google base, 100 columns) makes of it, and names each such file. Run by .ci/run.
 # Usage: scripts/check-format.sh          check (exit 1 and list the files on a difference)
 #        scripts/check-format.sh --fix    rewrite the files in place
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v clang-format >/dev/null || { echo "check-format: clang-format not found (Debian clang-format)" >&2; exit 2; }
-mapfile -t files < <(git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh' '*.h')
+# Tracked files and new ones not yet added (--others --exclude-standard: untracked, not ignored),
+# so a file is checked before its first commit.
+mapfile -t files < <(git ls-files --cached --others --exclude-standard '*.cpp' '*.hpp' '*.cu' '*.cuh' '*.h')
 if [ "${1:-}" = "--fix" ]; then
   clang-format -i "${files[@]}"
   exit 0
