@@ -121,9 +121,11 @@ __global__ void __launch_bounds__(kWarp)
   }
 }
 
+}  // namespace
+
 template <typename KV>
-void launch_generic(DType dtype, int32_t head_dim, const DecodeProblem& p, const KV& kv,
-                    cudaStream_t stream) {
+void launch_generic_decode(DType dtype, int32_t head_dim, const DecodeProblem& p, const KV& kv,
+                           cudaStream_t stream) {
   dispatch_storage_type(dtype, /*with_quantized=*/true, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.num_seqs),
@@ -132,18 +134,10 @@ void launch_generic(DType dtype, int32_t head_dim, const DecodeProblem& p, const
   });
   check_launch("decode_generic_kernel launch");
 }
-
-}  // namespace
-
-void launch_generic_decode(DType dtype, int32_t head_dim, const DecodeProblem& problem,
-                           const PagedKV& kv, cudaStream_t stream) {
-  launch_generic(dtype, head_dim, problem, kv, stream);
-}
-
-void launch_generic_decode(DType dtype, int32_t head_dim, const DecodeProblem& problem,
-                           const ContiguousKV& kv, cudaStream_t stream) {
-  launch_generic(dtype, head_dim, problem, kv, stream);
-}
+template void launch_generic_decode<PagedKV>(DType, int32_t, const DecodeProblem&, const PagedKV&,
+                                             cudaStream_t);
+template void launch_generic_decode<ContiguousKV>(DType, int32_t, const DecodeProblem&,
+                                                  const ContiguousKV&, cudaStream_t);
 
 int32_t generic_decode_ctas_per_sm(DType dtype) {
   int ctas = 0;

@@ -364,9 +364,11 @@ __global__ void __launch_bounds__(kMmaThreads) decode_mma_kernel(DecodeProblem p
   combine_and_store<T, D>(p, c, st, mma_smem);
 }
 
+}  // namespace
+
 template <typename KV>
-void launch_mma(DType dtype, int32_t head_dim, const DecodeProblem& p, const KV& kv,
-                cudaStream_t stream) {
+void launch_mma_decode(DType dtype, int32_t head_dim, const DecodeProblem& p, const KV& kv,
+                       cudaStream_t stream) {
   dispatch_decode_config(dtype, head_dim, [&](auto type, auto dim) {
     using T = typename decltype(type)::type;
     constexpr int kD = decltype(dim)::value;
@@ -384,17 +386,9 @@ void launch_mma(DType dtype, int32_t head_dim, const DecodeProblem& p, const KV&
   });
   check_launch("decode_mma_kernel launch");
 }
-
-}  // namespace
-
-void launch_mma_decode(DType dtype, int32_t head_dim, const DecodeProblem& problem,
-                       const PagedKV& kv, cudaStream_t stream) {
-  launch_mma(dtype, head_dim, problem, kv, stream);
-}
-
-void launch_mma_decode(DType dtype, int32_t head_dim, const DecodeProblem& problem,
-                       const ContiguousKV& kv, cudaStream_t stream) {
-  launch_mma(dtype, head_dim, problem, kv, stream);
-}
+template void launch_mma_decode<PagedKV>(DType, int32_t, const DecodeProblem&, const PagedKV&,
+                                         cudaStream_t);
+template void launch_mma_decode<ContiguousKV>(DType, int32_t, const DecodeProblem&,
+                                              const ContiguousKV&, cudaStream_t);
 
 }  // namespace pagedkv::cuda::detail

@@ -18,9 +18,9 @@ inline constexpr int kDecodeMmaRows = 16;
 /// Launches the tensor-core decode kernel (no merge: the caller runs the split-K merge when
 /// problem.num_splits > 1). dtype fp16 or bf16, head_dim in kDecodeHeadDims, both checked by
 /// the host before. Throws on a launch error.
-void launch_mma_decode(DType dtype, int32_t head_dim, const DecodeProblem& problem,
-                       const PagedKV& kv, cudaStream_t stream);
-void launch_mma_decode(DType dtype, int32_t head_dim, const DecodeProblem& problem,
-                       const ContiguousKV& kv, cudaStream_t stream);
+/// KV: PagedKV or ContiguousKV (instantiated for both in decode_mma.cu).
+template <typename KV>
+void launch_mma_decode(DType dtype, int32_t head_dim, const DecodeProblem& problem, const KV& kv,
+                       cudaStream_t stream);
 
 }  // namespace pagedkv::cuda::detail

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -127,6 +128,21 @@ void add(std::vector<GpuCase>& cases, DType dtype, int32_t d, int32_t bs, int32_
                    .contexts = std::move(contexts)});
 }
 
+/// Appends one case per (window, sinks, chunk) of `masks`: block size 8, contexts 1, 17, 1031,
+/// 4097.
+void add_masks(std::vector<GpuCase>& cases, DType dtype, int32_t head_dim,
+               std::span<const std::array<int32_t, 3>> masks) {
+  for (auto [window, sinks, chunk] : masks) {
+    cases.push_back({.dtype = dtype,
+                     .head_dim = head_dim,
+                     .block_size = 8,
+                     .window_left = window,
+                     .sink_tokens = sinks,
+                     .chunk_size = chunk,
+                     .contexts = {1, 17, 1031, 4097}});
+  }
+}
+
 std::vector<GpuCase> supported_grid() {
   // Every (dtype, fast head_dim) at page sizes 1, 16 and 128; every other listed page size on
   // fp16 d128 (block_size is a run-time shift: one code path for all of them).
@@ -158,16 +174,9 @@ std::vector<GpuCase> generic_cases() {
   add(cases, DType::kInt8, 200, 32, 1, 7, KVLayout::kHND, {64, 0, 65});
   add(cases, DType::kF16, 255, 64, 2, 2, KVLayout::kHND, {63, 64, 65, 2049});
   add(cases, DType::kF32, 72, 2, 4, 16, KVLayout::kNHD, {1, 300});
-  for (auto [window, sinks, chunk] :
-       {std::array<int32_t, 3>{0, 3, 0}, {100, 0, 0}, {64, 4, 0}, {-1, 0, 8}, {-1, 4, 512}}) {
-    cases.push_back({.dtype = DType::kBF16,
-                     .head_dim = 8,
-                     .block_size = 8,
-                     .window_left = window,
-                     .sink_tokens = sinks,
-                     .chunk_size = chunk,
-                     .contexts = {1, 17, 1031, 4097}});
-  }
+  const std::array<int32_t, 3> masks[] = {
+      {0, 3, 0}, {100, 0, 0}, {64, 4, 0}, {-1, 0, 8}, {-1, 4, 512}};
+  add_masks(cases, DType::kBF16, 8, masks);
   return cases;
 }
 
@@ -200,16 +209,8 @@ std::vector<GpuCase> mask_cases() {
       {0, 0, 0},  {0, 3, 0},  {1, 0, 0},     {100, 0, 0},   {64, 4, 0},   {2000, 0, 0},
       {-1, 0, 3}, {-1, 0, 8}, {-1, 0, 1000}, {-1, 0, 8192}, {-1, 4, 512}, {100, 0, 1024}};
   std::vector<GpuCase> cases;
-  for (DType dtype : {DType::kF32, DType::kBF16, DType::kFP8E4M3}) {
-    for (auto [window, sinks, chunk] : masks) {
-      cases.push_back({.dtype = dtype,
-                       .block_size = 8,
-                       .window_left = window,
-                       .sink_tokens = sinks,
-                       .chunk_size = chunk,
-                       .contexts = {1, 17, 1031, 4097}});
-    }
-  }
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kFP8E4M3})
+    add_masks(cases, dtype, 128, masks);
   return cases;
 }
 

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/error_message.hpp"
@@ -233,6 +234,20 @@ TEST(DecodeRejection, UnsupportedConfigurationsFailOnTheHost) {
   EXPECT_THAT(
       message_of([&] { contiguous_decode_attention(f.params, cv, f.ctx, f.q, f.out); }),
       HasSubstr("head_dim 288 is not supported (supported: 1..256; fast kernel: 64, 128, 256)"));
+}
+
+TEST(DecodeRejection, TensorCoresNeedSixteenBitKvAndAFastHeadDim) {
+  DecodeLaunch launch;
+  launch.use_tensor_cores = true;
+  for (auto [dtype, head_dim, message] :
+       {std::tuple{DType::kF32, 128, "use_tensor_cores needs fp16 or bf16 K/V, got fp32"},
+        std::tuple{DType::kInt8, 128, "use_tensor_cores needs fp16 or bf16 K/V, got int8"},
+        std::tuple{DType::kBF16, 96, "use_tensor_cores needs head_dim 64, 128 or 256, got 96"}}) {
+    FakeProblem f(dtype, head_dim, 16);
+    EXPECT_THAT(
+        message_of([&] { paged_decode_attention(f.params, f.view, f.tables, f.q, f.out, launch); }),
+        HasSubstr(message));
+  }
 }
 
 TEST(DecodeRejection, BadArgumentsFailOnTheHost) {

@@ -1,5 +1,5 @@
-// The tensor-core decode kernel (DecodeLaunch::use_tensor_cores, cuda/kernels/decode_mma.cu):
-// host rejections (no GPU needed), and on a GPU the kernel against a reference that does its
+// The tensor-core decode kernel (DecodeLaunch::use_tensor_cores, cuda/kernels/decode_mma.cu) on a
+// GPU (its host rejections: test_cuda_decode_host.cpp), against a reference that does its
 // arithmetic in double: q representable in the K/V dtype (so its rounding is exact), scores and
 // softmax exact, each p rounded to the K/V dtype for the P.V product, l from the unrounded p.
 // The bound is the fp32 one plus, per output element, one ulp of the dtype on the keys whose p
@@ -7,7 +7,6 @@
 // other way: sum over those keys of 2^-7 (bf16; 2^-10 fp16) * p_j |v_j,d| / l. A dropped key,
 // a wrong mask edge or a misplaced fragment moves an output by far more.
 
-#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,12 +20,10 @@
 #include "common/attention_bound.hpp"
 #include "common/attention_cases.hpp"
 #include "common/cuda_test_util.hpp"
-#include "common/error_message.hpp"
 #include "common/paged_scenario.hpp"
 #include "pagedkv/config.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/dtype.hpp"
-#include "pagedkv/error.hpp"
 
 #if PAGEDKV_WITH_CUDA
 #include "pagedkv/cuda/device_kv_cache.hpp"
@@ -36,47 +33,6 @@ namespace pagedkv::cuda {
 namespace {
 
 #if PAGEDKV_WITH_CUDA
-
-using ::testing::HasSubstr;
-using testing::message_of;
-
-// ---- rejection on the host (fake pointers, never dereferenced) --------------------------------
-
-std::string run_fake(DType dtype, int32_t head_dim) {
-  KVLayerView view;
-  view.k = reinterpret_cast<void*>(uintptr_t{0x30000});
-  view.v = reinterpret_cast<void*>(uintptr_t{0x40000});
-  view.k_scale = reinterpret_cast<float*>(uintptr_t{0x50000});
-  view.v_scale = reinterpret_cast<float*>(uintptr_t{0x60000});
-  view.dtype = dtype;
-  view.num_blocks = 4;
-  view.block_size = 16;
-  view.num_kv_heads = 2;
-  view.head_dim = head_dim;
-  layout_strides(KVLayout::kHND, 16, 2, head_dim, &view.block_stride, &view.head_stride,
-                 &view.token_stride);
-  AttentionParams params;
-  params.num_heads = 8;
-  params.num_kv_heads = 2;
-  params.head_dim = head_dim;
-  int32_t table[1] = {0};
-  int32_t ctx[1] = {1};
-  const BlockTableView tables{table, ctx, 1, 1, 16, 4};
-  DecodeLaunch launch;
-  launch.use_tensor_cores = true;
-  auto* q = reinterpret_cast<float*>(uintptr_t{0x10000});
-  auto* out = reinterpret_cast<float*>(uintptr_t{0x20000});
-  return message_of([&] { paged_decode_attention(params, view, tables, q, out, launch); });
-}
-
-TEST(DecodeMmaRejection, NeedsSixteenBitKvAndAFastHeadDim) {
-  EXPECT_THAT(run_fake(DType::kF32, 128),
-              HasSubstr("use_tensor_cores needs fp16 or bf16 K/V, got fp32"));
-  EXPECT_THAT(run_fake(DType::kInt8, 128),
-              HasSubstr("use_tensor_cores needs fp16 or bf16 K/V, got int8"));
-  EXPECT_THAT(run_fake(DType::kBF16, 96),
-              HasSubstr("use_tensor_cores needs head_dim 64, 128 or 256, got 96"));
-}
 
 // ---- on a GPU: against the emulating reference ----------------------------------------------
 
